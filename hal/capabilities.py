@@ -1,0 +1,172 @@
+"""Capabilities: what a vendor can do on one device, declared once, asked everywhere."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from hal.dtypes import DispatchDtype, ScaleLayout
+from hal.errors import InvalidInput
+
+
+class GemmKind(str, enum.Enum):
+    """A grouped-matmul kind: the activation format times the weight format."""
+
+    BF16 = "bf16"  #: bf16 x bf16
+    FP16 = "fp16"  #: fp16 x fp16
+    FP32 = "fp32"  #: fp32 x fp32
+    INT8 = "int8"  #: int8 per-token activations x int8 per-channel weights
+    FP8_ROWWISE = "fp8-rowwise"  #: fp8 per-token activations x fp8 per-channel weights
+    FP8_BLOCK128 = "fp8-block128"  #: fp8 per-token-group-128 x fp8 128x128 block weights
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Int8QuantMode(str, enum.Enum):
+    """How a vendor quantizes activations to int8."""
+
+    NONE = "none"  #: int8 is not a dispatch dtype here
+    PER_TOKEN_DYNAMIC = "per-token-dynamic"  #: symmetric, scale = rowmax(|x|) / 127
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class KernelLimits:
+    """Hard limits of a vendor's kernels; `None` means unlimited."""
+
+    max_group_rows: int | None = None  #: rows one grouped-matmul call may take in total
+    max_inner_dim: int | None = None  #: largest K (and N) a grouped matmul accepts
+    max_groups: int | None = None  #: most groups (experts) in one grouped matmul
+
+    def as_dict(self) -> dict[str, int | None]:
+        """Plain-data view for JSON output."""
+        return {
+            "max_group_rows": self.max_group_rows,
+            "max_inner_dim": self.max_inner_dim,
+            "max_groups": self.max_groups,
+        }
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A frozen declaration of what one vendor can do on one device.
+
+    `dispatch_fallbacks` maps an unsupported dispatch dtype to the dtype it becomes
+    (`None` = rejected). Whatever is not listed and not supported is rejected too.
+    """
+
+    device_name: str
+    dispatch_dtypes: frozenset[DispatchDtype]
+    dispatch_fallbacks: Mapping[DispatchDtype, DispatchDtype | None] = field(
+        default_factory=dict
+    )
+    fallback_reasons: Mapping[DispatchDtype, str] = field(default_factory=dict)
+    default_dispatch_dtype: DispatchDtype = DispatchDtype.BF16
+    fp8_scale_layout: ScaleLayout = ScaleLayout.GROUP_128
+    int8_quant_mode: Int8QuantMode = Int8QuantMode.NONE
+    grouped_matmul: frozenset[GemmKind] = frozenset()
+    fused_deep_moe: frozenset[str] = frozenset()
+    limits: KernelLimits = KernelLimits()
+    collective_backend: str = "gloo"
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        dtypes = frozenset(DispatchDtype.parse(d) for d in self.dispatch_dtypes)
+        if DispatchDtype.AUTO in dtypes:
+            raise InvalidInput("dispatch_dtypes: expected concrete dtypes, got 'auto' among them")
+        fallbacks: dict[DispatchDtype, DispatchDtype | None] = {}
+        for source, target in dict(self.dispatch_fallbacks).items():
+            src = DispatchDtype.parse(source)
+            dst = None if target is None else DispatchDtype.parse(target)
+            if DispatchDtype.AUTO in (src, dst):
+                raise InvalidInput(
+                    f"dispatch_fallbacks: expected concrete dtypes, got {source!r} -> {target!r}"
+                )
+            fallbacks[src] = dst
+        reasons = {DispatchDtype.parse(k): str(v) for k, v in dict(self.fallback_reasons).items()}
+        object.__setattr__(self, "fallback_reasons", MappingProxyType(reasons))
+        object.__setattr__(self, "dispatch_dtypes", dtypes)
+        object.__setattr__(self, "dispatch_fallbacks", MappingProxyType(fallbacks))
+        object.__setattr__(
+            self, "default_dispatch_dtype", DispatchDtype.parse(self.default_dispatch_dtype)
+        )
+        object.__setattr__(self, "fp8_scale_layout", ScaleLayout(self.fp8_scale_layout))
+        object.__setattr__(self, "int8_quant_mode", Int8QuantMode(self.int8_quant_mode))
+        object.__setattr__(self, "grouped_matmul", frozenset(GemmKind(k) for k in self.grouped_matmul))
+        object.__setattr__(self, "fused_deep_moe", frozenset(self.fused_deep_moe))
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    def __hash__(self) -> int:
+        return hash((self.device_name, self.dispatch_dtypes, tuple(sorted(
+            (k.value, v.value if v else "") for k, v in self.dispatch_fallbacks.items()
+        )), self.grouped_matmul, self.fused_deep_moe))
+
+    @property
+    def supports_fp8_dispatch(self) -> bool:
+        """Whether fp8 is carried natively (derived from `dispatch_dtypes`)."""
+        return DispatchDtype.FP8 in self.dispatch_dtypes
+
+    def supports_dispatch(self, dtype: DispatchDtype | str) -> bool:
+        """Whether `dtype` is carried natively."""
+        return DispatchDtype.parse(dtype) in self.dispatch_dtypes
+
+    def fallback_for(self, dtype: DispatchDtype | str) -> DispatchDtype | None:
+        """The declared fallback of an unsupported dtype, or `None` when it is rejected."""
+        return self.dispatch_fallbacks.get(DispatchDtype.parse(dtype))
+
+    def supports_gemm(self, kind: GemmKind | str) -> bool:
+        """Whether a grouped-matmul kind is declared."""
+        return GemmKind(kind) in self.grouped_matmul
+
+    def consistency_problems(self) -> list[str]:
+        """Contradictions inside this declaration; an empty list means consistent."""
+        problems: list[str] = []
+        if self.default_dispatch_dtype not in self.dispatch_dtypes:
+            problems.append(
+                f"default dispatch dtype {self.default_dispatch_dtype} is not a supported dispatch dtype"
+            )
+        for source, target in self.dispatch_fallbacks.items():
+            if source in self.dispatch_dtypes:
+                problems.append(f"fallback declared for {source}, which is supported natively")
+            if target is not None and target not in self.dispatch_dtypes:
+                problems.append(f"fallback {source} -> {target} targets an unsupported dtype")
+        if (DispatchDtype.INT8 in self.dispatch_dtypes) != (
+            self.int8_quant_mode is not Int8QuantMode.NONE
+        ):
+            problems.append(
+                f"int8_quant_mode is {self.int8_quant_mode} but int8 dispatch is "
+                f"{'declared' if DispatchDtype.INT8 in self.dispatch_dtypes else 'not declared'}"
+            )
+        return problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-data view for JSON output and reports."""
+        return {
+            "device_name": self.device_name,
+            "dispatch_dtypes": _sorted_values(self.dispatch_dtypes),
+            "dispatch_fallbacks": {
+                k.value: (v.value if v is not None else None)
+                for k, v in sorted(self.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)
+            },
+            "fallback_reasons": {k.value: v for k, v in sorted(
+                self.fallback_reasons.items(), key=lambda kv: kv[0].value)},
+            "supports_fp8_dispatch": self.supports_fp8_dispatch,
+            "default_dispatch_dtype": self.default_dispatch_dtype.value,
+            "fp8_scale_layout": self.fp8_scale_layout.value,
+            "int8_quant_mode": self.int8_quant_mode.value,
+            "grouped_matmul": _sorted_values(self.grouped_matmul),
+            "fused_deep_moe": sorted(self.fused_deep_moe),
+            "limits": self.limits.as_dict(),
+            "collective_backend": self.collective_backend,
+            "notes": list(self.notes),
+        }
+
+
+def _sorted_values(items: Iterable[enum.Enum]) -> list[str]:
+    return sorted(str(i.value) for i in items)

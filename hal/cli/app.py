@@ -1,0 +1,125 @@
+"""Argument parsing, command plugins and error handling for the `hal` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rich.console import Console
+from stevedore import ExtensionManager
+
+from hal.cli import commands
+from hal.dtypes import DispatchDtype
+from hal.errors import HalError, InvalidInput
+from hal.schemes import KNOWN_SCHEMES, parse_scheme
+
+#: Entry-point group where upper layers (conformance, bench) register extra commands.
+COMMAND_GROUP = "hal.commands"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _converter(parse, what: str):  # type: ignore[no-untyped-def]
+    def convert(value: str):  # type: ignore[no-untyped-def]
+        try:
+            return parse(value)
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = what
+    return convert
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def build_parser() -> OneLineParser:
+    """The full parser, with the built-in commands and any registered command plugins."""
+    parser = OneLineParser(prog="hal", description="moe-hal: vendors, capabilities and dispatch plans.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> OneLineParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        return p
+
+    vendors = command("vendors", "list every discovered vendor: available, or why not")
+    vendors.set_defaults(handler=commands.vendors)
+
+    caps = command("caps", "show a vendor's capability table")
+    caps.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    caps.add_argument("--device-model", help="show the declared table of a named device model (e.g. H100, A3)")
+    caps.set_defaults(handler=commands.caps)
+
+    explain = command("explain", "trace how the dispatch dtype is resolved")
+    explain.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    explain.add_argument("--device-model", help="plan for a named device model's declared table")
+    explain.add_argument("--scheme", type=_converter(parse_scheme, "scheme"),
+                         help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}")
+    explain.add_argument("--dispatch-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
+                         default=DispatchDtype.AUTO, help=f"requested dtype: {', '.join(DispatchDtype.names())}")
+    explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
+                         help="dtype the expert runner requires, if any")
+    explain.add_argument("--hidden", type=_positive_int, default=4096, help="hidden size (default 4096)")
+    explain.set_defaults(handler=commands.explain)
+
+    doctor = command("doctor", "run the selected vendor's ops once against float64 references")
+    doctor.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    doctor.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    doctor.set_defaults(handler=commands.doctor)
+
+    _load_command_plugins(sub)
+    return parser
+
+
+def _load_command_plugins(sub: argparse._SubParsersAction) -> None:
+    def on_failure(_manager: object, entry_point: object, error: Exception) -> None:
+        sys.stderr.write(f"hal: warning: command plugin {getattr(entry_point, 'name', '?')!r} "
+                         f"failed to load: {type(error).__name__}: {error}\n")
+
+    manager = ExtensionManager(COMMAND_GROUP, invoke_on_load=False, on_load_failure_callback=on_failure)
+    for extension in manager.extensions:
+        try:
+            extension.plugin(sub)
+        except Exception as exc:
+            on_failure(None, extension.entry_point, exc)
+
+
+def make_console() -> Console:
+    """A console for tables: a fixed, roomy width when the output is not a terminal."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hal` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args, make_console()))
+    except HalError as exc:
+        status = 2 if isinstance(exc, InvalidInput) else 1
+        if getattr(args, "json", False):
+            print(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc)}}, indent=2))
+        sys.stderr.write(f"hal: error: {exc}\n")
+        return status
+    except KeyboardInterrupt:
+        sys.stderr.write("hal: interrupted\n")
+        return 130

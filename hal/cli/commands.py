@@ -1,0 +1,189 @@
+"""The built-in `hal` commands: vendors, caps, explain, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from hal.capabilities import Capabilities
+from hal.discovery import ENV_VENDOR, VendorRegistry
+from hal.resolution import DispatchConfig, resolve_dispatch_plan
+from hal.selfcheck import run_selfcheck
+from hal.vendor import DispatchFallbackWarning, Vendor
+
+
+def _emit_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=2))
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A vendor and the capability table a command uses for it."""
+
+    vendor: Vendor
+    capabilities: Capabilities
+    source: str  # "probed" or "declared"
+    device_model: str | None
+    note: str
+
+
+def _target(registry: VendorRegistry, name: str | None, device_model: str | None) -> _Target:
+    """The vendor named (or selected) and its probed table, or a declared one when asked or absent."""
+    wanted = name or os.environ.get(ENV_VENDOR, "").strip() or None
+    vendor = registry.get(wanted) if wanted else registry.select().vendor
+    probe = vendor.probe()
+    if device_model is None and probe.available:
+        return _Target(vendor, vendor.capabilities(), "probed", None, f"probed on this machine: {probe.reason}")
+    caps = vendor.declared_capabilities(device_model)
+    model = device_model or vendor.default_model
+    if probe.available:
+        note = f"declared table for device model {model} (asked with --device-model)"
+    else:
+        note = (f"{vendor.name} is unavailable here ({probe.reason}); showing the declared table for "
+                f"device model {model} (choose with --device-model: {', '.join(vendor.declared_models())})")
+    return _Target(vendor, caps, "declared", model, note)
+
+
+def vendors(args: argparse.Namespace, console: Console) -> int:
+    """`hal vendors`: every discovered vendor, available or why not, and failed plugins."""
+    registry = VendorRegistry.discover()
+    try:
+        selection = registry.select()
+        selected, why = selection.vendor.name, f"{selection.source}: {selection.detail}"
+    except Exception as exc:  # no vendor available: still list them all
+        selected, why = None, str(exc)
+    rows = [{"name": v.name, "priority": v.priority, "available": v.probe().available,
+             "detail": v.probe().reason, "description": v.description} for v in registry.vendors()]
+    failures = [{"name": f.name, "target": f.target, "error": f.error} for f in registry.failures]
+    if args.json:
+        _emit_json({"vendors": rows, "failures": failures, "selected": selected, "selection": why})
+        return 0
+    table = Table(title="moe-hal vendors", title_justify="left")
+    for column in ("vendor", "priority", "status", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        status = "[green]available[/]" if row["available"] else "[red]unavailable[/]"
+        mark = " (selected)" if row["name"] == selected else ""
+        table.add_row(f"{row['name']}{mark}", str(row["priority"]), status, escape(str(row["detail"])))
+    console.print(table)
+    for failure in failures:
+        console.print(f"[red]plugin {escape(repr(failure['name']))} ({escape(failure['target'])}) "
+                      f"failed to load:[/] {escape(failure['error'])}")
+    console.print(f"selected: {selected or 'none'} ({escape(why)})")
+    return 0
+
+
+def _fallback_text(caps: Capabilities) -> str:
+    parts = [f"{src} -> {dst if dst is not None else 'rejected'}" for src, dst in
+             sorted(caps.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)]
+    return "; ".join(parts) or "none"
+
+
+def caps(args: argparse.Namespace, console: Console) -> int:
+    """`hal caps`: the capability table of a vendor (probed, or declared for a device model)."""
+    target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
+    c = target.capabilities
+    problems = c.consistency_problems()
+    if args.json:
+        _emit_json({"vendor": target.vendor.name, "source": target.source, "device_model": target.device_model,
+                    "note": target.note, "capabilities": c.as_dict(), "consistency_problems": problems})
+        return 0
+    table = Table(title=f"capabilities of vendor {target.vendor.name!r}", title_justify="left")
+    table.add_column("capability")
+    table.add_column("value", overflow="fold")
+    limits = ", ".join(f"{k}={v}" for k, v in c.limits.as_dict().items() if v is not None) or "none"
+    for key, value in (
+        ("device", c.device_name),
+        ("table", target.source),
+        ("dispatch_dtypes", ", ".join(sorted(d.value for d in c.dispatch_dtypes))),
+        ("dispatch_fallbacks", _fallback_text(c)),
+        ("supports_fp8_dispatch", "yes" if c.supports_fp8_dispatch else "no"),
+        ("default_dispatch_dtype", c.default_dispatch_dtype.value),
+        ("fp8_scale_layout", c.fp8_scale_layout.value),
+        ("int8_quant_mode", c.int8_quant_mode.value),
+        ("grouped_matmul", ", ".join(sorted(k.value for k in c.grouped_matmul)) or "none"),
+        ("fused_deep_moe", ", ".join(sorted(c.fused_deep_moe)) or "none"),
+        ("limits", limits),
+        ("collective_backend", c.collective_backend),
+    ):
+        table.add_row(key, escape(value))
+    console.print(table)
+    console.print(f"note: {escape(target.note)}")
+    for note in c.notes:
+        console.print(f"note: {escape(note)}")
+    for problem in problems:
+        console.print(f"[red]inconsistent declaration:[/] {escape(problem)}")
+    return 0
+
+
+def explain(args: argparse.Namespace, console: Console) -> int:
+    """`hal explain`: the dispatch-dtype resolution trace, the decision and bytes per token."""
+    target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = resolve_dispatch_plan(
+            target.vendor, args.hidden, config=DispatchConfig(dtype=args.dispatch_dtype),
+            scheme=args.scheme, runner_dtype=args.runner_dtype, capabilities=target.capabilities)
+    messages = [str(w.message) for w in caught]
+    # The fallback line below says what a DispatchFallbackWarning says; show only the others.
+    others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
+    if args.json:
+        _emit_json({"table": target.source, "device_model": target.device_model, "note": target.note,
+                    "plan": plan.as_dict(), "warnings": messages})
+        return 0
+    console.print(f"dispatch plan for vendor {plan.vendor!r} on {escape(plan.device_name)}")
+    console.print(f"note: {escape(target.note)}")
+    table = Table(title="sources, highest precedence first", title_justify="left")
+    for column in ("source", "says", "detail", ""):
+        table.add_column(column, overflow="fold")
+    for step in plan.trace:
+        table.add_row(step.source.value, step.says.value if step.says else "-", escape(step.detail),
+                      "[bold]decides[/]" if step.decided else "")
+    console.print(table)
+    console.print(f"requested: {plan.requested} (from {plan.source})")
+    if plan.fallback is not None:
+        console.print(f"fallback:  {plan.fallback.source} -> {plan.fallback.target}: "
+                      f"{escape(plan.fallback.reason)}")
+    else:
+        console.print(f"fallback:  none ({plan.requested} is supported)")
+    console.print(f"resolved:  {plan.resolved} ({plan.scale_layout}), {plan.bytes_per_token} bytes per token "
+                  f"at hidden {plan.hidden_size} (bf16 would be {2 * plan.hidden_size})")
+    for message in others:
+        console.print(f"[yellow]warning:[/] {escape(message)}")
+    return 0
+
+
+def doctor(args: argparse.Namespace, console: Console) -> int:
+    """`hal doctor`: select a vendor and run each of its declared ops once against float64."""
+    selection = VendorRegistry.discover().select(args.vendor)
+    vendor = selection.vendor
+    results = run_selfcheck(vendor, seed=args.seed)
+    failed = [r for r in results if not r.passed]
+    if args.json:
+        _emit_json({"vendor": vendor.name, "device": vendor.capabilities().device_name,
+                    "selection": {"source": selection.source.value, "detail": selection.detail},
+                    "checks": [r.as_dict() for r in results], "failed": len(failed)})
+        return 1 if failed else 0
+    console.print(f"vendor: {vendor.name} on {escape(vendor.capabilities().device_name)} "
+                  f"(selected by {selection.source}: {escape(selection.detail)})")
+    table = Table(title="ops against float64 references", title_justify="left")
+    for column in ("check", "result", "max error", "bound", "ms"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                      "-" if r.max_error is None else f"{r.max_error:.3g}",
+                      "-" if r.bound is None else f"{r.bound:.3g}", f"{r.seconds * 1000:.1f}")
+    console.print(table)
+    for r in failed:
+        if r.detail:
+            console.print(f"[red]{escape(r.name)}:[/] {escape(r.detail)}")
+    console.print(f"{len(results) - len(failed)} of {len(results)} checks passed")
+    return 1 if failed else 0

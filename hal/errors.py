@@ -1,0 +1,40 @@
+"""The error hierarchy of moe-hal.
+
+Every public entry point validates its input and raises one of these; messages
+name the argument, what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class HalError(Exception):
+    """Base class of every error moe-hal raises on purpose."""
+
+
+class VendorUnavailable(HalError):
+    """A vendor was asked for but cannot run here (missing hardware, library or plugin)."""
+
+
+class UnsupportedCapability(HalError):
+    """An operation needs a capability the vendor does not declare."""
+
+
+class UnsupportedDispatchDtype(HalError):
+    """The resolved dispatch dtype is neither supported nor has a declared fallback."""
+
+
+class InvalidInput(HalError, ValueError):
+    """An argument has the wrong type, shape, dtype or value."""
+
+
+def invalid(argument: str, expected: str, given: object) -> InvalidInput:
+    """Build an `InvalidInput` in the house style: argument, expectation, value given."""
+    return InvalidInput(f"{argument}: expected {expected}, got {given!r}")
+
+
+def names(items: Iterable[object]) -> str:
+    """Render a collection of names as a short, sorted, comma-separated list."""
+    rendered = sorted(str(getattr(i, "value", i)) for i in items)
+    return ", ".join(rendered) if rendered else "none"

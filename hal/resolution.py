@@ -1,0 +1,279 @@
+"""Dispatch-dtype resolution (design.md section 4): one function, a plan with provenance.
+
+Precedence, highest first: explicit setting > `HAL_DISPATCH_DTYPE` > legacy variables
+(deprecated) > the quant scheme > the expert runner's requirement > the vendor default.
+The vendor then validates: a supported dtype is kept, an unsupported one follows the
+declared fallback (one warning per vendor instance and pair) or is rejected.
+
+Nothing here writes `os.environ` or any global; the environment is only read, and
+can be passed in as a mapping.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hal.capabilities import Capabilities
+from hal.dtypes import DispatchDtype, ScaleLayout
+from hal.errors import InvalidInput, UnsupportedDispatchDtype, names
+from hal.schemes import SchemeTraits, parse_scheme
+from hal.vendor import Vendor, unsupported_dispatch_message
+
+#: The environment variable that requests a dispatch dtype (below explicit settings).
+ENV_DISPATCH_DTYPE = "HAL_DISPATCH_DTYPE"
+
+#: Variables other engines used for the same purpose: name -> dtype requested when truthy.
+LEGACY_DISPATCH_VARIABLES: Mapping[str, DispatchDtype] = {
+    "SGLANG_DEEPEP_BF16_DISPATCH": DispatchDtype.BF16,
+    "DEEP_NORMAL_MODE_USE_INT8_QUANT": DispatchDtype.INT8,
+}
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+class HalDeprecationWarning(FutureWarning):
+    """A deprecated setting was used; the message names its replacement."""
+
+
+class PlanSource(str, enum.Enum):
+    """Where a dispatch-dtype decision came from."""
+
+    EXPLICIT = "explicit"
+    ENVIRONMENT = "environment"
+    LEGACY_ENVIRONMENT = "legacy-environment"
+    SCHEME = "scheme"
+    RUNNER = "runner"
+    VENDOR_DEFAULT = "vendor-default"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """Per-layer dispatch settings: the dtype request and the low-latency capacity."""
+
+    dtype: DispatchDtype | str = DispatchDtype.AUTO
+    max_dispatch_tokens_per_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
+        cap = self.max_dispatch_tokens_per_rank
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
+            raise InvalidInput(f"max_dispatch_tokens_per_rank: expected a positive int or None, got {cap!r}")
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One source consulted during resolution and what it said."""
+
+    source: PlanSource
+    says: DispatchDtype | None
+    detail: str
+    decided: bool = False
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A declared fallback that was applied."""
+
+    source: DispatchDtype
+    target: DispatchDtype
+    reason: str
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """The outcome of resolution, with its provenance."""
+
+    vendor: str
+    device_name: str
+    hidden_size: int
+    requested: DispatchDtype
+    source: PlanSource
+    resolved: DispatchDtype
+    scale_layout: ScaleLayout
+    bytes_per_token: int
+    fallback: Fallback | None = None
+    scheme: str | None = None
+    trace: tuple[TraceStep, ...] = field(default_factory=tuple)
+
+    def buffer_bytes(self, tokens: int) -> int:
+        """Bytes a dispatch buffer needs for `tokens` tokens (never 2 bytes per element blindly)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise InvalidInput(f"tokens: expected a non-negative int, got {tokens!r}")
+        return tokens * self.bytes_per_token
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-data view for JSON output."""
+        return {
+            "vendor": self.vendor,
+            "device_name": self.device_name,
+            "scheme": self.scheme,
+            "hidden_size": self.hidden_size,
+            "requested": self.requested.value,
+            "source": self.source.value,
+            "resolved": self.resolved.value,
+            "scale_layout": self.scale_layout.value,
+            "bytes_per_token": self.bytes_per_token,
+            "fallback": None
+            if self.fallback is None
+            else {"from": self.fallback.source.value, "to": self.fallback.target.value,
+                  "reason": self.fallback.reason},
+            "trace": [
+                {"source": s.source.value, "says": s.says.value if s.says else None,
+                 "detail": s.detail, "decided": s.decided}
+                for s in self.trace
+            ],
+        }
+
+
+def resolve_dispatch_plan(
+    vendor: Vendor,
+    hidden_size: int,
+    *,
+    config: DispatchConfig | None = None,
+    scheme: SchemeTraits | str | None = None,
+    runner_dtype: DispatchDtype | str | None = None,
+    environ: Mapping[str, str] | None = None,
+    capabilities: Capabilities | None = None,
+) -> DispatchPlan:
+    """Resolve the dispatch dtype for one dispatcher and return the plan.
+
+    `capabilities` defaults to the vendor's own (probed) ones; pass a declared table
+    (`vendor.declared_capabilities("H100")`) to plan for absent hardware. `environ`
+    defaults to the process environment, which is only read.
+    """
+    config = config or DispatchConfig()
+    traits = parse_scheme(scheme) if scheme is not None else None
+    runner = DispatchDtype.parse(runner_dtype) if runner_dtype is not None else None
+    if runner is DispatchDtype.AUTO:
+        runner = None
+    env = os.environ if environ is None else environ
+    caps = capabilities if capabilities is not None else vendor.capabilities()
+    DispatchDtype.BF16.bytes_per_token(hidden_size)  # validates hidden_size early
+
+    steps = _consult_sources(config, env, traits, runner, caps)
+    decided = next(s for s in steps if s.says is not None)
+    trace = tuple(
+        TraceStep(s.source, s.says, s.detail, decided=(s is decided)) for s in steps
+    )
+    requested: DispatchDtype = decided.says  # type: ignore[assignment]  # the vendor default always speaks
+    if traits is not None and decided.source in (
+        PlanSource.EXPLICIT, PlanSource.ENVIRONMENT, PlanSource.LEGACY_ENVIRONMENT
+    ) and requested not in traits.accepts:
+        raise InvalidInput(
+            f"dispatch dtype ({decided.detail}): scheme {traits.name!r} accepts "
+            f"{names(traits.accepts)}, got {requested}"
+        )
+
+    resolved, fallback = _validate(vendor, caps, requested, traits)
+    layout = _scale_layout(resolved, traits, caps)
+    return DispatchPlan(
+        vendor=vendor.name,
+        device_name=caps.device_name,
+        hidden_size=hidden_size,
+        requested=requested,
+        source=decided.source,
+        resolved=resolved,
+        scale_layout=layout,
+        bytes_per_token=resolved.bytes_per_token(hidden_size, layout),
+        fallback=fallback,
+        scheme=traits.name if traits else None,
+        trace=trace,
+    )
+
+
+def _consult_sources(
+    config: DispatchConfig,
+    env: Mapping[str, str],
+    traits: SchemeTraits | None,
+    runner: DispatchDtype | None,
+    caps: Capabilities,
+) -> list[TraceStep]:
+    """What every source says, in precedence order (the first that speaks decides)."""
+    explicit = None if config.dtype is DispatchDtype.AUTO else config.dtype
+    steps = [TraceStep(PlanSource.EXPLICIT, explicit,
+                       f"DispatchConfig(dtype={config.dtype.value!r})")]
+
+    raw = env.get(ENV_DISPATCH_DTYPE)
+    from_env = None
+    if raw is not None and raw.strip():
+        try:
+            from_env = DispatchDtype.parse(raw)
+        except InvalidInput:
+            raise InvalidInput(
+                f"{ENV_DISPATCH_DTYPE}: expected one of {', '.join(DispatchDtype.names())}, got {raw!r}"
+            ) from None
+        from_env = None if from_env is DispatchDtype.AUTO else from_env
+    steps.append(TraceStep(PlanSource.ENVIRONMENT, from_env,
+                           f"{ENV_DISPATCH_DTYPE}={raw!r}" if raw is not None else f"{ENV_DISPATCH_DTYPE} unset"))
+
+    legacy, legacy_detail = None, "no legacy variable set"
+    for variable, dtype in LEGACY_DISPATCH_VARIABLES.items():
+        value = env.get(variable)
+        if value is not None and value.strip().lower() in _TRUTHY:
+            warnings.warn(
+                f"{variable} is deprecated: set {ENV_DISPATCH_DTYPE}={dtype.value} or "
+                f"DispatchConfig(dtype={dtype.value!r}) instead",
+                HalDeprecationWarning,
+                stacklevel=4,
+            )
+            if legacy is None:
+                legacy, legacy_detail = dtype, f"{variable}={value!r} (deprecated)"
+    steps.append(TraceStep(PlanSource.LEGACY_ENVIRONMENT, legacy, legacy_detail))
+
+    if traits is None:
+        steps.append(TraceStep(PlanSource.SCHEME, None, "no scheme given"))
+    elif traits.input_global_scale:
+        steps.append(TraceStep(PlanSource.SCHEME, DispatchDtype.NVFP4,
+                               f"scheme {traits.name!r} has an input global scale"))
+    else:
+        steps.append(TraceStep(PlanSource.SCHEME, traits.dispatch_dtype,
+                               f"scheme {traits.name!r} declares {traits.dispatch_dtype}"))
+
+    steps.append(TraceStep(PlanSource.RUNNER, runner,
+                           f"runner requires {runner}" if runner else "runner has no requirement"))
+    steps.append(TraceStep(PlanSource.VENDOR_DEFAULT, caps.default_dispatch_dtype,
+                           f"{caps.device_name} default"))
+    return steps
+
+
+def _validate(
+    vendor: Vendor, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None
+) -> tuple[DispatchDtype, Fallback | None]:
+    """Keep a supported dtype, apply the declared fallback, or raise."""
+    if caps.supports_dispatch(requested):
+        return requested, None
+    target = caps.fallback_for(requested)
+    scheme_note = f" (scheme {traits.name!r})" if traits else ""
+    if target is None:
+        raise UnsupportedDispatchDtype(unsupported_dispatch_message(vendor.name, requested, caps) + scheme_note)
+    if not caps.supports_dispatch(target):
+        raise UnsupportedDispatchDtype(
+            f"vendor {vendor.name!r} ({caps.device_name}) declares fallback {requested} -> {target}, "
+            f"but {target} is not supported either; supported: {names(caps.dispatch_dtypes)}"
+        )
+    if traits is not None and target not in traits.accepts:
+        raise UnsupportedDispatchDtype(
+            f"vendor {vendor.name!r} ({caps.device_name}) carries {requested} as {target}, which "
+            f"scheme {traits.name!r} cannot consume (it accepts {names(traits.accepts)})"
+        )
+    reason = caps.fallback_reasons.get(requested) or (
+        f"{caps.device_name} does not carry {requested}; declared fallback {requested} -> {target}"
+    )
+    vendor.warn_fallback_once(requested, target, reason)
+    return target, Fallback(requested, target, reason)
+
+
+def _scale_layout(dtype: DispatchDtype, traits: SchemeTraits | None, caps: Capabilities) -> ScaleLayout:
+    if dtype is DispatchDtype.FP8:
+        if traits is not None and traits.fp8_layout is not None:
+            return traits.fp8_layout
+        return caps.fp8_scale_layout
+    return dtype.default_scale_layout

@@ -1,0 +1,46 @@
+"""The CPU reference vendor: always available, the default that runs anywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ProbeResult, ScaleLayout, Vendor
+from vendors.cpu.ops import TorchReferenceOps
+
+_CPU_CAPABILITIES = Capabilities(
+    device_name="cpu",
+    dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8}),
+    dispatch_fallbacks={DispatchDtype.NVFP4: None},
+    fallback_reasons={
+        DispatchDtype.NVFP4: "the reference grouped matmul has no nvfp4 kind; "
+        "nvfp4 quantize/dequantize exist for checking formats only",
+    },
+    default_dispatch_dtype=DispatchDtype.BF16,
+    fp8_scale_layout=ScaleLayout.GROUP_128,
+    int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
+    grouped_matmul=frozenset(GemmKind),
+    collective_backend="gloo",
+    notes=("reference implementations in plain torch; correct first, not fast",),
+)
+
+
+class CpuVendor(TorchReferenceOps, Vendor):
+    """Reference vendor computing every op with plain torch on the CPU."""
+
+    name = "cpu"
+    priority = 0
+    description = "reference implementations in torch on the CPU (runs anywhere)"
+
+    def _probe_once(self) -> ProbeResult:
+        return ProbeResult.ok(f"torch {torch.__version__} on the CPU")
+
+    def devices(self) -> list[torch.device]:
+        return [torch.device("cpu")]
+
+    def _detect_capabilities(self) -> Capabilities:
+        return _CPU_CAPABILITIES
+
+    def declared_models(self) -> Mapping[str, Capabilities]:
+        return {"cpu": _CPU_CAPABILITIES}

@@ -1,0 +1,56 @@
+"""CUDA capability tables, chosen from the compute capability (sm)."""
+
+from __future__ import annotations
+
+from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ScaleLayout
+
+_FLOAT_KINDS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32})
+_INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per channel and feeds the tensor cores"
+
+
+def cuda_capabilities(device_name: str, compute_capability: tuple[int, int]) -> Capabilities:
+    """The capabilities of a CUDA device: fp8 from sm89, nvfp4 from sm100; int8 falls back."""
+    major, minor = compute_capability
+    sm = major * 10 + minor
+    notes = [f"compute capability sm{sm}",
+             "ops run the torch reference path on the GPU until the CUDA kernels land"]
+    if sm >= 89:
+        dispatch = {DispatchDtype.BF16, DispatchDtype.FP8}
+        fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.INT8: DispatchDtype.FP8}
+        reasons = {DispatchDtype.INT8: _INT8_REASON}
+        kinds = _FLOAT_KINDS | {GemmKind.INT8, GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128}
+    else:
+        dispatch = {DispatchDtype.BF16}
+        fallbacks = {DispatchDtype.INT8: DispatchDtype.BF16, DispatchDtype.FP8: DispatchDtype.BF16}
+        reasons = {
+            DispatchDtype.INT8: f"sm{sm} has no fp8; int8 dispatch is carried as bf16",
+            DispatchDtype.FP8: f"sm{sm} has no fp8 tensor cores (fp8 needs sm89+); carried as bf16",
+        }
+        kinds = _FLOAT_KINDS | {GemmKind.INT8}
+    if sm >= 100:
+        dispatch.add(DispatchDtype.NVFP4)
+    else:
+        fallbacks[DispatchDtype.NVFP4] = None
+        reasons[DispatchDtype.NVFP4] = f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
+    return Capabilities(
+        device_name=device_name,
+        dispatch_dtypes=frozenset(dispatch),
+        dispatch_fallbacks=fallbacks,
+        fallback_reasons=reasons,
+        default_dispatch_dtype=DispatchDtype.BF16,
+        fp8_scale_layout=ScaleLayout.GROUP_128,
+        int8_quant_mode=Int8QuantMode.NONE,
+        grouped_matmul=kinds,
+        collective_backend="nccl",
+        notes=tuple(notes),
+    )
+
+
+#: Declared tables for named device models, usable without the hardware.
+DECLARED_MODELS: dict[str, tuple[str, tuple[int, int]]] = {
+    "H100": ("NVIDIA H100 (declared, sm90)", (9, 0)),
+    "H200": ("NVIDIA H200 (declared, sm90)", (9, 0)),
+    "B200": ("NVIDIA B200 (declared, sm100)", (10, 0)),
+    "L40S": ("NVIDIA L40S (declared, sm89)", (8, 9)),
+    "A100": ("NVIDIA A100 (declared, sm80)", (8, 0)),
+}
