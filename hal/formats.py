@@ -67,6 +67,17 @@ class QuantizedTensor:
             )
         if self.data.dim() < 1:
             raise InvalidInput("QuantizedTensor.data: expected at least 1 dimension, got a scalar")
+        if dtype is DispatchDtype.NVFP4 and self.hidden_size % NVFP4_BLOCK_SIZE:
+            raise InvalidInput(
+                f"QuantizedTensor.data: expected nvfp4 data of a multiple of {NVFP4_BLOCK_SIZE} channels "
+                f"({NVFP4_BLOCK_SIZE // 2} bytes), got {self.hidden_size} channels"
+            )
+        for name, extra in (("scale", self.scale), ("global_scale", self.global_scale)):
+            if extra is not None and extra.device != self.data.device:
+                raise InvalidInput(
+                    f"QuantizedTensor.{name}: expected a tensor on {self.data.device} (the data's device), "
+                    f"got {extra.device}"
+                )
         expected = self.expected_scale_shape()
         if expected is None:
             if self.scale is not None:
@@ -81,10 +92,11 @@ class QuantizedTensor:
                     f"got {self.scale.dtype} of shape {tuple(self.scale.shape)}"
                 )
         if dtype is DispatchDtype.NVFP4:
-            if self.global_scale is None or self.global_scale.numel() != 1:
+            gs = self.global_scale
+            if gs is None or gs.numel() != 1 or gs.dtype != torch.float32:
                 raise InvalidInput(
                     "QuantizedTensor.global_scale: expected a one-element fp32 tensor for nvfp4, "
-                    f"got {None if self.global_scale is None else tuple(self.global_scale.shape)}"
+                    f"got {None if gs is None else f'{gs.dtype} of shape {tuple(gs.shape)}'}"
                 )
         elif self.global_scale is not None:
             raise InvalidInput(f"QuantizedTensor.global_scale: expected None for {dtype}, got a tensor")
@@ -159,6 +171,11 @@ class QuantizedWeight:
         if self.scale is None or tuple(self.scale.shape) != shape or self.scale.dtype != torch.float32:
             got = None if self.scale is None else f"{self.scale.dtype} {tuple(self.scale.shape)}"
             raise InvalidInput(f"QuantizedWeight.scale: expected float32 of shape {shape}, got {got}")
+        if self.scale.device != self.data.device:
+            raise InvalidInput(
+                f"QuantizedWeight.scale: expected a tensor on {self.data.device} (the data's device), "
+                f"got {self.scale.device}"
+            )
 
     @property
     def num_experts(self) -> int:

@@ -62,7 +62,7 @@ KNOWN_SCHEMES: dict[str, SchemeTraits] = {
         SchemeTraits(
             "w8a8-fp8-block",
             DispatchDtype.FP8,
-            frozenset({DispatchDtype.FP8, DispatchDtype.BF16}),
+            frozenset({DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.GROUP_128,
         ),
         SchemeTraits("w4a4-int4", DispatchDtype.BF16, frozenset({DispatchDtype.BF16})),

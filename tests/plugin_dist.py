@@ -1,0 +1,65 @@
+"""Build small installed-looking distributions on disk, so discovery runs through real entry points."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+
+def write_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]],
+                       modules: dict[str, str]) -> Path:
+    """Write `modules` and a `<name>-0.1.dist-info` with `entry_points` under `root`; return root.
+
+    Putting `root` on `sys.path` (or PYTHONPATH) makes `importlib.metadata`, and so
+    stevedore, see the distribution exactly as if pip had installed it.
+    """
+    for module, source in modules.items():
+        path = root / Path(*module.split("."))
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "__init__.py").write_text(textwrap.dedent(source))
+    info = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    lines = []
+    for group, entries in entry_points.items():
+        lines.append(f"[{group}]")
+        lines += [f"{key} = {value}" for key, value in entries.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+FAKE_VENDOR = """
+    from vendors.cpu import CpuVendor
+
+
+    class FakeVendor(CpuVendor):
+        '''A third-party vendor computing with the reference ops, at the highest priority.'''
+
+        name = "fake"
+        priority = 1000
+        description = "test plugin"
+
+
+    class MisnamedVendor(CpuVendor):
+        name = "not-the-entry-point-name"
+
+
+    def not_a_vendor():
+        return object()
+"""
+
+BROKEN = """
+    raise ImportError("libfake.so: cannot open shared object file")
+"""
+
+
+def write_test_plugins(root: Path) -> Path:
+    """A distribution with one good vendor and three broken entry points."""
+    return write_distribution(
+        root, "hal-test-plugins",
+        {"hal.vendors": {"fake": "fake_vendor_pkg:FakeVendor",
+                         "broken": "broken_vendor_pkg:Anything",
+                         "misnamed": "fake_vendor_pkg:MisnamedVendor",
+                         "notvendor": "fake_vendor_pkg:not_a_vendor"}},
+        {"fake_vendor_pkg": FAKE_VENDOR, "broken_vendor_pkg": BROKEN},
+    )

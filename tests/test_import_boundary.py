@@ -1,0 +1,75 @@
+"""The layering of design.md section 1, enforced: hal imports no vendor; moe only hal; no device branches."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: package -> top-level modules it must never import
+FORBIDDEN = {
+    "hal": {"vendors", "moe", "conformance", "torch_npu", "deep_ep", "flashinfer"},
+    "moe": {"vendors", "conformance", "torch_npu", "deep_ep", "flashinfer"},
+    "conformance": {"vendors"},
+}
+DEVICE_BRANCH = re.compile(r"is_npu|_is_cuda|is_cuda\(|device\.type\s*==|cuda\.is_available\(")
+ENV_WRITE = re.compile(r"os\.environ\[[^]]+\]\s*=|os\.environ\.(update|setdefault|pop)|os\.putenv|os\.unsetenv")
+
+
+def imported_modules(source: str) -> set[str]:
+    """Top-level modules a source file imports, `importlib.import_module("x")` and `__import__` included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value.split(".")[0])
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_the_scanner_catches_every_import_form():
+    source = "import vendors.cpu\nfrom torch_npu import npu\nimport importlib\nimportlib.import_module('deep_ep.x')\n"
+    assert {"vendors", "torch_npu", "deep_ep"} <= imported_modules(source)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_forbidden_imports(package):
+    offences = [f"{path.relative_to(ROOT)} imports {name}"
+                for path in python_files(package)
+                for name in sorted(imported_modules(path.read_text()) & FORBIDDEN[package])]
+    assert offences == []
+
+
+@pytest.mark.parametrize("package", ["hal", "moe"])
+def test_no_device_branches(package):
+    hits = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+            for path in python_files(package)
+            for n, line in enumerate(path.read_text().splitlines(), 1) if DEVICE_BRANCH.search(line)]
+    assert hits == []
+
+
+@pytest.mark.parametrize("package", ["hal", "moe"])
+def test_no_environment_writes(package):
+    hits = [f"{path.relative_to(ROOT)}:{n}" for path in python_files(package)
+            for n, line in enumerate(path.read_text().splitlines(), 1) if ENV_WRITE.search(line)]
+    assert hits == []
+
+
+@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is not installed")
+def test_import_linter_contracts_hold():
+    done = subprocess.run(["lint-imports", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

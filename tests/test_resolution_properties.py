@@ -1,0 +1,88 @@
+"""Property test: over random capability tables and requests, resolution is sound."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hal import (
+    ENV_DISPATCH_DTYPE,
+    KNOWN_SCHEMES,
+    Capabilities,
+    DispatchConfig,
+    DispatchDtype,
+    InvalidInput,
+    ScaleLayout,
+    UnsupportedDispatchDtype,
+    resolve_dispatch_plan,
+)
+from vendors.cpu import CpuVendor
+
+CONCRETE = DispatchDtype.concrete()
+
+
+def expected_bytes(dtype: DispatchDtype, layout: ScaleLayout, hidden: int) -> int:
+    """The buffer formula, written out independently of hal."""
+    if dtype is DispatchDtype.BF16:
+        return 2 * hidden
+    if dtype is DispatchDtype.INT8:
+        return hidden + 4
+    if dtype is DispatchDtype.FP8:
+        return hidden + 4 * (math.ceil(hidden / 128) if layout is ScaleLayout.GROUP_128 else 1)
+    return hidden // 2 + hidden // 16
+
+
+@st.composite
+def capability_tables(draw: st.DrawFn) -> Capabilities:
+    supported = draw(st.sets(st.sampled_from(CONCRETE), min_size=1))
+    fallbacks = {
+        d: draw(st.one_of(st.none(), st.sampled_from(CONCRETE)))
+        for d in CONCRETE if d not in supported and draw(st.booleans())
+    }
+    return Capabilities(
+        device_name="random",
+        dispatch_dtypes=frozenset(supported),
+        dispatch_fallbacks=fallbacks,
+        default_dispatch_dtype=draw(st.sampled_from(sorted(supported))),
+        fp8_scale_layout=draw(st.sampled_from([ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN])),
+    )
+
+
+requests = st.sampled_from([DispatchDtype.AUTO, *CONCRETE])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    caps=capability_tables(),
+    explicit=requests,
+    env=st.one_of(st.none(), requests),
+    scheme=st.one_of(st.none(), st.sampled_from(sorted(KNOWN_SCHEMES))),
+    runner=st.one_of(st.none(), requests),
+    hidden=st.one_of(st.integers(1, 64).map(lambda n: 16 * n), st.integers(1, 9000)),
+)
+def test_resolved_dtype_is_supported_or_the_call_raises(caps, explicit, env, scheme, runner, hidden):
+    vendor = CpuVendor()
+    environ = {} if env is None else {ENV_DISPATCH_DTYPE: env.value}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = resolve_dispatch_plan(vendor, hidden, config=DispatchConfig(dtype=explicit), scheme=scheme,
+                                      runner_dtype=runner, environ=environ, capabilities=caps)
+    except UnsupportedDispatchDtype as exc:
+        assert "random" in str(exc)
+        return
+    except InvalidInput as exc:
+        # only two legitimate reasons: a request the scheme cannot consume, or nvfp4 with H % 16 != 0
+        assert "accepts" in str(exc) or (hidden % 16 and "multiple of 16" in str(exc)), str(exc)
+        return
+    assert p.resolved in caps.dispatch_dtypes
+    assert p.bytes_per_token == expected_bytes(p.resolved, p.scale_layout, hidden)
+    if p.fallback is None:
+        assert p.resolved is p.requested
+    else:
+        assert caps.dispatch_fallbacks[p.requested] is p.resolved
+    if scheme is not None:
+        assert p.resolved in KNOWN_SCHEMES[scheme].accepts

@@ -1,0 +1,104 @@
+"""Probes of the shipped vendors: truthful reasons off their hardware, no crash on a broken runtime."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hal import DispatchDtype, UnsupportedCapability, VendorUnavailable
+from vendors.ascend import AscendVendor
+from vendors.cuda import CudaVendor
+
+
+def test_cpu_is_always_available(cpu):
+    assert cpu.probe().available
+    assert cpu.devices() == [torch.device("cpu")]
+    assert cpu.capabilities() is cpu.capabilities()  # resolved once
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_is_unavailable_with_a_reason_off_gpu():
+    vendor = CudaVendor()
+    result = vendor.probe()
+    assert not result.available and "CUDA" in result.reason
+    with pytest.raises(VendorUnavailable, match="'cuda' is unavailable"):
+        vendor.capabilities()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_cuda_probe_reads_the_compute_capability():
+    vendor = CudaVendor()
+    assert vendor.probe().available
+    major, minor = torch.cuda.get_device_capability()
+    assert vendor.capabilities().supports_fp8_dispatch == (major * 10 + minor >= 89)
+
+
+def _fake_torch_npu(tmp_path, monkeypatch, body: str) -> None:
+    """Put a stand-in `torch_npu` package (the API surface the probe reads) first on sys.path."""
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def restore_torch_npu():
+    yield
+    sys.modules.pop("torch_npu", None)
+
+
+def test_ascend_without_torch_npu_says_it_is_not_installed():
+    result = AscendVendor().probe()
+    assert not result.available and "torch_npu is not installed" in result.reason
+
+
+def test_ascend_without_cann_reports_the_import_error(tmp_path, monkeypatch, restore_torch_npu):
+    _fake_torch_npu(tmp_path, monkeypatch,
+                    'raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")')
+    result = AscendVendor().probe()
+    assert not result.available
+    assert "libhccl.so" in result.reason and "CANN" in result.reason
+
+
+def test_ascend_without_a_device_says_so(tmp_path, monkeypatch, restore_torch_npu):
+    _fake_torch_npu(tmp_path, monkeypatch, """
+        class npu:
+            is_available = staticmethod(lambda: False)
+            device_count = staticmethod(lambda: 0)
+    """)
+    result = AscendVendor().probe()
+    assert not result.available and "sees no NPU" in result.reason
+
+
+@pytest.mark.parametrize("soc, generation", [("Ascend910_9392", "A3"), ("Ascend910B3", "A2"),
+                                             ("Ascend910X", "A2")])
+def test_ascend_capabilities_follow_the_soc(tmp_path, monkeypatch, restore_torch_npu, soc, generation):
+    _fake_torch_npu(tmp_path, monkeypatch, f"""
+        class npu:
+            is_available = staticmethod(lambda: True)
+            device_count = staticmethod(lambda: 8)
+            current_device = staticmethod(lambda: 0)
+            get_device_name = staticmethod(lambda index: {soc!r})
+    """)
+    vendor = AscendVendor()
+    assert vendor.probe().available and soc in vendor.probe().reason
+    caps = vendor.capabilities()
+    assert caps.device_name == soc and f"SoC generation {generation}" in caps.notes
+    assert caps.fallback_for(DispatchDtype.FP8) is DispatchDtype.INT8
+    if soc == "Ascend910X":
+        assert any("unrecognised SoC" in note for note in caps.notes)
+    with pytest.raises(UnsupportedCapability, match="not part of this release"):
+        vendor.swiglu(torch.zeros(2, 4))
+
+
+def test_importing_vendor_packages_needs_no_runtime():
+    for module in ("vendors.ascend", "vendors.cuda", "vendors.cpu"):
+        importlib.import_module(module)
+    assert "torch_npu" not in sys.modules

@@ -1,0 +1,91 @@
+"""`TorchReferenceOps`: the hal ops in plain, device-agnostic torch."""
+
+from __future__ import annotations
+
+import torch
+
+from hal.dtypes import DispatchDtype, ScaleLayout
+from hal.errors import UnsupportedCapability, invalid
+from hal.formats import QuantizedTensor, QuantizedWeight, gemm_kind_of
+from hal.groups import Groups
+from vendors.cpu import activation, quantize as quant
+from vendors.cpu import grouped_matmul as gmm
+
+
+class TorchReferenceOps:
+    """Mixin implementing the `Vendor` ops with vectorized torch on the vendor's device.
+
+    It is the CPU reference and a correct (if slow) fallback for other vendors. The host
+    class must provide `name`, `device` and `capabilities()` (as `hal.Vendor` does).
+    Tensors must live on `self.device`; group lists may also be on the CPU.
+    """
+
+    def quantize(
+        self,
+        x: torch.Tensor,
+        dtype: DispatchDtype,
+        *,
+        layout: ScaleLayout | None = None,
+        global_scale: torch.Tensor | None = None,
+    ) -> QuantizedTensor:
+        """Quantize activations `[..., H]` into a dispatch dtype (see `vendors.cpu.quantize`)."""
+        self._check_device("x", x)
+        self._check_device("global_scale", global_scale)
+        return quant.quantize(x, dtype, layout, global_scale)
+
+    def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Turn quantized activations back into `out_dtype`."""
+        if isinstance(q, QuantizedTensor):
+            self._check_device("q.data", q.data)
+            self._check_device("q.scale", q.scale)
+            self._check_device("q.global_scale", q.global_scale)
+        return quant.dequantize(q, out_dtype)
+
+    def quantize_weight(
+        self, weight: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | None = None
+    ) -> QuantizedWeight:
+        """Quantize float expert weights `[E, K, N]` (none, per-channel or block-128x128)."""
+        self._check_device("weight", weight)
+        return quant.quantize_weight(weight, layout, dtype)
+
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, if the kind is declared."""
+        gmm.check_operands(x, weight, groups)
+        if isinstance(x, QuantizedTensor):
+            self._check_device("x.data", x.data)
+            self._check_device("x.scale", x.scale)
+        else:
+            self._check_device("x", x)
+        self._check_device("weight.data", weight.data)
+        self._check_device("weight.scale", weight.scale)
+        if groups.tensor.device.type != "cpu":
+            self._check_device("groups", groups.tensor)
+        kind = gemm_kind_of(x, weight)
+        caps = self.capabilities()
+        if kind not in caps.grouped_matmul:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}"
+            )
+        return gmm.grouped_matmul(x, weight, groups, out_dtype=out_dtype, limits=caps.limits)
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """`silu(a) * b` where a is the first and b the second half of the last dimension."""
+        self._check_device("x", x)
+        return activation.swiglu(x)
+
+    def _check_device(self, name: str, t: object) -> None:
+        """Raise `InvalidInput` unless `t` (when a tensor) is on this vendor's device."""
+        if not isinstance(t, torch.Tensor):
+            return
+        expected: torch.device = self.device
+        given = t.device
+        same = given.type == expected.type and (expected.index is None or given.index == expected.index)
+        if not same:
+            raise invalid(name, f"a tensor on device {expected}", str(given))
