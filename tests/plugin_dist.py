@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -26,6 +27,14 @@ def write_distribution(root: Path, name: str, entry_points: dict[str, dict[str, 
         lines += [f"{key} = {value}" for key, value in entries.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return root
+
+
+def environment_with(root: Path) -> dict[str, str]:
+    """The current environment with `root` put first on PYTHONPATH (keeping what was there)."""
+    paths = [str(root), os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env.pop("HAL_VENDOR", None)
+    return env
 
 
 FAKE_VENDOR = """

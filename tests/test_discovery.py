@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from hal import ENV_VENDOR, SelectionSource, VendorRegistry, VendorUnavailable
-from tests.plugin_dist import write_test_plugins
+from tests.plugin_dist import environment_with, write_test_plugins
 from vendors.cpu import CpuVendor
 
 
@@ -34,9 +33,7 @@ print(json.dumps(out))
 def discovered_with_plugins(tmp_path_factory):
     """Discovery in a fresh interpreter that has the test distribution on its path, as if installed."""
     root = write_test_plugins(tmp_path_factory.mktemp("plugins"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.getcwd()]))
-    env.pop("HAL_VENDOR", None)
-    done = subprocess.run([sys.executable, "-c", DISCOVER], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", DISCOVER], env=environment_with(root), capture_output=True, text=True,
                           timeout=120, check=True)
     return json.loads(done.stdout)
 

@@ -1,0 +1,43 @@
+"""`hal doctor`'s self-check passes on the reference vendor and catches a broken one."""
+
+from __future__ import annotations
+
+import torch
+
+from hal.selfcheck import run_selfcheck
+from vendors.cpu import CpuVendor
+
+
+class DropsLastGroup(CpuVendor):
+    """A broken vendor: its grouped matmul leaves the last group's rows at zero."""
+
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None):
+        out = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
+        last = int(groups.counts()[-1])
+        if last:
+            out[-last:] = 0
+        return out
+
+
+class SwappedSwiglu(CpuVendor):
+    """A broken vendor: gate and up halves swapped."""
+
+    def swiglu(self, x):
+        half = x.shape[-1] // 2
+        return super().swiglu(torch.cat([x[..., half:], x[..., :half]], dim=-1))
+
+
+def test_reference_vendor_passes_every_check(cpu):
+    results = run_selfcheck(cpu)
+    assert results and all(r.passed for r in results), [r for r in results if not r.passed]
+    assert {"quantize int8 per-token", "grouped_matmul fp8-block128", "swiglu"} <= {r.name for r in results}
+
+
+def test_broken_grouped_matmul_fails_exactly_the_gemm_checks():
+    failed = {r.name for r in run_selfcheck(DropsLastGroup()) if not r.passed}
+    assert failed == {f"grouped_matmul {k}" for k in ("bf16", "fp16", "fp32", "int8", "fp8-rowwise", "fp8-block128")}
+
+
+def test_broken_swiglu_is_caught():
+    failed = {r.name for r in run_selfcheck(SwappedSwiglu()) if not r.passed}
+    assert failed == {"swiglu"}
