@@ -192,10 +192,26 @@ class Vendor(abc.ABC):
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
 
-    def require_capability(self, present: bool, what: str) -> None:
-        """Raise `UnsupportedCapability` naming the vendor and capability unless `present`."""
-        if not present:
-            raise UnsupportedCapability(f"vendor {self.name!r} does not declare {what}")
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+    ) -> torch.Tensor:
+        """Dispatch, both grouped GEMMs with swiglu, and combine as one op.
+
+        Only for schemes listed in `capabilities().fused_deep_moe`; a vendor that declares
+        one overrides this. The default raises `UnsupportedCapability`.
+        """
+        declared = sorted(self.capabilities().fused_deep_moe)
+        raise UnsupportedCapability(
+            f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r} "
+            f"(declared for: {', '.join(declared) or 'no scheme'})"
+        )
 
 
 def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabilities) -> str:

@@ -102,3 +102,10 @@ def test_importing_vendor_packages_needs_no_runtime():
     for module in ("vendors.ascend", "vendors.cuda", "vendors.cpu"):
         importlib.import_module(module)
     assert "torch_npu" not in sys.modules
+
+
+def test_fused_deep_moe_is_refused_where_not_declared(cpu):
+    weight = cpu.quantize_weight(torch.zeros(2, 8, 8), "per-channel")
+    with pytest.raises(UnsupportedCapability, match="'cpu' does not declare fused_deep_moe.*'w8a8-int8'"):
+        cpu.fused_deep_moe(torch.zeros(1, 8), torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1),
+                           weight, weight, scheme="w8a8-int8")
