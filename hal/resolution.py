@@ -222,7 +222,7 @@ def _consult_sources(
                 f"{variable} is deprecated: set {ENV_DISPATCH_DTYPE}={dtype.value} or "
                 f"DispatchConfig(dtype={dtype.value!r}) instead",
                 HalDeprecationWarning,
-                stacklevel=4,
+                stacklevel=3,  # the caller of resolve_dispatch_plan
             )
             if legacy is None:
                 legacy, legacy_detail = dtype, f"{variable}={value!r} (deprecated)"

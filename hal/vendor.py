@@ -139,7 +139,7 @@ class Vendor(abc.ABC):
         warnings.warn(
             f"vendor {self.name!r}: dispatch dtype {source} is not supported; using {target} ({why})",
             DispatchFallbackWarning,
-            stacklevel=3,
+            stacklevel=4,  # warn_fallback_once <- _validate <- resolve_dispatch_plan <- the caller
         )
         return True
 
