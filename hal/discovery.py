@@ -131,10 +131,13 @@ class VendorRegistry:
             f"no vendor named {key!r} is installed (entry-point group {ENTRY_POINT_GROUP!r}); "
             f"installed: {', '.join(self._vendors) or 'none'}; available: {self._available_names()}")
 
-    def select(self, name: str | None = None, environ: Mapping[str, str] | None = None) -> Selection:
+    def select(self, name: str | None = None, environ: Mapping[str, str] | None = None, *,
+               require_available: bool = True) -> Selection:
         """Pick a vendor: explicit `name` > `HAL_VENDOR` > the highest-priority available one.
 
-        Raises `VendorUnavailable` naming the reason and the available vendors.
+        Raises `VendorUnavailable` naming the reason and the available vendors. With
+        `require_available=False` a vendor named explicitly or by `HAL_VENDOR` is returned
+        even when its probe fails (to show its declared tables).
         """
         env = os.environ if environ is None else environ
         if name:
@@ -152,7 +155,7 @@ class VendorRegistry:
                              f"highest priority ({top.priority}) among available: {self._available_names()}")
         vendor = self.get(wanted)
         probe = vendor.probe()
-        if not probe.available:
+        if require_available and not probe.available:
             raise VendorUnavailable(
                 f"vendor {vendor.name!r} ({detail}) is unavailable: {probe.reason}; "
                 f"available: {self._available_names()}")

@@ -87,3 +87,9 @@ def test_no_available_vendor_explains_each_one():
 
     with pytest.raises(VendorUnavailable, match="no vendor is available: ascend: torch_npu"):
         VendorRegistry([AscendVendor()]).select(environ={})
+
+
+def test_unavailable_vendor_can_be_selected_for_its_declared_tables():
+    selection = VendorRegistry.discover().select(environ={ENV_VENDOR: "ascend"}, require_available=False)
+    assert (selection.vendor.name, selection.source) == ("ascend", SelectionSource.ENVIRONMENT)
+    assert not selection.vendor.probe().available

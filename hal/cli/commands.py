@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hal.capabilities import Capabilities
-from hal.discovery import ENV_VENDOR, VendorRegistry
+from hal.discovery import VendorRegistry
 from hal.resolution import DispatchConfig, resolve_dispatch_plan
 from hal.selfcheck import run_selfcheck
 from hal.vendor import DispatchFallbackWarning, Vendor
@@ -37,8 +36,7 @@ class _Target:
 
 def _target(registry: VendorRegistry, name: str | None, device_model: str | None) -> _Target:
     """The vendor named (or selected) and its probed table, or a declared one when asked or absent."""
-    wanted = name or os.environ.get(ENV_VENDOR, "").strip() or None
-    vendor = registry.get(wanted) if wanted else registry.select().vendor
+    vendor = registry.select(name, require_available=False).vendor
     probe = vendor.probe()
     if device_model is None and probe.available:
         return _Target(vendor, vendor.capabilities(), "probed", None, f"probed on this machine: {probe.reason}")
