@@ -22,7 +22,7 @@ from hal.errors import (
     UnsupportedDispatchDtype,
     VendorUnavailable,
 )
-from hal.formats import QuantizedTensor, QuantizedWeight, gemm_kind_of
+from hal.formats import INT4_MAX, INT4_PER_WORD, PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm_kind_of
 from hal.groups import GroupListKind, Groups
 from hal.resolution import (
     ENV_DISPATCH_DTYPE,
@@ -45,7 +45,7 @@ __all__ = [
     "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "DispatchDtype", "ScaleLayout",
     "HalError", "InvalidInput", "UnsupportedCapability", "UnsupportedDispatchDtype",
     "VendorUnavailable",
-    "QuantizedTensor", "QuantizedWeight", "gemm_kind_of",
+    "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "gemm_kind_of",
     "GroupListKind", "Groups",
     "ENV_DISPATCH_DTYPE", "LEGACY_DISPATCH_VARIABLES", "DispatchConfig", "DispatchPlan",
     "Fallback", "HalDeprecationWarning", "PlanSource", "TraceStep", "resolve_dispatch_plan",

@@ -21,6 +21,8 @@ class GemmKind(str, enum.Enum):
     INT8 = "int8"  #: int8 per-token activations x int8 per-channel weights
     FP8_ROWWISE = "fp8-rowwise"  #: fp8 per-token activations x fp8 per-channel weights
     FP8_BLOCK128 = "fp8-block128"  #: fp8 per-token-group-128 x fp8 128x128 block weights
+    INT4 = "int4"  #: int4 per-token activations x int4 per-channel weights (8 values per int32)
+    NVFP4 = "nvfp4"  #: nvfp4 activations x nvfp4 block-16 weights (e4m3 block scales, fp32 global)
 
     def __str__(self) -> str:
         return self.value

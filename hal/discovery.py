@@ -165,6 +165,24 @@ class VendorRegistry:
         return ", ".join(v.name for v in self.available()) or "none"
 
 
+def load_plugins(group: str) -> tuple[list[tuple[str, object]], list[PluginFailure]]:
+    """Load every entry point of `group`, sorted by name: `(name, object)` pairs and failures.
+
+    Upper layers use this for their own plugin groups (expert runners, CLI commands) so
+    that only `hal` talks to the entry-point machinery.
+    """
+    failures: list[PluginFailure] = []
+
+    def on_failure(_manager: object, entry_point: object, error: Exception) -> None:
+        failures.append(PluginFailure(
+            getattr(entry_point, "name", "?"), getattr(entry_point, "value", "?"),
+            f"{type(error).__name__}: {error}"))
+
+    manager = ExtensionManager(namespace=group, invoke_on_load=False, on_load_failure_callback=on_failure)
+    loaded = [(ext.name, ext.plugin) for ext in sorted(manager.extensions, key=lambda e: e.name)]
+    return loaded, failures
+
+
 def get_vendor(name: str | None = None, environ: Mapping[str, str] | None = None) -> Vendor:
     """Discover the installed vendors and select one (explicit > `HAL_VENDOR` > priority)."""
     return VendorRegistry.discover().select(name, environ).vendor

@@ -14,7 +14,7 @@ import torch
 from hal.capabilities import Capabilities
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, UnsupportedCapability, VendorUnavailable, names
-from hal.formats import QuantizedTensor, QuantizedWeight
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.groups import Groups
 
 
@@ -168,9 +168,11 @@ class Vendor(abc.ABC):
     def quantize_weight(
         self, weight: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | None = None
     ) -> QuantizedWeight:
-        """Quantize float expert weights `[E, K, N]` into the vendor's preferred storage.
+        """Quantize float expert weights `[E, K, N]` into the formats `hal.formats` documents.
 
-        `layout` is none (cast to `dtype`), per-channel (int8 or fp8) or block-128x128 (fp8).
+        `layout` is none (cast to `dtype`), per-channel (`dtype` int8, float8_e4m3fn, or
+        `torch.quint4x2` for int4 packed eight per int32), block-128x128 (fp8) or block-16
+        (nvfp4, with a per-expert global scale).
         """
 
     @abc.abstractmethod
@@ -188,6 +190,17 @@ class Vendor(abc.ABC):
         (default: the activation dtype for float kinds, bf16 for quantized kinds).
         """
 
+    def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
+        """Quantize activations `[..., H]` to per-token int4 (`scale = rowmax|x| / 7`), packed.
+
+        A compute format for the int4 grouped-matmul kind, never a dispatch dtype. Vendors
+        that declare `GemmKind.INT4` override this; the default raises `UnsupportedCapability`.
+        """
+        raise UnsupportedCapability(
+            f"vendor {self.name!r} does not implement int4 activation quantization "
+            "(it does not declare the int4 grouped-matmul kind)"
+        )
+
     @abc.abstractmethod
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
@@ -201,11 +214,15 @@ class Vendor(abc.ABC):
         w2: QuantizedWeight,
         *,
         scheme: str,
+        process_group: object | None = None,
     ) -> torch.Tensor:
-        """Dispatch, both grouped GEMMs with swiglu, and combine as one op.
+        """Dispatch, both grouped GEMMs with swiglu, and combine as one op: `[T, H]`.
 
-        Only for schemes listed in `capabilities().fused_deep_moe`; a vendor that declares
-        one overrides this. The default raises `UnsupportedCapability`.
+        `w13` / `w2` are this rank's experts (gate and up projections concatenated, gate
+        first; then the down projection); `topk_ids` are global expert ids; `process_group`
+        is the expert-parallel group (None on one rank). Only for schemes listed in
+        `capabilities().fused_deep_moe`; a vendor that declares one overrides this. The
+        default raises `UnsupportedCapability`.
         """
         declared = sorted(self.capabilities().fused_deep_moe)
         raise UnsupportedCapability(

@@ -1,0 +1,139 @@
+"""The dispatcher interface and the dispatch output every expert runner consumes.
+
+A dispatcher moves each (token, expert) pair to the rank owning the expert, quantized
+before it travels (the plan's dtype, scales beside), and brings the expert outputs back,
+applying the top-k weights. Its output has an explicit `DispatchFormat`:
+
+- `STANDARD`: one rank; rows sorted by expert, per-expert counts.
+- `EP_NORMAL`: expert parallel; the rows this rank's experts received, sorted by local
+  expert (variable count per expert), per-expert counts.
+- `EP_LOW_LATENCY`: expert parallel, fixed capacity; a masked `[local_experts,
+  capacity * ranks, H]` payload whose first `counts[e]` rows of expert e are valid.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from hal import DispatchPlan, Groups, QuantizedTensor
+from hal.errors import InvalidInput, invalid
+from moe.routing import Routing
+from moe.schemes.base import Quantizer
+
+
+class DispatchFormat(str, enum.Enum):
+    """The layout of a dispatch output."""
+
+    STANDARD = "standard"
+    EP_NORMAL = "ep-normal"
+    EP_LOW_LATENCY = "ep-low-latency"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DispatchOutput:
+    """What the experts of this rank receive.
+
+    `payload` holds rows in the planned dispatch dtype: `[R, H]` sorted by local expert
+    (standard and ep-normal) or `[L, capacity * ranks, H]` (ep-low-latency).
+    `expert_counts` (int64 `[L]`) counts the valid rows of each local expert. `handle`
+    is the dispatcher's private state for `combine`.
+    """
+
+    format: DispatchFormat
+    payload: QuantizedTensor
+    expert_counts: torch.Tensor
+    handle: Any = None
+
+    @property
+    def num_local_experts(self) -> int:
+        """L, the experts on this rank."""
+        return self.expert_counts.numel()
+
+    def groups(self) -> Groups:
+        """The grouped-matmul split of the payload rows (every slot of the masked layout)."""
+        if self.format is DispatchFormat.EP_LOW_LATENCY:
+            slots = self.payload.data.shape[1]
+            return Groups.from_counts(torch.full_like(self.expert_counts, slots))
+        return Groups.from_counts(self.expert_counts)
+
+
+class Dispatcher(abc.ABC):
+    """Moves tokens to their experts and back for one layer (one plan, one expert split).
+
+    Experts are split evenly and contiguously across the ranks of `process_group`:
+    rank r owns experts `[r * L, (r + 1) * L)`. Without a group there is one rank.
+    """
+
+    format: ClassVar[DispatchFormat]
+
+    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None) -> None:
+        self.plan = plan
+        self.process_group = process_group
+        self.world_size, self.rank = group_size_and_rank(process_group)
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
+            raise invalid("num_experts", "a positive int", num_experts)
+        if num_experts % self.world_size:
+            raise InvalidInput(
+                f"num_experts: expected a multiple of the expert-parallel ranks ({self.world_size}) "
+                f"so that every rank holds the same number of experts, got {num_experts}"
+            )
+        self.num_experts = num_experts
+        self.num_local_experts = num_experts // self.world_size
+        self.first_expert = self.rank * self.num_local_experts
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(dtype={self.plan.resolved}, experts={self.num_experts}, "
+                f"rank={self.rank}/{self.world_size})")
+
+    @abc.abstractmethod
+    def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
+        """Quantize `hidden_states` `[T, H]` with `quantize` and send each routed row to its expert."""
+
+    @abc.abstractmethod
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        """Return each token's top-k-weighted sum of its experts' outputs: `[T, H]` in `out_dtype`."""
+
+
+def group_size_and_rank(process_group: Any) -> tuple[int, int]:
+    """(world size, rank) of an expert-parallel group; (1, 0) without one."""
+    if process_group is None:
+        return 1, 0
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidInput(
+            "process_group: expected a group of an initialized torch.distributed process group, "
+            "got one while torch.distributed is not initialized"
+        )
+    return dist.get_world_size(process_group), dist.get_rank(process_group)
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the flattened (token, slot) pairs by expert, keeping token order within an expert.
+
+    Returns `order` (the flat pair index of each sorted row), `inverse` (the sorted row of
+    each flat pair) and `counts` (int64 `[num_experts]`). No host synchronisation.
+    """
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    return order, inverse, counts
+
+
+def weighted_sum(rows: torch.Tensor, routing: Routing, out_dtype: torch.dtype) -> torch.Tensor:
+    """`out[t] = sum_j w[t, j] * rows[t * k + j]` in fp32, cast to `out_dtype`: `[T, H]`."""
+    t, k = routing.topk_ids.shape
+    weighted = rows.to(torch.float32).view(t, k, -1) * routing.topk_weights.unsqueeze(-1)
+    return weighted.sum(dim=1).to(out_dtype)

@@ -1,0 +1,38 @@
+"""The single-rank dispatcher: rows sorted by expert, counts, and the inverse permutation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert, weighted_sum
+from moe.dispatch.wire import take_rows
+from moe.routing import Routing
+from moe.schemes.base import Quantizer
+
+
+@dataclass(frozen=True)
+class _LocalHandle:
+    routing: Routing
+    inverse: torch.Tensor  #: sorted row of each flat (token, slot) pair
+
+
+class LocalDispatcher(Dispatcher):
+    """One rank holds every expert: quantize each token once, then gather its k rows sorted
+    by expert. No communication and no host synchronisation."""
+
+    format = DispatchFormat.STANDARD
+
+    def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
+        """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one)."""
+        order, inverse, counts = sort_by_expert(routing.topk_ids, self.num_experts)
+        token_of_row = torch.div(order, routing.top_k, rounding_mode="floor")
+        payload = take_rows(quantize(hidden_states), token_of_row)
+        return DispatchOutput(self.format, payload, counts, _LocalHandle(routing, inverse))
+
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        """Un-sort the expert rows and take each token's weighted sum."""
+        handle: _LocalHandle = dispatched.handle
+        return weighted_sum(expert_output[handle.inverse], handle.routing, out_dtype)

@@ -1,0 +1,71 @@
+"""Token records: one quantized row as bytes on the wire (payload, then its scales).
+
+Expert-parallel dispatchers send each token as one record of exactly
+`plan.bytes_per_token` bytes, so buffers are sized from the plan and one collective
+carries payload and scales together on any backend (bytes travel everywhere, fp8 and
+bf16 do not). nvfp4's per-tensor global scale is not part of a record: the scheme's
+checkpoint value is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hal import DispatchDtype, DispatchPlan, QuantizedTensor, ScaleLayout
+from hal.errors import InvalidInput
+from hal.formats import STORAGE_DTYPE
+
+
+def take_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
+    """The rows `index` of quantized activations `[N, H]` (scales follow their rows)."""
+    return QuantizedTensor(
+        q.data[index], q.dtype, q.layout, None if q.scale is None else q.scale[index], q.global_scale
+    )
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor `[..., C]` viewed as uint8 `[..., C * itemsize]` (copied only if not contiguous)."""
+    t = t.contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t.view(torch.uint8)
+
+
+def from_bytes(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of `as_bytes`: uint8 `[..., C * itemsize]` viewed as `dtype` `[..., C]`."""
+    return raw.contiguous().view(dtype)
+
+
+def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
+    """Records of rows `[..., H]`: uint8 `[..., plan.bytes_per_token]`."""
+    if q.dtype is not plan.resolved or q.layout is not plan.scale_layout:
+        raise InvalidInput(
+            f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, "
+            f"got {q.dtype} ({q.layout})"
+        )
+    lead = q.data.shape[:-1]
+    parts = [as_bytes(q.data)]
+    if q.scale is not None:
+        parts.append(as_bytes(q.scale.reshape(*lead, -1)))
+    record = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    if record.shape[-1] != plan.bytes_per_token:
+        raise InvalidInput(
+            f"dispatch payload: expected {plan.bytes_per_token} bytes per token as planned, "
+            f"got {record.shape[-1]}"
+        )
+    return record
+
+
+def unpack(records: torch.Tensor, plan: DispatchPlan, global_scale: torch.Tensor | None = None) -> QuantizedTensor:
+    """Rows back from records `[..., plan.bytes_per_token]` (the inverse of `pack`)."""
+    h, dtype, layout = plan.hidden_size, plan.resolved, plan.scale_layout
+    nvfp4 = dtype is DispatchDtype.NVFP4
+    payload_bytes = h // 2 if nvfp4 else h * STORAGE_DTYPE[dtype].itemsize
+    data = from_bytes(records[..., :payload_bytes], STORAGE_DTYPE[dtype])
+    lead = tuple(records.shape[:-1])
+    scale = None
+    if layout is not ScaleLayout.NONE:
+        scale = from_bytes(records[..., payload_bytes:], torch.float8_e4m3fn if nvfp4 else torch.float32)
+        if layout is ScaleLayout.PER_TOKEN:
+            scale = scale.reshape(lead)
+    return QuantizedTensor(data, dtype, layout, scale, global_scale)

@@ -1,0 +1,78 @@
+"""NVFP4: e2m1 weights and activations with 16-value e4m3 block scales and fp32 global scales."""
+
+from __future__ import annotations
+
+import torch
+
+from hal import KNOWN_SCHEMES, DispatchDtype, DispatchPlan, GemmKind, QuantizedTensor, ScaleLayout, Vendor
+from hal.errors import invalid
+from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer
+
+FP8_MAX = 448.0
+FP4_MAX = 6.0
+
+
+def nvfp4_global_scale(amax: float) -> float:
+    """The global scale a calibration maximum `amax` calls for: `448 * 6 / amax`."""
+    if not isinstance(amax, (int, float)) or not amax > 0:
+        raise invalid("amax", "a positive number", amax)
+    return FP8_MAX * FP4_MAX / float(amax)
+
+
+class NvFp4(QuantScheme):
+    """NVFP4 checkpoints: the layer input and the intermediate activation have calibrated
+    global scales (`input_global_scale`, `intermediate_global_scale`, as stored in the
+    checkpoint; `nvfp4_global_scale(amax)` computes one from a calibration maximum).
+
+    The plan asks for nvfp4 dispatch; where the vendor rejects it the plan raises, and an
+    explicit bf16 dispatch quantizes to nvfp4 on the expert's side instead.
+    """
+
+    traits = KNOWN_SCHEMES["nvfp4"]
+
+    def __init__(self, input_global_scale: float, intermediate_global_scale: float) -> None:
+        for name, value in (("input_global_scale", input_global_scale),
+                            ("intermediate_global_scale", intermediate_global_scale)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise invalid(name, "a finite positive number", value)
+        self.input_global_scale = float(input_global_scale)
+        self.intermediate_global_scale = float(intermediate_global_scale)
+
+    def __repr__(self) -> str:
+        return (f"NvFp4(input_global_scale={self.input_global_scale}, "
+                f"intermediate_global_scale={self.intermediate_global_scale})")
+
+    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
+        """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
+        device = w13.device
+        return ExpertWeights(
+            vendor.quantize_weight(w13, ScaleLayout.BLOCK_16),
+            vendor.quantize_weight(w2, ScaleLayout.BLOCK_16),
+            torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
+            torch.tensor([self.intermediate_global_scale], dtype=torch.float32, device=device),
+        )
+
+    def gemm_kind(self) -> GemmKind:
+        """nvfp4."""
+        return GemmKind.NVFP4
+
+    def dispatch_quantizer(self, vendor: Vendor, plan: DispatchPlan, weights: ExpertWeights) -> Quantizer:
+        """nvfp4 dispatch uses the checkpoint's input global scale, so every rank agrees on it."""
+        if plan.resolved is not DispatchDtype.NVFP4:
+            return super().dispatch_quantizer(vendor, plan, weights)
+        scale = weights.input_global_scale
+
+        def quantize(x: torch.Tensor) -> QuantizedTensor:
+            return vendor.quantize(x, DispatchDtype.NVFP4, global_scale=scale)
+
+        return quantize
+
+    def first_operand(self, vendor: Vendor, x: QuantizedTensor, weights: ExpertWeights) -> GemmOperand:
+        """nvfp4 rows as carried; bf16 rows quantized with the input global scale."""
+        if x.dtype is DispatchDtype.NVFP4:
+            return x
+        return vendor.quantize(self.as_float(vendor, x), DispatchDtype.NVFP4, global_scale=weights.input_global_scale)
+
+    def second_operand(self, vendor: Vendor, h: torch.Tensor, weights: ExpertWeights) -> GemmOperand:
+        """nvfp4 of the swiglu output with the intermediate global scale."""
+        return vendor.quantize(h, DispatchDtype.NVFP4, global_scale=weights.intermediate_global_scale)
