@@ -62,6 +62,46 @@ def test_no_device_branches(package):
     assert hits == []
 
 
+DEVICE_NAMES = {"cpu", "cuda", "npu", "xpu", "mps", "hip", "meta"}
+
+
+def device_questions(source: str) -> list[str]:
+    """Places where code asks which device it is on: device-name literals, `torch.cuda` /
+    `torch.npu` / `torch.version.hip` access, `.device.type`, `is_npu`-style names."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value.strip().lower()
+            if value in DEVICE_NAMES or value.split(":")[0] in DEVICE_NAMES - {"meta"} and ":" in value:
+                found.append(f"line {node.lineno}: device name {node.value!r}")
+        elif isinstance(node, ast.Attribute):
+            chain = ast.unparse(node)
+            if chain in ("torch.cuda", "torch.npu", "torch.version.hip", "torch.version.cuda"):
+                found.append(f"line {node.lineno}: {chain}")
+            elif node.attr == "type" and ast.unparse(node.value).endswith("device"):
+                found.append(f"line {node.lineno}: {chain}")
+        elif isinstance(node, ast.Name) and re.fullmatch(r"_?is_(npu|cuda|hip|xpu|gpu)", node.id):
+            found.append(f"line {node.lineno}: {node.id}")
+    return found
+
+
+def test_the_device_question_scanner_catches_branches():
+    source = (
+        "if x.device.type == 'npu':\n    pass\n"
+        "if torch.cuda.is_available():\n    pass\n"
+        "if _is_npu:\n    pass\n"
+        "y = x.to('cuda:0')\n"
+    )
+    assert len(device_questions(source)) == 5
+    assert device_questions("x = vendor.device\ny = torch.empty(3, device=x.device)\n") == []
+
+
+def test_moe_never_asks_which_device_it_is_on():
+    hits = [f"{path.relative_to(ROOT)} {hit}" for path in python_files("moe")
+            for hit in device_questions(path.read_text())]
+    assert hits == []
+
+
 @pytest.mark.parametrize("package", ["hal", "moe"])
 def test_no_environment_writes(package):
     hits = [f"{path.relative_to(ROOT)}:{n}" for path in python_files(package)

@@ -135,5 +135,5 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 def weighted_sum(rows: torch.Tensor, routing: Routing, out_dtype: torch.dtype) -> torch.Tensor:
     """`out[t] = sum_j w[t, j] * rows[t * k + j]` in fp32, cast to `out_dtype`: `[T, H]`."""
     t, k = routing.topk_ids.shape
-    weighted = rows.to(torch.float32).view(t, k, -1) * routing.topk_weights.unsqueeze(-1)
+    weighted = rows.to(torch.float32).view(t, k, rows.shape[-1]) * routing.topk_weights.unsqueeze(-1)
     return weighted.sum(dim=1).to(out_dtype)

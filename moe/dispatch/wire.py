@@ -43,10 +43,9 @@ def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
             f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, "
             f"got {q.dtype} ({q.layout})"
         )
-    lead = q.data.shape[:-1]
     parts = [as_bytes(q.data)]
-    if q.scale is not None:
-        parts.append(as_bytes(q.scale.reshape(*lead, -1)))
+    if q.scale is not None:  # per-token scales get a channel dimension of one
+        parts.append(as_bytes(q.scale.unsqueeze(-1) if q.layout is ScaleLayout.PER_TOKEN else q.scale))
     record = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
     if record.shape[-1] != plan.bytes_per_token:
         raise InvalidInput(
