@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from hal.capabilities import Capabilities, GemmKind
-from hal.dtypes import FP8_GROUP_SIZE, DispatchDtype, ScaleLayout
-from hal.formats import QuantizedWeight
+from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
+from hal.formats import INT4_MAX, INT4_PER_WORD, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.groups import Groups
 from hal.vendor import Vendor
 
@@ -25,6 +25,9 @@ GEMM_TOLERANCE: dict[torch.dtype, float] = {
     torch.float16: 2e-3,
     torch.bfloat16: 1e-2,
 }
+
+#: e2m1 magnitude of each 3-bit code; bit 3 of an nvfp4 code is the sign.
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ def run_selfcheck(vendor: Vendor, seed: int = 0) -> list[CheckResult]:
     checks: list[tuple[str, Callable[[], tuple[float, float]]]] = []
     for dtype, layout in _dispatch_formats(caps):
         checks.append((f"quantize {dtype} {layout}", lambda d=dtype, lay=layout: _roundtrip(vendor, d, lay, gen, device)))
+    if GemmKind.INT4 in caps.grouped_matmul:  # int4 is a compute format, not a dispatch dtype
+        checks.append(("quantize int4 per-token", lambda: _int4_roundtrip(vendor, gen, device)))
     for kind in sorted(caps.grouped_matmul, key=lambda k: k.value):
         checks.append((f"grouped_matmul {kind}", lambda k=kind: _gemm(vendor, k, gen, device)))
     checks.append(("swiglu", lambda: _swiglu(vendor, gen, device)))
@@ -103,6 +108,17 @@ def _roundtrip(vendor: Vendor, dtype: DispatchDtype, layout: ScaleLayout, gen: t
     return float(error.flatten()[worst]), float(bound.expand_as(error).flatten()[worst])
 
 
+def _int4_roundtrip(vendor: Vendor, gen: torch.Generator, device: torch.device) -> tuple[float, float]:
+    """Max |x - decode(quantize_int4(x))| against half an int4 step (rowmax / 14)."""
+    x = _randn(gen, 64, 512).to(torch.bfloat16)
+    ref = x.double()
+    error = (_int4_reference(vendor.quantize_int4(x.to(device))) - ref).abs()
+    bound = ref.abs().amax(dim=-1, keepdim=True) * (1 / (2 * INT4_MAX) + 2.0**-20)
+    ratio = error / bound.clamp_min(1e-30)
+    worst = int(ratio.argmax())
+    return float(error.flatten()[worst]), float(bound.expand_as(error).flatten()[worst])
+
+
 def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator, device: torch.device) -> tuple[float, float]:
     """One grouped matmul with an empty group against a float64 per-group reference."""
     experts, k, n = 4, 256, 192
@@ -110,10 +126,19 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator, device: torch.de
     x = _randn(gen, int(counts.sum()), k)
     w = _randn(gen, experts, k, n, scale=0.05)
     float_dtype = {GemmKind.FP16: torch.float16, GemmKind.FP32: torch.float32}.get(kind, torch.bfloat16)
+    xq: torch.Tensor | QuantizedTensor | PackedInt4Tensor
     if kind in (GemmKind.BF16, GemmKind.FP16, GemmKind.FP32):
         xq = x.to(float_dtype).to(device)
         weight = vendor.quantize_weight(w.to(torch.float32).to(device), ScaleLayout.NONE, float_dtype)
         x_ref = xq.double().cpu()
+    elif kind is GemmKind.INT4:
+        xq = vendor.quantize_int4(x.to(torch.bfloat16).to(device))
+        weight = vendor.quantize_weight(w.to(torch.float32).to(device), ScaleLayout.PER_CHANNEL, torch.quint4x2)
+        x_ref = _int4_reference(xq)
+    elif kind is GemmKind.NVFP4:
+        xq = vendor.quantize(x.to(torch.bfloat16).to(device), DispatchDtype.NVFP4, layout=ScaleLayout.BLOCK_16)
+        weight = vendor.quantize_weight(w.to(torch.float32).to(device), ScaleLayout.BLOCK_16)
+        x_ref = _nvfp4_reference(xq)
     else:
         a_dtype, a_layout, w_layout, w_dtype = {
             GemmKind.INT8: (DispatchDtype.INT8, ScaleLayout.PER_TOKEN, ScaleLayout.PER_CHANNEL, torch.int8),
@@ -133,12 +158,45 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator, device: torch.de
     return error, GEMM_TOLERANCE[out.dtype] * float(ref.abs().max())
 
 
+def _unpack_int4(words: torch.Tensor) -> torch.Tensor:
+    """int32 words `[..., m]` -> float64 int4 values `[..., 8m]` (value j in bits 4j..4j+3)."""
+    shifts = torch.arange(0, 4 * INT4_PER_WORD, 4, dtype=torch.int64)
+    nibbles = (words.cpu().to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
+    values = torch.where(nibbles >= 8, nibbles - 16, nibbles)
+    return values.reshape(*words.shape[:-1], words.shape[-1] * INT4_PER_WORD).double()
+
+
+def _decode_e2m1(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """uint8 codes, two per byte along `dim` (low nibble first) -> float64 e2m1 values."""
+    table = torch.tensor(_E2M1, dtype=torch.float64)
+    table = torch.cat([table, -table])
+    last = packed.cpu().movedim(dim, -1).long()
+    codes = torch.stack([last & 0xF, last >> 4], dim=-1).reshape(*last.shape[:-1], last.shape[-1] * 2)
+    return table[codes].movedim(-1, dim)
+
+
+def _int4_reference(q: PackedInt4Tensor) -> torch.Tensor:
+    """The float64 value of int4 activations, from the format's definition."""
+    return _unpack_int4(q.data) * q.scale.cpu().double().unsqueeze(-1)
+
+
+def _nvfp4_reference(q: QuantizedTensor) -> torch.Tensor:
+    """The float64 value of nvfp4 activations, from the format's definition."""
+    scale = q.scale.cpu().double().repeat_interleave(NVFP4_BLOCK_SIZE, dim=-1)  # type: ignore[union-attr]
+    gs = float(q.global_scale.cpu().double().reshape(()))  # type: ignore[union-attr]
+    return _decode_e2m1(q.data, -1) * scale / gs
+
+
 def _weight_reference(weight: QuantizedWeight) -> torch.Tensor:
     """The float64 value of expert weights, from the format's definition."""
-    data = weight.data.cpu().double()
     if weight.layout is ScaleLayout.NONE:
-        return data
+        return weight.data.cpu().double()
     scale = weight.scale.cpu().double()  # type: ignore[union-attr]
+    if weight.layout is ScaleLayout.BLOCK_16:
+        gs = weight.global_scale.cpu().double()  # type: ignore[union-attr]
+        values = _decode_e2m1(weight.data, 1)
+        return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, 1) / gs[:, None, None]
+    data = _unpack_int4(weight.data) if weight.is_int4 else weight.data.cpu().double()
     if weight.layout is ScaleLayout.PER_CHANNEL:
         return data * scale[:, None, :]
     _, k, n = data.shape

@@ -19,7 +19,16 @@ from hal import (
     UnsupportedCapability,
     UnsupportedDispatchDtype,
 )
-from tests.moe_reference import TOLERANCE, random_weights, reference_moe, relative_error, softmax_topk
+from tests.moe_reference import (
+    EMULATED_TOLERANCE,
+    TOLERANCE,
+    emulated_integer_moe,
+    random_weights,
+    reference_moe,
+    relative_error,
+    seed_of,
+    softmax_topk,
+)
 from vendors.cpu import CpuVendor
 
 E, H, I, K = 8, 192, 64, 2  # H = 128 + 64: a partial fp8 channel group
@@ -142,12 +151,25 @@ TOKEN_CASES = {"uneven": (24, True, ()), "idle-experts": (16, False, (3, 5)), "o
 @pytest.mark.parametrize(("scheme", "dispatch"), SCHEME_CASES)
 def test_layer_matches_float64_reference(cpu, scheme, dispatch, tokens_case):
     tokens, skew, dead = TOKEN_CASES[tokens_case]
-    seed = hash((scheme, dispatch, tokens_case)) % 10_000
+    seed = seed_of(scheme, dispatch, tokens_case)
     w13, w2 = random_weights(E, H, I, seed)
     layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=cpu, dispatch=DispatchConfig(dtype=dispatch))
     resolved = layer.plan.resolved.value
     x, logits = _inputs(tokens, seed + 1, skew=skew, dead=dead)
     _check_against_reference(layer, x, logits, w13, w2, TOLERANCE[(scheme, resolved)])
+
+
+@pytest.mark.parametrize("tokens_case", sorted(TOKEN_CASES))
+@pytest.mark.parametrize(("scheme", "qmax"), [("w8a8-int8", 127), ("w4a4-int4", 7)])
+def test_integer_schemes_match_an_emulated_reference(cpu, scheme, qmax, tokens_case):
+    tokens, skew, dead = TOKEN_CASES[tokens_case]
+    seed = seed_of("emulated", scheme, tokens_case)
+    w13, w2 = random_weights(E, H, I, seed)
+    layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=cpu)
+    x, logits = _inputs(tokens, seed + 1, skew=skew, dead=dead)
+    ids, weights = softmax_topk(logits, K)
+    error = relative_error(layer(x, logits), emulated_integer_moe(x, ids, weights, w13, w2, qmax))
+    assert error < EMULATED_TOLERANCE[scheme], f"relative error {error:.4f}"
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -1,8 +1,8 @@
 """Reference grouped matmul: a plain loop over groups, each a dense matmul with scales applied.
 
-Float kinds compute in fp32; int8 computes the integer product exactly (fp64 holds
-any int8 dot product of realistic K exactly) before applying the scales; fp8 kinds
-dequantize both operands to fp32 first.
+Float kinds compute in fp32; int8 and int4 compute the integer product exactly (fp64
+holds any int8 or int4 dot product of realistic K exactly) before applying the scales;
+fp8 and nvfp4 kinds dequantize both operands to fp32 first.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import torch
 from hal.capabilities import GemmKind, KernelLimits
 from hal.dtypes import FP8_GROUP_SIZE
 from hal.errors import invalid
-from hal.formats import FLOAT_DTYPES, QuantizedTensor, QuantizedWeight, gemm_kind_of
+from hal.formats import FLOAT_DTYPES, PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm_kind_of
 from hal.groups import Groups
+from vendors.cpu import quantize as quant
 
 _FLOAT_KINDS = (GemmKind.BF16, GemmKind.FP16, GemmKind.FP32)
 
 
 def grouped_matmul(
-    x: torch.Tensor | QuantizedTensor,
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
     weight: QuantizedWeight,
     groups: Groups,
     out_dtype: torch.dtype | None = None,
@@ -33,12 +34,12 @@ def grouped_matmul(
     check_operands(x, weight, groups)
     kind = gemm_kind_of(x, weight)
     data = x if isinstance(x, torch.Tensor) else x.data
-    m, k = data.shape
-    e, wk, n = weight.data.shape
+    m, k = x.shape  # logical (unpacked) shapes throughout
+    e, wk, n = weight.num_experts, weight.in_features, weight.out_features
     if k != wk:
         raise invalid(
             "x, weight", "x [M, K] and weight [E, K, N] with the same K",
-            f"x {tuple(data.shape)} and weight {tuple(weight.data.shape)}",
+            f"x {tuple(x.shape)} and weight {(e, wk, n)}",
         )
     if groups.num_groups != e:
         raise invalid("groups", f"{e} groups (one per expert of weight)", groups.num_groups)
@@ -62,7 +63,11 @@ def grouped_matmul(
 
 
 def _group_product(
-    kind: GemmKind, x: torch.Tensor | QuantizedTensor, weight: QuantizedWeight, g: int, rows: slice
+    kind: GemmKind,
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+    weight: QuantizedWeight,
+    g: int,
+    rows: slice,
 ) -> torch.Tensor:
     """One group's product, before the cast to the output dtype."""
     if kind in _FLOAT_KINDS:
@@ -71,6 +76,13 @@ def _group_product(
     if kind is GemmKind.INT8:
         acc = x.data[rows].to(torch.float64) @ weight.data[g].to(torch.float64)
         return acc * x.scale[rows].to(torch.float64).unsqueeze(1) * weight.scale[g].to(torch.float64)
+    if kind is GemmKind.INT4:
+        a = quant.unpack_int4(x.data[rows]).to(torch.float64)
+        b = quant.unpack_int4(weight.data[g]).to(torch.float64)
+        return (a @ b) * x.scale[rows].to(torch.float64).unsqueeze(1) * weight.scale[g].to(torch.float64)
+    if kind is GemmKind.NVFP4:
+        a = quant.dequantize(QuantizedTensor(x.data[rows], x.dtype, x.layout, x.scale[rows], x.global_scale))
+        return a @ quant.dequantize_weight(weight.select(slice(g, g + 1)))[0]
     if kind is GemmKind.FP8_ROWWISE:
         a = x.data[rows].to(torch.float32) * x.scale[rows].unsqueeze(1)
         b = weight.data[g].to(torch.float32) * weight.scale[g].unsqueeze(0)
@@ -89,14 +101,14 @@ def _group_product(
 
 def check_operands(x: object, weight: object, groups: object) -> None:
     """Check the operand types and ranks (no values, no devices); raise `InvalidInput` if wrong."""
-    if isinstance(x, QuantizedTensor):
+    if isinstance(x, (QuantizedTensor, PackedInt4Tensor)):
         if x.data.dim() != 2:
             raise invalid("x", "2-D data [M, K]", tuple(x.data.shape))
     elif isinstance(x, torch.Tensor):
         if x.dim() != 2:
             raise invalid("x", "a 2-D tensor [M, K]", tuple(x.shape))
     else:
-        raise invalid("x", "a torch.Tensor or a QuantizedTensor", type(x).__name__)
+        raise invalid("x", "a torch.Tensor, a QuantizedTensor or a PackedInt4Tensor", type(x).__name__)
     if not isinstance(weight, QuantizedWeight):
         raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
     if not isinstance(groups, Groups):

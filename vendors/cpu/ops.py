@@ -6,7 +6,7 @@ import torch
 
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
-from hal.formats import QuantizedTensor, QuantizedWeight, gemm_kind_of
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm_kind_of
 from hal.groups import Groups
 from vendors.cpu import activation, quantize as quant
 from vendors.cpu import grouped_matmul as gmm
@@ -44,13 +44,18 @@ class TorchReferenceOps:
     def quantize_weight(
         self, weight: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | None = None
     ) -> QuantizedWeight:
-        """Quantize float expert weights `[E, K, N]` (none, per-channel or block-128x128)."""
+        """Quantize float expert weights `[E, K, N]` (none, per-channel int8/fp8/int4, block-128x128, block-16)."""
         self._check_device("weight", weight)
         return quant.quantize_weight(weight, layout, dtype)
 
+    def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
+        """Quantize activations `[..., H]` to per-token int4 packed eight per int32 (see `vendors.cpu.quantize`)."""
+        self._check_device("x", x)
+        return quant.quantize_int4(x)
+
     def grouped_matmul(
         self,
-        x: torch.Tensor | QuantizedTensor,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
         weight: QuantizedWeight,
         groups: Groups,
         *,
@@ -58,13 +63,14 @@ class TorchReferenceOps:
     ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, if the kind is declared."""
         gmm.check_operands(x, weight, groups)
-        if isinstance(x, QuantizedTensor):
+        if isinstance(x, (QuantizedTensor, PackedInt4Tensor)):
             self._check_device("x.data", x.data)
             self._check_device("x.scale", x.scale)
+            self._check_device("x.global_scale", getattr(x, "global_scale", None))
         else:
             self._check_device("x", x)
-        self._check_device("weight.data", weight.data)
-        self._check_device("weight.scale", weight.scale)
+        for field, tensor in weight.tensors().items():
+            self._check_device(f"weight.{field}", tensor)
         if groups.tensor.device.type != "cpu":
             self._check_device("groups", groups.tensor)
         kind = gemm_kind_of(x, weight)

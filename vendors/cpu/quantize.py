@@ -2,8 +2,8 @@
 
 The layouts are the ones `hal.formats` documents. Everything is vectorized: the same
 functions run on CPU and accelerator tensors. Rounding is torch's: `torch.round` (half
-to even) for int8, the float8 cast (round to nearest even) for e4m3, and an explicit
-nearest-even-code rule for nvfp4's e2m1 values.
+to even) for int8 and int4, the float8 cast (round to nearest even) for e4m3, and an
+explicit nearest-even-code rule for nvfp4's e2m1 values.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import torch
 
 from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, invalid
-from hal.formats import FLOAT_DTYPES, QuantizedTensor, QuantizedWeight
+from hal.formats import (
+    FLOAT_DTYPES,
+    INT4_MAX,
+    INT4_PER_WORD,
+    PackedInt4Tensor,
+    QuantizedTensor,
+    QuantizedWeight,
+)
 
 INT8_MAX = 127.0
 FP8_MAX = 448.0  #: largest finite float8_e4m3fn
@@ -90,9 +97,12 @@ def quantize_weight(
 ) -> QuantizedWeight:
     """Quantize float expert weights `[E, K, N]`.
 
-    none: cast to `dtype` (default `w.dtype`); per-channel: int8 (default) or fp8 with
+    none: cast to `dtype` (default `w.dtype`); per-channel: int8 (default), fp8 or int4
+    (`torch.quint4x2`: values in [-7, 7] packed eight per int32 along N) with
     `scale[e, n] = max_k |w[e, k, n]| / qmax`; block-128x128: fp8 with one scale per
-    (partial) 128x128 tile of each expert. Zero channels and tiles get scale 0, data 0.
+    (partial) 128x128 tile of each expert; block-16: nvfp4 (uint8, two e2m1 codes along K)
+    with an e4m3 scale per 16 k and n, under a per-expert fp32 global scale
+    `448 * 6 / amax(|w[e]|)`. Zero channels, tiles and blocks get scale 0, data 0.
     """
     layout = _parse_weight_layout(layout)
     # Errors name `weight`, the argument of the `Vendor.quantize_weight` op.
@@ -109,12 +119,27 @@ def quantize_weight(
     wf = w.to(torch.float32)
     if layout is ScaleLayout.PER_CHANNEL:
         target = torch.int8 if dtype is None else dtype
-        if target not in (torch.int8, torch.float8_e4m3fn):
-            raise invalid("dtype", "torch.int8 or torch.float8_e4m3fn for per-channel weights", target)
-        qmax = INT8_MAX if target == torch.int8 else FP8_MAX
+        if target not in (torch.int8, torch.float8_e4m3fn, torch.quint4x2):
+            raise invalid(
+                "dtype",
+                "torch.int8, torch.float8_e4m3fn or torch.quint4x2 (int4) for per-channel weights",
+                target,
+            )
+        if target == torch.quint4x2 and wf.shape[2] % INT4_PER_WORD:
+            raise invalid(
+                "weight", f"N a multiple of {INT4_PER_WORD} for int4 per-channel weights", tuple(w.shape)
+            )
         amax = wf.abs().amax(dim=1)  # [E, N]
+        if target == torch.quint4x2:
+            values, scale = _symmetric(wf, amax, float(INT4_MAX), torch.int8, amax.unsqueeze(1))
+            return QuantizedWeight(pack_int4(values), layout, scale)
+        qmax = INT8_MAX if target == torch.int8 else FP8_MAX
         data, scale = _symmetric(wf, amax, qmax, target, amax.unsqueeze(1))
         return QuantizedWeight(data, layout, scale)
+    if layout is ScaleLayout.BLOCK_16:
+        if dtype is not None and dtype != torch.uint8:
+            raise invalid("dtype", "None or torch.uint8 (packed e2m1) for block-16 (nvfp4) weights", dtype)
+        return _quantize_nvfp4_weight(wf)
     target = torch.float8_e4m3fn if dtype is None else dtype
     if target != torch.float8_e4m3fn:
         raise invalid("dtype", "torch.float8_e4m3fn for block-128x128 weights", target)
@@ -122,6 +147,84 @@ def quantize_weight(
     expanded = _expand_tiles(amax, wf.shape[1], wf.shape[2])
     data, scale = _symmetric(wf, amax, FP8_MAX, target, expanded)
     return QuantizedWeight(data, layout, scale)
+
+
+def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
+    """Invert `quantize_weight`: fp32 `[E, K, N]` (`data * scale`; nvfp4: `e2m1 * scale / global_scale[e]`)."""
+    if not isinstance(weight, QuantizedWeight):
+        raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
+    if weight.layout is ScaleLayout.NONE:
+        return weight.data.to(torch.float32)
+    scale = weight.scale.to(torch.float32)  # type: ignore[union-attr]
+    if weight.layout is ScaleLayout.PER_CHANNEL:
+        data = unpack_int4(weight.data) if weight.is_int4 else weight.data
+        return data.to(torch.float32) * scale.unsqueeze(1)
+    if weight.layout is ScaleLayout.BLOCK_128X128:
+        _, k, n = weight.data.shape
+        return weight.data.to(torch.float32) * _expand_tiles(scale, k, n)
+    values = _decode_e2m1(weight.data, dim=1)  # [E, K, N]
+    gs = weight.global_scale.to(torch.float32).reshape(-1, 1, 1)  # type: ignore[union-attr]
+    return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, dim=1) / gs
+
+
+# -- int4 ------------------------------------------------------------------------------------------
+
+
+def quantize_int4(x: torch.Tensor) -> PackedInt4Tensor:
+    """Quantize float activations `[..., H]` to per-token int4, packed eight per int32 word.
+
+    Symmetric: `scale = rowmax|x| / 7`, values `round(x / scale)` (half to even) clamped to
+    [-7, 7]. H must be a multiple of 8; all-zero rows get scale 0 and data 0.
+    """
+    _check_float_input("x", x)
+    h = x.shape[-1]
+    if h % INT4_PER_WORD:
+        raise invalid("x", f"a last dimension that is a multiple of {INT4_PER_WORD} for int4", h)
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(dim=-1)
+    values, scale = _symmetric(xf, amax, float(INT4_MAX), torch.int8, amax.unsqueeze(-1))
+    return PackedInt4Tensor(pack_int4(values), scale)
+
+
+def dequantize_int4(q: PackedInt4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Invert `quantize_int4`: `value * scale`, shape `[..., H]` in `out_dtype`."""
+    if not isinstance(q, PackedInt4Tensor):
+        raise invalid("q", "a PackedInt4Tensor", type(q).__name__)
+    _check_out_dtype("out_dtype", out_dtype)
+    return (unpack_int4(q.data).to(torch.float32) * q.scale.unsqueeze(-1)).to(out_dtype)
+
+
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """Pack integers in [-8, 7] `[..., 8m]` into int32 words `[..., m]` (value j in bits 4j..4j+3)."""
+    if not isinstance(values, torch.Tensor):
+        raise invalid("values", "a torch.Tensor", type(values).__name__)
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise invalid("values", "an integer tensor", values.dtype)
+    if values.dim() < 1 or values.shape[-1] % INT4_PER_WORD:
+        raise invalid("values", f"a last dimension that is a multiple of {INT4_PER_WORD}", tuple(values.shape))
+    v = values.to(torch.int64)
+    if v.numel() and bool(((v < -8) | (v > 7)).any()):
+        raise invalid("values", "integers in [-8, 7]", (int(v.min()), int(v.max())))
+    shifts = _nibble_shifts(v.device)
+    nibbles = (v & 0xF).reshape(*v.shape[:-1], v.shape[-1] // INT4_PER_WORD, INT4_PER_WORD)
+    words = (nibbles << shifts).sum(dim=-1)  # in [0, 2^32): the unsigned bit pattern
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def unpack_int4(words: torch.Tensor) -> torch.Tensor:
+    """Unpack int32 words `[..., m]` into int8 values in [-8, 7] `[..., 8m]` (inverse of `pack_int4`)."""
+    if not isinstance(words, torch.Tensor) or words.dtype != torch.int32:
+        given = words.dtype if isinstance(words, torch.Tensor) else type(words).__name__
+        raise invalid("words", "an int32 tensor", given)
+    if words.dim() < 1:
+        raise invalid("words", "at least 1 dimension", tuple(words.shape))
+    nibbles = (words.to(torch.int64).unsqueeze(-1) >> _nibble_shifts(words.device)) & 0xF
+    signed = torch.where(nibbles >= 8, nibbles - 16, nibbles)
+    return signed.reshape(*words.shape[:-1], words.shape[-1] * INT4_PER_WORD).to(torch.int8)
+
+
+def _nibble_shifts(device: torch.device) -> torch.Tensor:
+    return torch.arange(0, 4 * INT4_PER_WORD, 4, dtype=torch.int64, device=device)
 
 
 # -- shared helpers --------------------------------------------------------------------------------
@@ -179,6 +282,28 @@ def _quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None) -> Quant
     if h % NVFP4_BLOCK_SIZE:
         raise invalid("x", f"a last dimension that is a multiple of {NVFP4_BLOCK_SIZE} for nvfp4", h)
     gs = _nvfp4_global_scale(x) if global_scale is None else _check_global_scale(global_scale, x)
+    packed, scale = _encode_nvfp4_blocks(x, gs)
+    return QuantizedTensor(packed, DispatchDtype.NVFP4, ScaleLayout.BLOCK_16, scale, gs.reshape(1))
+
+
+def _quantize_nvfp4_weight(w: torch.Tensor) -> QuantizedWeight:
+    """nvfp4 weights `[E, K, N]`: blocks of 16 along K, one global scale per expert."""
+    e, k, n = w.shape
+    if k % NVFP4_BLOCK_SIZE:
+        raise invalid("weight", f"K a multiple of {NVFP4_BLOCK_SIZE} for block-16 (nvfp4) weights", tuple(w.shape))
+    amax = w.abs().amax(dim=(1, 2)) if w.numel() else w.new_zeros(e)
+    gs = _nvfp4_scale_from_amax(amax)
+    # Move K last, so that blocks and packing run along the last dimension as for activations.
+    packed, scale = _encode_nvfp4_blocks(w.transpose(1, 2), gs.reshape(e, 1, 1))
+    return QuantizedWeight(
+        packed.transpose(1, 2).contiguous(), ScaleLayout.BLOCK_16, scale.transpose(1, 2).contiguous(), gs
+    )
+
+
+def _encode_nvfp4_blocks(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of 16 along the last dimension of fp32 `x` `[..., H]`: packed codes `[..., H/2]` and
+    e4m3 block scales `[..., H/16]`; `gs` broadcasts against the block scales."""
+    h = x.shape[-1]
     blocks = x.reshape(*x.shape[:-1], h // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
     block_amax = blocks.abs().amax(dim=-1)
     scale = (block_amax / FP4_MAX * gs).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
@@ -187,15 +312,19 @@ def _quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None) -> Quant
     ratio = blocks / torch.where(usable, step, torch.ones_like(step))
     codes = torch.where(usable, _encode_e2m1(ratio), torch.zeros_like(ratio, dtype=torch.uint8))
     codes = codes.reshape(*x.shape[:-1], h // 2, 2)
-    packed = codes[..., 0] | (codes[..., 1] << 4)
-    return QuantizedTensor(packed, DispatchDtype.NVFP4, ScaleLayout.BLOCK_16, scale, gs.reshape(1))
+    return codes[..., 0] | (codes[..., 1] << 4), scale
 
 
 def _nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """`448 * 6 / amax(|x|)` as an fp32 scalar tensor; 1 for an all-zero (or empty) tensor."""
     if x.numel() == 0:
         return torch.ones((), dtype=torch.float32, device=x.device)
-    amax = x.abs().amax().to(torch.float64)
+    return _nvfp4_scale_from_amax(x.abs().amax())
+
+
+def _nvfp4_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """`448 * 6 / amax` elementwise in fp32; 1 where amax is 0."""
+    amax = amax.to(torch.float64)
     gs = torch.where(amax > 0, FP8_MAX * FP4_MAX / amax, torch.ones_like(amax))
     # A subnormal amax would overflow fp32; the largest finite scale keeps everything finite.
     return gs.clamp(max=torch.finfo(torch.float32).max).to(torch.float32)
@@ -225,13 +354,14 @@ def _encode_e2m1(v: torch.Tensor) -> torch.Tensor:
     return code | sign
 
 
-def _decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """Unpack `[..., H/2]` uint8 into `[..., H]` fp32 e2m1 values."""
+def _decode_e2m1(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Unpack uint8 codes (two per byte, low nibble first, along `dim`) into fp32 e2m1 values."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
     table = torch.cat([table, -table])
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1)
-    codes = codes.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-    return table[codes.long()]
+    last = packed.movedim(dim, -1)
+    codes = torch.stack([last & 0xF, last >> 4], dim=-1)
+    codes = codes.reshape(*last.shape[:-1], last.shape[-1] * 2)
+    return table[codes.long()].movedim(-1, dim)
 
 
 # -- validation ------------------------------------------------------------------------------------
@@ -258,7 +388,7 @@ def _parse_layout(layout: ScaleLayout | str | None, dtype: DispatchDtype) -> Sca
 
 
 def _parse_weight_layout(layout: ScaleLayout | str) -> ScaleLayout:
-    allowed = (ScaleLayout.NONE, ScaleLayout.PER_CHANNEL, ScaleLayout.BLOCK_128X128)
+    allowed = (ScaleLayout.NONE, ScaleLayout.PER_CHANNEL, ScaleLayout.BLOCK_128X128, ScaleLayout.BLOCK_16)
     expected = "one of " + ", ".join(map(str, allowed))
     try:
         parsed = ScaleLayout(layout)

@@ -14,8 +14,8 @@ _CPU_CAPABILITIES = Capabilities(
     dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8}),
     dispatch_fallbacks={DispatchDtype.NVFP4: None},
     fallback_reasons={
-        DispatchDtype.NVFP4: "the reference grouped matmul has no nvfp4 kind; "
-        "nvfp4 quantize/dequantize exist for checking formats only",
+        DispatchDtype.NVFP4: "the CPU reference dispatcher carries bf16, fp8 and int8 only; its nvfp4 "
+        "grouped matmul takes rows dispatched as bf16 and quantized to nvfp4 after dispatch",
     },
     default_dispatch_dtype=DispatchDtype.BF16,
     fp8_scale_layout=ScaleLayout.GROUP_128,
