@@ -42,6 +42,9 @@ class MoELayer(torch.nn.Module):
     `load_weights` with them) and keeps its own experts. `dispatch.max_dispatch_tokens_per_rank`
     selects the low-latency dispatcher (fixed capacity per rank); otherwise one rank uses
     the local dispatcher and several use all-to-all.
+
+    The quantized expert weights (`expert_weights`) live on the vendor's device; they are
+    inference weights, not `nn.Parameter`s, so `.to()` and `state_dict()` do not cover them.
     """
 
     def __init__(
