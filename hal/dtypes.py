@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 
-from hal.errors import InvalidInput
+from hal.errors import InvalidInput, positive_int
 
 #: Channels that share one fp32 scale in the block-scaled fp8 layout.
 FP8_GROUP_SIZE = 128
@@ -89,8 +89,7 @@ class DispatchDtype(str, enum.Enum):
             raise InvalidInput(
                 "dispatch dtype: expected a concrete dtype to size a buffer, got 'auto'"
             )
-        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
-            raise InvalidInput(f"hidden_size: expected a positive int, got {hidden_size!r}")
+        positive_int("hidden_size", hidden_size)
         layout = self.default_scale_layout if layout is None else ScaleLayout(layout)
         if layout not in self.scale_layouts():
             raise InvalidInput(

@@ -34,6 +34,13 @@ def invalid(argument: str, expected: str, given: object) -> InvalidInput:
     return InvalidInput(f"{argument}: expected {expected}, got {given!r}")
 
 
+def positive_int(argument: str, value: object, expected: str = "a positive int") -> int:
+    """Return `value` if it is a positive int (bools excluded), else raise `InvalidInput`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(argument, expected, value)
+    return value
+
+
 def names(items: Iterable[object]) -> str:
     """Render a collection of names as a short, sorted, comma-separated list."""
     rendered = sorted(str(getattr(i, "value", i)) for i in items)

@@ -20,7 +20,7 @@ from typing import Any
 
 from hal.capabilities import Capabilities
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import InvalidInput, UnsupportedDispatchDtype, names
+from hal.errors import InvalidInput, UnsupportedDispatchDtype, names, positive_int
 from hal.schemes import SchemeTraits, parse_scheme
 from hal.vendor import Vendor, unsupported_dispatch_message
 
@@ -63,9 +63,8 @@ class DispatchConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
-        cap = self.max_dispatch_tokens_per_rank
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
-            raise InvalidInput(f"max_dispatch_tokens_per_rank: expected a positive int or None, got {cap!r}")
+        if self.max_dispatch_tokens_per_rank is not None:
+            positive_int("max_dispatch_tokens_per_rank", self.max_dispatch_tokens_per_rank, "a positive int or None")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from hal import DispatchConfig, DispatchPlan, Vendor, get_vendor, resolve_dispatch_plan
-from hal.errors import InvalidInput, UnsupportedCapability, invalid
+from hal.errors import InvalidInput, UnsupportedCapability, invalid, positive_int
 from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher
 from moe.dispatch.base import group_size_and_rank
 from moe.routing import Router, Routing, SoftmaxTopK
@@ -22,12 +22,6 @@ from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise invalid(name, "a positive int", value)
-    return value
 
 
 class MoELayer(torch.nn.Module):
@@ -63,10 +57,10 @@ class MoELayer(torch.nn.Module):
         environ: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.hidden_size = _positive_int("hidden_size", hidden_size)
-        self.intermediate_size = _positive_int("intermediate_size", intermediate_size)
-        self.num_experts = _positive_int("num_experts", num_experts)
-        self.top_k = _positive_int("top_k", top_k)
+        self.hidden_size = positive_int("hidden_size", hidden_size)
+        self.intermediate_size = positive_int("intermediate_size", intermediate_size)
+        self.num_experts = positive_int("num_experts", num_experts)
+        self.top_k = positive_int("top_k", top_k)
         if top_k > num_experts:
             raise InvalidInput(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
         if dispatch is not None and not isinstance(dispatch, DispatchConfig):

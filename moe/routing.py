@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hal.errors import InvalidInput, invalid
+from hal.errors import InvalidInput, invalid, positive_int
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -43,18 +43,12 @@ class Routing:
         return self.topk_ids.shape[1]
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise invalid(name, "a positive int", value)
-    return value
-
-
 class Router(abc.ABC):
     """Turns router logits `[T, num_experts]` into a `Routing`."""
 
     def __init__(self, num_experts: int, top_k: int) -> None:
-        self.num_experts = _positive_int("num_experts", num_experts)
-        self.top_k = _positive_int("top_k", top_k)
+        self.num_experts = positive_int("num_experts", num_experts)
+        self.top_k = positive_int("top_k", top_k)
         if top_k > num_experts:
             raise InvalidInput(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
 
@@ -118,8 +112,8 @@ class GroupedSigmoidTopK(Router):
         routed_scaling_factor: float = 1.0,
     ) -> None:
         super().__init__(num_experts, top_k)
-        self.num_groups = _positive_int("num_groups", num_groups)
-        self.topk_groups = _positive_int("topk_groups", topk_groups)
+        self.num_groups = positive_int("num_groups", num_groups)
+        self.topk_groups = positive_int("topk_groups", topk_groups)
         if num_experts % num_groups:
             raise InvalidInput(f"num_groups: expected a divisor of num_experts ({num_experts}), got {num_groups}")
         if topk_groups > num_groups:

@@ -31,6 +31,14 @@ TOL = {
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
+def e2m1_error_bound(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """Largest |x - nvfp4(x)| for values scaled by `step`: half the e2m1 spacing around
+    |x| / step (0.25 up to 2, 0.5 up to 4, 1 beyond), or the saturation excess past 6."""
+    ratio = torch.where(step > 0, x.abs() / torch.where(step > 0, step, 1), 0)
+    half_spacing = torch.where(ratio <= 2, 0.25, torch.where(ratio <= 4, 0.5, 1.0))
+    return step * torch.maximum(half_spacing, ratio - 6) * (1 + 1e-5)
+
+
 @pytest.fixture(scope="module")
 def vendor() -> CpuVendor:
     return CpuVendor()
@@ -190,9 +198,7 @@ def test_nvfp4_random_round_trip(vendor: CpuVendor) -> None:
     assert ((s - ideal).abs() <= scale_bound).all()
     assert s[1, 2, 1] == 0 and (q.data[1, 2, 8:16] == 0).all()
     step = (s / float(q.global_scale)).repeat_interleave(16, dim=-1)
-    ratio = torch.where(step > 0, xd.abs() / torch.where(step > 0, step, 1), 0)
-    half_spacing = torch.where(ratio <= 2, 0.25, torch.where(ratio <= 4, 0.5, 1.0))
-    bound = step * torch.maximum(half_spacing, ratio - 6) * (1 + 1e-5)
+    bound = e2m1_error_bound(xd, step)
     deq = decode_nvfp4_here(q)
     assert ((xd - deq).abs() <= bound).all()
     torch.testing.assert_close(vendor.dequantize(q).double(), deq, rtol=TOL["FLOAT_SLACK"], atol=0)
@@ -649,9 +655,7 @@ def test_weight_nvfp4_random(vendor: CpuVendor) -> None:
     assert ((s - ideal).abs() <= scale_bound).all()
     assert s[0, 1, 3] == 0 and (qw.data[0, 8:16, 3] == 0).all()
     step = (s / qw.global_scale.double()[:, None, None]).repeat_interleave(16, dim=1)
-    ratio = torch.where(step > 0, wd.abs() / torch.where(step > 0, step, 1), 0)
-    half_spacing = torch.where(ratio <= 2, 0.25, torch.where(ratio <= 4, 0.5, 1.0))
-    bound = step * torch.maximum(half_spacing, ratio - 6) * (1 + 1e-5)
+    bound = e2m1_error_bound(wd, step)
     deq = decode_nvfp4_weight_here(qw)
     assert ((wd - deq).abs() <= bound).all()
     torch.testing.assert_close(quant.dequantize_weight(qw).double(), deq, rtol=TOL["FLOAT_SLACK"], atol=0)

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from hal import DispatchPlan, Groups, QuantizedTensor
-from hal.errors import InvalidInput, invalid
+from hal.errors import InvalidInput, positive_int
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -78,8 +78,7 @@ class Dispatcher(abc.ABC):
         self.plan = plan
         self.process_group = process_group
         self.world_size, self.rank = group_size_and_rank(process_group)
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
-            raise invalid("num_experts", "a positive int", num_experts)
+        positive_int("num_experts", num_experts)
         if num_experts % self.world_size:
             raise InvalidInput(
                 f"num_experts: expected a multiple of the expert-parallel ranks ({self.world_size}) "

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hal import DispatchPlan
-from hal.errors import InvalidInput, invalid
+from hal.errors import InvalidInput, positive_int
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert, weighted_sum
 from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
 from moe.routing import Routing
@@ -43,9 +43,8 @@ class LowLatencyDispatcher(Dispatcher):
     def __init__(self, plan: DispatchPlan, num_experts: int, capacity: int | None,
                  process_group: Any = None) -> None:
         super().__init__(plan, num_experts, process_group)
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-            raise invalid("max_dispatch_tokens_per_rank", "a positive int for the low-latency dispatcher", capacity)
-        self.capacity = capacity
+        self.capacity = positive_int("max_dispatch_tokens_per_rank", capacity,
+                                     "a positive int for the low-latency dispatcher")
         self._send: torch.Tensor | None = None
         self._recv: torch.Tensor | None = None
 

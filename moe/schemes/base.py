@@ -25,6 +25,7 @@ from hal import (
     PackedInt4Tensor,
     QuantizedTensor,
     QuantizedWeight,
+    ScaleLayout,
     SchemeTraits,
     Vendor,
 )
@@ -85,6 +86,12 @@ class QuantScheme(abc.ABC):
     @abc.abstractmethod
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """Quantize float weights (`[E, H, 2I]`, `[E, I, H]`, already on the vendor's device)."""
+
+    @staticmethod
+    def quantize_both(vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, layout: ScaleLayout,
+                      dtype: torch.dtype | None = None) -> ExpertWeights:
+        """Both projections through `vendor.quantize_weight` with one layout and storage dtype."""
+        return ExpertWeights(vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype))
 
     @abc.abstractmethod
     def gemm_kind(self) -> GemmKind:

@@ -45,9 +45,10 @@ class NvFp4(QuantScheme):
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
         device = w13.device
+        weights = self.quantize_both(vendor, w13, w2, ScaleLayout.BLOCK_16)
         return ExpertWeights(
-            vendor.quantize_weight(w13, ScaleLayout.BLOCK_16),
-            vendor.quantize_weight(w2, ScaleLayout.BLOCK_16),
+            weights.w13,
+            weights.w2,
             torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
             torch.tensor([self.intermediate_global_scale], dtype=torch.float32, device=device),
         )

@@ -26,10 +26,7 @@ class Unquantized(QuantScheme):
 
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """Cast both projections to the scheme's dtype."""
-        return ExpertWeights(
-            vendor.quantize_weight(w13, ScaleLayout.NONE, self.dtype),
-            vendor.quantize_weight(w2, ScaleLayout.NONE, self.dtype),
-        )
+        return self.quantize_both(vendor, w13, w2, ScaleLayout.NONE, self.dtype)
 
     def gemm_kind(self) -> GemmKind:
         """bf16, fp16 or fp32, after the weight dtype."""

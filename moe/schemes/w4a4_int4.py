@@ -17,10 +17,7 @@ class W4A4Int4(QuantScheme):
 
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """Per-output-channel symmetric int4, eight values per int32 word."""
-        return ExpertWeights(
-            vendor.quantize_weight(w13, ScaleLayout.PER_CHANNEL, torch.quint4x2),
-            vendor.quantize_weight(w2, ScaleLayout.PER_CHANNEL, torch.quint4x2),
-        )
+        return self.quantize_both(vendor, w13, w2, ScaleLayout.PER_CHANNEL, torch.quint4x2)
 
     def gemm_kind(self) -> GemmKind:
         """int4."""

@@ -19,10 +19,7 @@ class W8A8Fp8Block(QuantScheme):
 
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """fp8 e4m3 with 128x128 block scales."""
-        return ExpertWeights(
-            vendor.quantize_weight(w13, ScaleLayout.BLOCK_128X128, torch.float8_e4m3fn),
-            vendor.quantize_weight(w2, ScaleLayout.BLOCK_128X128, torch.float8_e4m3fn),
-        )
+        return self.quantize_both(vendor, w13, w2, ScaleLayout.BLOCK_128X128, torch.float8_e4m3fn)
 
     def gemm_kind(self) -> GemmKind:
         """fp8 block-128."""

@@ -19,10 +19,7 @@ class W8A8Int8(QuantScheme):
 
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """Per-output-channel symmetric int8."""
-        return ExpertWeights(
-            vendor.quantize_weight(w13, ScaleLayout.PER_CHANNEL, torch.int8),
-            vendor.quantize_weight(w2, ScaleLayout.PER_CHANNEL, torch.int8),
-        )
+        return self.quantize_both(vendor, w13, w2, ScaleLayout.PER_CHANNEL, torch.int8)
 
     def gemm_kind(self) -> GemmKind:
         """int8."""
