@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from hal.capabilities import Capabilities, GemmKind
-from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
-from hal.formats import INT4_MAX, INT4_PER_WORD, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal.dtypes import FP8_GROUP_SIZE, DispatchDtype, ScaleLayout
+from hal.formats import INT4_MAX, PackedInt4Tensor, QuantizedTensor
 from hal.groups import Groups
+from hal.reference import activation_value, weight_value
 from hal.vendor import Vendor
 
 #: Largest |error| allowed, relative to the largest |reference| value, per output dtype.
@@ -25,10 +26,6 @@ GEMM_TOLERANCE: dict[torch.dtype, float] = {
     torch.float16: 2e-3,
     torch.bfloat16: 1e-2,
 }
-
-#: e2m1 magnitude of each 3-bit code; bit 3 of an nvfp4 code is the sign.
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -112,7 +109,7 @@ def _int4_roundtrip(vendor: Vendor, gen: torch.Generator, device: torch.device) 
     """Max |x - decode(quantize_int4(x))| against half an int4 step (rowmax / 14)."""
     x = _randn(gen, 64, 512).to(torch.bfloat16)
     ref = x.double()
-    error = (_int4_reference(vendor.quantize_int4(x.to(device))) - ref).abs()
+    error = (activation_value(vendor.quantize_int4(x.to(device))) - ref).abs()
     bound = ref.abs().amax(dim=-1, keepdim=True) * (1 / (2 * INT4_MAX) + 2.0**-20)
     ratio = error / bound.clamp_min(1e-30)
     worst = int(ratio.argmax())
@@ -134,11 +131,11 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator, device: torch.de
     elif kind is GemmKind.INT4:
         xq = vendor.quantize_int4(x.to(torch.bfloat16).to(device))
         weight = vendor.quantize_weight(w.to(torch.float32).to(device), ScaleLayout.PER_CHANNEL, torch.quint4x2)
-        x_ref = _int4_reference(xq)
+        x_ref = activation_value(xq)
     elif kind is GemmKind.NVFP4:
         xq = vendor.quantize(x.to(torch.bfloat16).to(device), DispatchDtype.NVFP4, layout=ScaleLayout.BLOCK_16)
         weight = vendor.quantize_weight(w.to(torch.float32).to(device), ScaleLayout.BLOCK_16)
-        x_ref = _nvfp4_reference(xq)
+        x_ref = activation_value(xq)
     else:
         a_dtype, a_layout, w_layout, w_dtype = {
             GemmKind.INT8: (DispatchDtype.INT8, ScaleLayout.PER_TOKEN, ScaleLayout.PER_CHANNEL, torch.int8),
@@ -150,58 +147,12 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator, device: torch.de
         xq = vendor.quantize(x.to(torch.bfloat16).to(device), a_dtype, layout=a_layout)
         weight = vendor.quantize_weight(w.to(torch.float32).to(device), w_layout, w_dtype)
         x_ref = vendor.dequantize(xq, torch.float32).double().cpu()
-    w_ref = _weight_reference(weight)
+    w_ref = weight_value(weight)
     out = vendor.grouped_matmul(xq, weight, Groups.from_counts(counts.to(device)))
     ref = torch.cat([x_ref[int(a):int(b)] @ w_ref[e] for e, (a, b) in
                      enumerate(zip([0, *counts.cumsum(0).tolist()], counts.cumsum(0).tolist()))])
     error = float((out.double().cpu() - ref).abs().max())
     return error, GEMM_TOLERANCE[out.dtype] * float(ref.abs().max())
-
-
-def _unpack_int4(words: torch.Tensor) -> torch.Tensor:
-    """int32 words `[..., m]` -> float64 int4 values `[..., 8m]` (value j in bits 4j..4j+3)."""
-    shifts = torch.arange(0, 4 * INT4_PER_WORD, 4, dtype=torch.int64)
-    nibbles = (words.cpu().to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
-    values = torch.where(nibbles >= 8, nibbles - 16, nibbles)
-    return values.reshape(*words.shape[:-1], words.shape[-1] * INT4_PER_WORD).double()
-
-
-def _decode_e2m1(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """uint8 codes, two per byte along `dim` (low nibble first) -> float64 e2m1 values."""
-    table = torch.tensor(_E2M1, dtype=torch.float64)
-    table = torch.cat([table, -table])
-    last = packed.cpu().movedim(dim, -1).long()
-    codes = torch.stack([last & 0xF, last >> 4], dim=-1).reshape(*last.shape[:-1], last.shape[-1] * 2)
-    return table[codes].movedim(-1, dim)
-
-
-def _int4_reference(q: PackedInt4Tensor) -> torch.Tensor:
-    """The float64 value of int4 activations, from the format's definition."""
-    return _unpack_int4(q.data) * q.scale.cpu().double().unsqueeze(-1)
-
-
-def _nvfp4_reference(q: QuantizedTensor) -> torch.Tensor:
-    """The float64 value of nvfp4 activations, from the format's definition."""
-    scale = q.scale.cpu().double().repeat_interleave(NVFP4_BLOCK_SIZE, dim=-1)  # type: ignore[union-attr]
-    gs = float(q.global_scale.cpu().double().reshape(()))  # type: ignore[union-attr]
-    return _decode_e2m1(q.data, -1) * scale / gs
-
-
-def _weight_reference(weight: QuantizedWeight) -> torch.Tensor:
-    """The float64 value of expert weights, from the format's definition."""
-    if weight.layout is ScaleLayout.NONE:
-        return weight.data.cpu().double()
-    scale = weight.scale.cpu().double()  # type: ignore[union-attr]
-    if weight.layout is ScaleLayout.BLOCK_16:
-        gs = weight.global_scale.cpu().double()  # type: ignore[union-attr]
-        values = _decode_e2m1(weight.data, 1)
-        return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, 1) / gs[:, None, None]
-    data = _unpack_int4(weight.data) if weight.is_int4 else weight.data.cpu().double()
-    if weight.layout is ScaleLayout.PER_CHANNEL:
-        return data * scale[:, None, :]
-    _, k, n = data.shape
-    tiles = scale.repeat_interleave(FP8_GROUP_SIZE, 1)[:, :k].repeat_interleave(FP8_GROUP_SIZE, 2)[:, :, :n]
-    return data * tiles
 
 
 def _swiglu(vendor: Vendor, gen: torch.Generator, device: torch.device) -> tuple[float, float]:

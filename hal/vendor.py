@@ -157,7 +157,10 @@ class Vendor(abc.ABC):
         """Quantize activations `[..., H]` into a dispatch dtype (bf16 is a plain cast).
 
         `layout` defaults to the dtype's default; `global_scale` is nvfp4's per-tensor
-        scale (computed from the input when not given).
+        scale (computed from the input when not given). Input with inf or NaN is either
+        refused with `InvalidInput` or quantized row by row, every finite row exactly as if
+        the others were absent (nvfp4: when `global_scale` is given); what a non-finite
+        row becomes is unspecified. A kernel that must not synchronise takes the second way.
         """
 
     @abc.abstractmethod

@@ -37,6 +37,10 @@ class MoELayer(torch.nn.Module):
     selects the low-latency dispatcher (fixed capacity per rank); otherwise one rank uses
     the local dispatcher and several use all-to-all.
 
+    `fused` chooses the path: None (the default) takes the vendor's `fused_deep_moe` where it
+    declares one for the scheme, False always takes the unfused path (to compare, or to
+    debug), True requires the fused op and raises `UnsupportedCapability` without it.
+
     The quantized expert weights (`expert_weights`) live on the vendor's device; they are
     inference weights, not `nn.Parameter`s, so `.to()` and `state_dict()` do not cover them.
     """
@@ -55,6 +59,7 @@ class MoELayer(torch.nn.Module):
         router: Router | None = None,
         runners: RunnerRegistry | None = None,
         environ: Mapping[str, str] | None = None,
+        fused: bool | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = positive_int("hidden_size", hidden_size)
@@ -88,7 +93,7 @@ class MoELayer(torch.nn.Module):
         )
         self.dispatcher = self._make_dispatcher()
         caps = self.vendor.capabilities()
-        self.fused = self.scheme.name in caps.fused_deep_moe
+        self.fused = self._use_fused(fused, self.scheme.name in caps.fused_deep_moe)
         self.runner: ExpertRunner | None = None
         if not self.fused:
             kind = self.scheme.gemm_kind()
@@ -101,6 +106,17 @@ class MoELayer(torch.nn.Module):
             registry = runners if runners is not None else RunnerRegistry.with_defaults()
             self.runner = registry.lookup(self.vendor.name, self.dispatcher.format, kind, self.scheme.name)
         self.expert_weights: ExpertWeights | None = None
+
+    def _use_fused(self, fused: bool | None, declared: bool) -> bool:
+        if fused is not None and not isinstance(fused, bool):
+            raise invalid("fused", "True, False or None", fused)
+        if fused and not declared:
+            raise UnsupportedCapability(
+                f"fused: vendor {self.vendor.name!r} does not declare fused_deep_moe for scheme "
+                f"{self.scheme.name!r} (declared for: "
+                f"{', '.join(sorted(self.vendor.capabilities().fused_deep_moe)) or 'no scheme'})"
+            )
+        return declared if fused is None else fused
 
     def _make_dispatcher(self) -> Dispatcher:
         capacity = self.dispatch_config.max_dispatch_tokens_per_rank

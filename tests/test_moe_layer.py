@@ -277,6 +277,23 @@ def test_fused_path_is_used_where_declared_and_equals_the_unfused_path():
     assert not plain.fused and fused_vendor.fused_calls == 1
 
 
+def test_the_fused_option_chooses_the_path():
+    w13, w2 = random_weights(E, H, I, 63)
+    x, logits = _inputs(9, 64)
+    vendor = FusedInt8()
+    forced = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=False)
+    assert not forced.fused and forced.runner is not None
+    forced(x, logits)
+    assert vendor.fused_calls == 0
+    required = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=True)
+    required(x, logits)
+    assert required.fused and vendor.fused_calls == 1
+    with pytest.raises(UnsupportedCapability, match="fused_deep_moe for scheme 'unquantized'"):
+        moe.MoELayer(H, I, E, K, vendor=vendor, fused=True)
+    with pytest.raises(InvalidInput, match="fused"):
+        moe.MoELayer(H, I, E, K, vendor=vendor, fused="yes")
+
+
 def test_a_missing_gemm_kind_is_refused_at_construction():
     with pytest.raises(UnsupportedCapability, match="int4"):
         moe.MoELayer(H, I, E, K, scheme="w4a4-int4", vendor=WithoutInt4())

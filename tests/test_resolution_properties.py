@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conformance.expectations import expected_bytes_per_token
 from hal import (
     ENV_DISPATCH_DTYPE,
     KNOWN_SCHEMES,
@@ -21,18 +21,10 @@ from hal import (
 )
 from vendors.cpu import CpuVendor
 
+#: The buffer formula, written out independently of hal (the conformance suite's own).
+expected_bytes = expected_bytes_per_token
+
 CONCRETE = DispatchDtype.concrete()
-
-
-def expected_bytes(dtype: DispatchDtype, layout: ScaleLayout, hidden: int) -> int:
-    """The buffer formula, written out independently of hal."""
-    if dtype is DispatchDtype.BF16:
-        return 2 * hidden
-    if dtype is DispatchDtype.INT8:
-        return hidden + 4
-    if dtype is DispatchDtype.FP8:
-        return hidden + 4 * (math.ceil(hidden / 128) if layout is ScaleLayout.GROUP_128 else 1)
-    return hidden // 2 + hidden // 16
 
 
 @st.composite

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from hal.capabilities import GemmKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm_kind_of
@@ -49,7 +50,16 @@ class TorchReferenceOps:
         return quant.quantize_weight(weight, layout, dtype)
 
     def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
-        """Quantize activations `[..., H]` to per-token int4 packed eight per int32 (see `vendors.cpu.quantize`)."""
+        """Quantize activations `[..., H]` to per-token int4 packed eight per int32 (see `vendors.cpu.quantize`).
+
+        Only where the host vendor declares the int4 grouped matmul, the one consumer of the format.
+        """
+        caps = self.capabilities()
+        if GemmKind.INT4 not in caps.grouped_matmul:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the int4 grouped matmul, "
+                "so it does not quantize activations to int4"
+            )
         self._check_device("x", x)
         return quant.quantize_int4(x)
 

@@ -1,0 +1,80 @@
+"""Checks shared by suite modules: one grouped-matmul case; a refused call leaves the vendor as it was."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.operands import random_codes_activation, random_codes_weight, strided, to_device
+from conformance.reference import generator, grouped_matmul, worst
+from conformance.tolerances import gemm_bound
+from hal import GemmKind, Groups, Vendor
+from hal.reference import activation_value
+
+K, N = 320, 200  # partial 128-wide tiles in both directions; multiples of 16 and 8
+FLOAT_KINDS = {GemmKind.BF16: torch.bfloat16, GemmKind.FP16: torch.float16, GemmKind.FP32: torch.float32}
+
+
+def default_out_dtype(kind: GemmKind) -> torch.dtype:
+    """Float kinds return the activation dtype; quantized kinds bf16."""
+    return FLOAT_KINDS.get(kind, torch.bfloat16)
+
+
+def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int = N, **how):
+    """Build operands from random codes, call the vendor, and check against float64."""
+    gen = generator("gemm", kind, counts, k, n, sorted(how.items(), key=str))
+    x = random_codes_activation(kind.value, sum(counts), k, gen)
+    w = random_codes_weight(kind.value, len(counts), k, n, gen)
+    ref, magnitude = grouped_matmul(x, w, counts)
+    device = vendor.device
+    x_dev, w_dev = to_device(x, device), to_device(w, device)
+    if how.get("strided_x"):
+        x_dev = strided(x_dev)
+    if how.get("strided_w"):
+        w_dev = strided(w_dev)
+    values = torch.tensor(counts, dtype=how.get("group_dtype", torch.int64))
+    groups = Groups.from_offsets(values.cumsum(0).to(values.dtype)) if how.get("offsets") else Groups.from_counts(values)
+    groups = Groups(groups.tensor.to(device), groups.kind)
+    out_dtype = how.get("out_dtype")
+    y = vendor.grouped_matmul(x_dev, w_dev, groups, **({"out_dtype": out_dtype} if out_dtype else {}))
+    want_dtype = out_dtype or default_out_dtype(kind)
+    assert y.dtype == want_dtype, f"output dtype {y.dtype}, expected {want_dtype}"
+    assert tuple(y.shape) == (sum(counts), n), f"output shape {tuple(y.shape)}, expected {(sum(counts), n)}"
+    assert y.device == device
+    error = (y.double().cpu() - ref).abs()
+    bound = gemm_bound(ref, magnitude, want_dtype)
+    assert bool((error <= bound).all()), worst(error, bound) + _group_of_worst(error, bound, counts)
+
+
+def _group_of_worst(error: torch.Tensor, bound: torch.Tensor, counts: list[int]) -> str:
+    if error.numel() == 0:
+        return ""
+    row = int((error / bound.clamp_min(1e-300)).amax(dim=1).argmax())
+    ends = torch.tensor(counts).cumsum(0)
+    return f" (row {row} belongs to group {int((ends <= row).sum())} of counts {counts})"
+
+
+def snapshot(vendor: Vendor) -> dict[str, torch.Tensor]:
+    """What a few good calls return now: swiglu, the default dispatch quantizer, the first declared GEMM."""
+    gen = generator("snapshot")
+    x = torch.randn(6, 64, generator=gen).to(torch.bfloat16).to(vendor.device)
+    caps = vendor.capabilities()
+    taken = {"swiglu": vendor.swiglu(x).cpu(),
+             "quantize": activation_value(vendor.quantize(x, caps.default_dispatch_dtype))}
+    kinds = sorted(caps.grouped_matmul, key=lambda k: k.value)
+    if kinds:
+        a = to_device(random_codes_activation(kinds[0].value, 5, 64, gen), vendor.device)
+        w = to_device(random_codes_weight(kinds[0].value, 3, 64, 32, gen), vendor.device)
+        groups = Groups.from_counts(torch.tensor([3, 0, 2], device=vendor.device))
+        taken[f"grouped_matmul {kinds[0]}"] = vendor.grouped_matmul(a, w, groups).double().cpu()
+    return taken
+
+
+def assert_unchanged(vendor: Vendor, before: dict[str, torch.Tensor]) -> None:
+    """The same good calls give the same results as before a refused call (the vendor kept no bad state)."""
+    after = snapshot(vendor)
+    for name, value in before.items():
+        again = after[name]
+        scale = float(value.double().abs().max()) if value.numel() else 0.0
+        difference = float((again.double() - value.double()).abs().max()) if value.numel() else 0.0
+        assert again.shape == value.shape and difference <= 1e-3 * scale, (
+            f"{name} gives other results after the refused call (max difference {difference:.3g})")

@@ -1,0 +1,134 @@
+"""`hal conformance`: run the suite for vendors, show progress and the matrix, write the reports.
+
+Registered in the `hal.commands` entry-point group, so the `hal` core never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import IO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
+
+from conformance.report import VendorReport, as_json, print_matrix, write_reports
+from conformance.runner import Progress, run_suite
+from hal import HalError, InvalidInput, VendorRegistry
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `conformance` command to the `hal` command line."""
+    text = "run the shared conformance suite against vendors and write a capability report"
+    parser = subparsers.add_parser("conformance", help=text, description=text)
+    parser.add_argument("--vendor", action="append", dest="vendors", metavar="NAME",
+                        help="vendor to test (repeat for several; default: every available vendor)")
+    parser.add_argument("--report", type=Path, default=Path("conformance-report"), metavar="DIR",
+                        help="directory for conformance.json, conformance.md and pytest logs "
+                             "(default: ./conformance-report)")
+    parser.add_argument("-n", "--workers", type=_workers, default=0, metavar="N",
+                        help="pytest-xdist worker processes per vendor ('auto' for one per CPU; default 0: "
+                             "in this process)")
+    parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching this pytest -k expression")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    parser.set_defaults(handler=conformance)
+
+
+def _workers(value: str) -> int:
+    if value == "auto":
+        return os.cpu_count() or 1
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number of workers, got {value!r}")
+    return number
+
+
+def conformance(args: argparse.Namespace, console: Console) -> int:
+    """Run the suite for each vendor; exit status 1 when anything failed or could not run."""
+    try:
+        args.report.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"--report: expected a directory that can be created and written, got "
+                           f"{str(args.report)!r} ({exc.strerror or exc})") from None
+    registry = VendorRegistry.discover()
+    names = [n.strip().lower() for n in args.vendors] if args.vendors else [v.name for v in registry.available()]
+    if not names:
+        raise HalError("no vendor is available to test; `hal vendors` says why")
+    stream = _terminal_stream()
+    screen = Console(file=stream, highlight=False, width=console.width, force_terminal=console.is_terminal,
+                     quiet=args.json) if stream is not None else console
+    reports = [_run_one(registry, name, args, screen) for name in names]
+    payload = as_json(reports)
+    json_path, md_path = write_reports(reports, args.report, payload)
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        for report in reports:
+            print_matrix(report, console)
+        console.print(f"report: {escape(str(json_path))} and {escape(str(md_path))}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, screen: Console) -> VendorReport:
+    try:
+        vendor = registry.select(name).vendor
+    except HalError as exc:
+        return VendorReport(name, not_run=str(exc))
+    caps = vendor.capabilities()
+    report = VendorReport(vendor.name, vendor.description, caps.device_name, caps)
+    log = args.report / f"pytest-{vendor.name}.log"
+    screen.print(f"conformance suite on vendor {escape(vendor.name)} ({escape(caps.device_name)}); "
+                 f"pytest output in {escape(str(log))}")
+    with _progress_display(screen) as show:
+        report.run = run_suite(vendor.name, workers=args.workers, keyword=args.keyword, log=log, on_progress=show)
+    return report
+
+
+class _progress_display:
+    """A progress bar on a terminal; a line per tenth of the suite otherwise (CI logs)."""
+
+    def __init__(self, screen: Console) -> None:
+        self.screen = screen
+        self.bar: Bar | None = None
+        self.task: TaskID | None = None
+        self.printed = -1
+
+    def __enter__(self) -> _progress_display:
+        if self.screen.is_terminal:
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=self.screen)
+            self.bar.start()
+        return self
+
+    def __call__(self, progress: Progress) -> None:
+        counts = f"passed {progress.passed}, failed {progress.failed}, skipped {progress.skipped}"
+        if self.bar is not None:
+            if self.task is None:
+                self.task = self.bar.add_task(progress.vendor, total=progress.total, counts=counts)
+            self.bar.update(self.task, completed=progress.done, total=progress.total, counts=counts)
+            return
+        tenth = progress.done * 10 // progress.total if progress.total else 0
+        if progress.total and tenth > self.printed:
+            self.printed = tenth
+            self.screen.print(f"{progress.vendor}: {progress.done}/{progress.total} tests ({counts})")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _terminal_stream() -> IO[str] | None:
+    """A duplicate of stdout that pytest's output capture cannot redirect (None if stdout has no fd)."""
+    try:
+        return os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8", closefd=True)
+    except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
+        return None

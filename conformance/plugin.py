@@ -1,0 +1,84 @@
+"""The pytest plugin of the conformance suite (entry point `pytest11`).
+
+`pytest --pyargs conformance.suite --hal-vendor NAME` runs the suite against the vendor
+registered as NAME in `hal.vendors`. The plugin adds the option, the fixtures the suite
+uses (`hal_vendor`, `fresh_hal_vendor`), and copies each test's capability label into its
+report (`user_properties`), so that the label survives pytest-xdist.
+
+It is loaded in every pytest session of an environment where moe-hal is installed, so
+it imports `hal` (and torch) only when a suite test asks for a vendor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from hal import Vendor
+
+#: The marker naming a test's capability label (see `conformance.capability`).
+MARKER = "hal_capability"
+#: The `user_properties` key the label is reported under.
+PROPERTY = "hal_capability"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add `--hal-vendor NAME`."""
+    group = parser.getgroup("hal", "moe-hal conformance suite")
+    group.addoption("--hal-vendor", dest="hal_vendor", metavar="NAME", default=None,
+                    help="run the moe-hal conformance suite against this vendor (a hal.vendors entry point)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the capability marker."""
+    config.addinivalue_line("markers", f"{MARKER}(label): the conformance-matrix row a test belongs to")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse an unknown or unavailable vendor once, with its reason, instead of failing every test."""
+    name = session.config.getoption("hal_vendor")
+    if not name:
+        return
+    from hal import HalError, VendorRegistry
+
+    try:
+        VendorRegistry.discover().select(name)
+    except HalError as exc:
+        raise pytest.UsageError(f"--hal-vendor {name}: {exc}") from None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Copy each test's capability label into its reports."""
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is not None and marker.args:
+            item.user_properties.append((PROPERTY, str(marker.args[0])))
+
+
+@pytest.fixture(scope="session")
+def hal_vendor_name(request: pytest.FixtureRequest) -> str:
+    """The vendor named with `--hal-vendor` (the suite's tests skip without one)."""
+    name = request.config.getoption("hal_vendor")
+    if not name:
+        pytest.skip("the conformance suite needs a vendor: run pytest with --hal-vendor NAME")
+    return str(name)
+
+
+@pytest.fixture(scope="session")
+def fresh_hal_vendor(hal_vendor_name: str) -> Callable[[], Vendor]:
+    """A factory of new instances of the vendor, built through its entry point each time."""
+    from hal import VendorRegistry
+
+    def build() -> Vendor:
+        return VendorRegistry.discover().select(hal_vendor_name).vendor
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def hal_vendor(fresh_hal_vendor: Callable[[], Vendor]) -> Vendor:
+    """The vendor under test: one instance for the session (capabilities are resolved once)."""
+    return fresh_hal_vendor()

@@ -1,0 +1,181 @@
+"""Run the suite against one vendor, in this process, through `pytest.main`, and collect the results.
+
+A `ResultCollector` plugin gathers one `TestResult` per test (setup, call and teardown
+folded together) and reports progress as tests finish; it works with and without
+pytest-xdist (`workers`), whose worker processes also isolate a crashing kernel.
+pytest's own output goes to a log file, so nothing it prints is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import SUITE_DIR
+from conformance.plugin import PROPERTY
+from hal.errors import InvalidInput
+
+#: Longest failure text kept per test in the report (the log holds everything).
+MAX_DETAILS = 6000
+
+
+@dataclass
+class TestResult:
+    """One suite test: its id, matrix row, outcome and what it said."""
+
+    nodeid: str
+    capability: str
+    outcome: str = "passed"  #: passed, failed, skipped or error (a failing setup or teardown)
+    seconds: float = 0.0
+    message: str = ""  #: the skip reason or the failure's one-line summary
+    details: str = ""  #: the failure's traceback, truncated
+
+    @property
+    def failed(self) -> bool:
+        """Whether the test counts as a failure (failed or errored)."""
+        return self.outcome in ("failed", "error")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-data view for JSON output."""
+        return {"id": self.nodeid, "capability": self.capability, "outcome": self.outcome,
+                "seconds": round(self.seconds, 4), "message": self.message, "details": self.details}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: tests finished out of those collected, by outcome."""
+
+    vendor: str
+    done: int
+    total: int
+    passed: int
+    failed: int
+    skipped: int
+
+
+@dataclass
+class SuiteRun:
+    """The outcome of running the suite against one vendor."""
+
+    vendor: str
+    exit_code: int
+    results: list[TestResult]
+    collection_errors: list[str] = field(default_factory=list)
+    log: Path | None = None
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        """Tests per outcome (errors counted apart from failures)."""
+        totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        for result in self.results:
+            totals[result.outcome] += 1
+        return totals
+
+    @property
+    def ok(self) -> bool:
+        """Whether pytest finished cleanly, something ran, and nothing failed."""
+        return self.exit_code == 0 and not self.collection_errors and not any(r.failed for r in self.results)
+
+
+class ResultCollector:
+    """A pytest plugin object gathering results and reporting progress (controller side)."""
+
+    def __init__(self, vendor: str, on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.vendor = vendor
+        self.on_progress = on_progress
+        self.total = 0
+        self.results: dict[str, TestResult] = {}
+        self.collection_errors: list[str] = []
+        self._finished: set[str] = set()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Without xdist: the number of tests collected."""
+        self.total = len(session.items)
+        self._report()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        """With xdist: every worker collects the same tests."""
+        self.total = max(self.total, len(ids))
+        self._report()
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Keep collection errors (an unimportable suite module fails the run)."""
+        if report.failed:
+            self.collection_errors.append(f"{report.nodeid or 'collection'}: {report.longreprtext[:MAX_DETAILS]}")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Fold the setup, call and teardown reports of each test into one result."""
+        properties = dict(report.user_properties)
+        result = self.results.setdefault(
+            report.nodeid, TestResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled"))))
+        result.seconds += report.duration
+        if report.skipped:
+            result.outcome, result.message = "skipped", _skip_reason(report)
+        elif report.failed:
+            result.outcome = "failed" if report.when == "call" else "error"
+            result.message = _failure_summary(report)
+            result.details = report.longreprtext[:MAX_DETAILS]
+        if report.when == "teardown" and report.nodeid not in self._finished:
+            self._finished.add(report.nodeid)
+            self._report()
+
+    def _report(self) -> None:
+        if self.on_progress is None:
+            return
+        finished = [self.results[n] for n in self._finished]
+        self.on_progress(Progress(
+            self.vendor, len(finished), max(self.total, len(finished)),
+            sum(r.outcome == "passed" for r in finished), sum(r.failed for r in finished),
+            sum(r.outcome == "skipped" for r in finished)))
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _failure_summary(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = getattr(crash, "message", None) or report.longreprtext
+    return " ".join(text.split())[:400]
+
+
+def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = None) -> list[str]:
+    """The pytest command line that runs the suite against `vendor`, isolated from the caller's config."""
+    args = [str(SUITE_DIR), "--hal-vendor", vendor, "--rootdir", str(SUITE_DIR), "-c", os.devnull,
+            "-p", "no:cacheprovider", "-ra"]
+    if workers:
+        if importlib.util.find_spec("xdist") is None:
+            raise InvalidInput(f"-n: expected pytest-xdist to be installed for {workers} workers, got none")
+        args += ["-n", str(workers)]
+    if keyword:
+        args += ["-k", keyword]
+    return args
+
+
+def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log: Path | None = None,
+              on_progress: Callable[[Progress], None] | None = None) -> SuiteRun:
+    """Run the conformance suite against `vendor` in this process; pytest's output goes to `log`."""
+    collector = ResultCollector(vendor, on_progress)
+    args = pytest_arguments(vendor, workers=workers, keyword=keyword)
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            stream = stack.enter_context(log.open("w", encoding="utf-8"))
+            stack.enter_context(contextlib.redirect_stdout(stream))
+            stack.enter_context(contextlib.redirect_stderr(stream))
+        exit_code = int(pytest.main(args, plugins=[collector]))
+    return SuiteRun(vendor, exit_code, sorted(collector.results.values(), key=lambda r: r.nodeid),
+                    collector.collection_errors, log, time.perf_counter() - start)

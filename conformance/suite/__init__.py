@@ -1,0 +1,2 @@
+"""The conformance tests. Run them with `pytest --pyargs conformance.suite --hal-vendor NAME`
+or `hal conformance --vendor NAME`."""

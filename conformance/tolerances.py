@@ -1,0 +1,125 @@
+"""Every error bound of the conformance suite, in one place.
+
+References are float64. A bound is what the format or the output dtype cannot avoid
+(one rounding of each quantized value, one rounding of each output), with a small
+allowance for fp32 arithmetic; a wrong group, a wrong scale or a lost token exceeds
+every bound by orders of magnitude.
+
+| check | bound on the absolute error of each element (unless stated) |
+|---|---|
+| quantize bf16 | `2^-8 * |x|` (half a bf16 step; 0 for bf16 input) |
+| quantize int8, per token | `rowmax|x| / 254` (half a step of `rowmax/127`) |
+| quantize fp8 e4m3 (per token or per 128 channels) | `2^-4 * |x| + 2^-16 * amax` of the scale group (half an e4m3 step; subnormals) |
+| quantize nvfp4 (16-value blocks) | `1.13 * max(|x|, amax_block / 6) / 4` (half an e2m1 step at \\|x\\|, e4m3-rounded block scale) |
+| quantize int4, per token | `rowmax|x| / 14` (half a step of `rowmax/7`) |
+| grouped matmul | `r(out) * |ref| + 2^-12 * (|a| @ |b|)`: output rounding plus fp32 accumulation |
+| swiglu | `2 * r(out) * |ref| + 2^-16 * |gate * up|`: at most two roundings to the output dtype |
+| dispatch round trip (identity experts) | the dtype's quantize bound plus `r(out) * |x|` |
+| MoE layer | `||y - ref|| / ||ref||` at most `LAYER_TOLERANCE[(scheme, dispatch dtype)]` |
+| MoE layer, integer schemes | also at most `EMULATED_LAYER_TOLERANCE` against the MoE rounded where the scheme rounds |
+| fused_deep_moe | `||fused - unfused|| / ||unfused||` at most `FUSED_TOLERANCE` |
+
+`r(out)`, the relative rounding of an output dtype, is `OUTPUT_ROUNDING[out]`; every
+bound also allows `SLACK * amax` for fp32 scale arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Relative rounding of one result stored in each output dtype (half a step, with margin).
+OUTPUT_ROUNDING: dict[torch.dtype, float] = {
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+    torch.float32: 2.0**-22,
+}
+
+#: fp32 accumulation error allowed in a grouped matmul, relative to `|a| @ |b|`.
+GEMM_ACCUMULATION = 2.0**-12
+
+#: swiglu may round to the output dtype twice (silu, then the product).
+SWIGLU_ROUNDINGS = 2
+
+#: fp32 arithmetic on scales, relative to the largest magnitude involved.
+SLACK = 2.0**-20
+
+#: Quantize bounds, as fractions (see the module table).
+INT8_HALF_STEP = 1 / 254
+INT4_HALF_STEP = 1 / 14
+FP8_RELATIVE = 2.0**-4
+FP8_SUBNORMAL = 2.0**-16
+NVFP4_SCALE_ROUNDING = 1.13
+
+#: `||y - ref|| / ||ref||` of the MoE layer against the float64 MoE of its float weights,
+#: per (scheme, dispatch dtype). Each bound covers the quantization of the weights, of the
+#: dispatched rows and of the intermediate activation, plus bf16 outputs (the measured
+#: error on the CPU reference is about half of each); int4 is that lossy by nature.
+LAYER_TOLERANCE: dict[tuple[str, str], float] = {
+    ("unquantized", "bf16"): 0.02,
+    ("unquantized", "fp8"): 0.06,
+    ("unquantized", "int8"): 0.03,
+    ("unquantized", "nvfp4"): 0.30,
+    ("w8a8-int8", "int8"): 0.04,
+    ("w8a8-int8", "fp8"): 0.07,
+    ("w8a8-int8", "bf16"): 0.04,
+    ("w8a8-fp8-block", "fp8"): 0.10,
+    ("w8a8-fp8-block", "int8"): 0.10,
+    ("w8a8-fp8-block", "bf16"): 0.10,
+    ("w4a4-int4", "bf16"): 0.6,
+    ("nvfp4", "nvfp4"): 0.30,
+    ("nvfp4", "bf16"): 0.30,
+}
+
+#: `||y - ref|| / ||ref||` of integer schemes against `reference.emulated_integer_moe`, which
+#: rounds where the scheme does (checked where the dispatch dtype adds no rounding of its own:
+#: int8 or bf16). The CPU reference measures 0.0026. A vendor rounding its intermediates
+#: elsewhere flips some int4 steps of the swiglu output (a swiglu rounded twice to bf16 measures
+#: 0.02-0.065), so int4 gets room for that; an expert whose rows are lost measures 0.09-0.44.
+EMULATED_LAYER_TOLERANCE: dict[str, tuple[int, float]] = {
+    "w8a8-int8": (127, 0.02),  # (levels each side, bound)
+    "w4a4-int4": (7, 0.075),
+}
+
+#: `||fused - unfused|| / ||unfused||`: the same arithmetic in another order, bf16 outputs.
+FUSED_TOLERANCE = 0.01
+
+
+def quantize_bound(dtype: str, layout: str, x: torch.Tensor) -> torch.Tensor:
+    """The per-element bound on `|dequantize(quantize(x)) - x|` for float64 `x` `[T, H]`."""
+    ax = x.abs()
+    rowmax = ax.amax(dim=-1, keepdim=True) if x.numel() else ax
+    if dtype == "bf16":
+        bound = ax * OUTPUT_ROUNDING[torch.bfloat16]
+    elif dtype == "int8":
+        bound = rowmax * INT8_HALF_STEP
+    elif dtype == "fp8":
+        bound = ax * FP8_RELATIVE + _group_amax(ax, 128 if layout == "per-token-group-128" else None) * FP8_SUBNORMAL
+    elif dtype == "nvfp4":
+        bound = torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING
+    elif dtype == "int4":
+        bound = rowmax * INT4_HALF_STEP
+    else:
+        raise ValueError(f"dtype: expected bf16, int8, fp8, nvfp4 or int4, got {dtype!r}")
+    return (bound + rowmax * SLACK).expand_as(x)
+
+
+def _group_amax(ax: torch.Tensor, size: int | None) -> torch.Tensor:
+    """The amax of each element's scale group: the whole row (`None`) or `size` channels."""
+    if ax.numel() == 0:
+        return ax
+    if size is None:
+        return ax.amax(dim=-1, keepdim=True).expand_as(ax)
+    h = ax.shape[-1]
+    padded = torch.nn.functional.pad(ax, (0, (-h) % size))
+    groups = padded.view(*ax.shape[:-1], -1, size).amax(dim=-1, keepdim=True)
+    return groups.expand(*groups.shape[:-1], size).reshape(padded.shape)[..., :h]
+
+
+def gemm_bound(ref: torch.Tensor, magnitude: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-element bound of a grouped matmul: `ref` its float64 result, `magnitude` `|a| @ |b|`."""
+    return OUTPUT_ROUNDING[out_dtype] * ref.abs() + GEMM_ACCUMULATION * magnitude
+
+
+def swiglu_bound(ref: torch.Tensor, gate_times_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-element bound of swiglu: `ref` its float64 result, `gate_times_up` `|gate * up|`."""
+    return SWIGLU_ROUNDINGS * OUTPUT_ROUNDING[out_dtype] * ref.abs() + 2.0**-16 * gate_times_up
