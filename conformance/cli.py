@@ -6,6 +6,7 @@ Registered in the `hal.commands` entry-point group, so the `hal` core never impo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -27,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `conformance` command to the `hal` command line."""
     text = "run the shared conformance suite against vendors and write a capability report"
     parser = subparsers.add_parser("conformance", help=text, description=text)
-    parser.add_argument("--vendor", action="append", dest="vendors", metavar="NAME",
-                        help="vendor to test (repeat for several; default: every available vendor)")
+    parser.add_argument("--vendor", action="extend", nargs="+", dest="vendors", metavar="NAME",
+                        help="vendors to test (--vendor a b, or repeated; default: every available vendor)")
     parser.add_argument("--report", type=Path, default=Path("conformance-report"), metavar="DIR",
                         help="directory for conformance.json, conformance.md and pytest logs "
                              "(default: ./conformance-report)")
@@ -63,10 +64,13 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
     names = [n.strip().lower() for n in args.vendors] if args.vendors else [v.name for v in registry.available()]
     if not names:
         raise HalError("no vendor is available to test; `hal vendors` says why")
-    stream = _terminal_stream()
-    screen = Console(file=stream, highlight=False, width=console.width, force_terminal=console.is_terminal,
-                     quiet=args.json) if stream is not None else console
-    reports = [_run_one(registry, name, args, screen) for name in names]
+    with contextlib.ExitStack() as stack:
+        stream = _terminal_stream()
+        if stream is not None:
+            stack.callback(stream.close)
+        screen = Console(file=stream, highlight=False, width=console.width, force_terminal=console.is_terminal,
+                         quiet=args.json) if stream is not None else console
+        reports = [_run_one(registry, name, args, screen) for name in dict.fromkeys(names)]
     payload = as_json(reports)
     json_path, md_path = write_reports(reports, args.report, payload)
     if args.json:

@@ -1,6 +1,6 @@
 """Run the suite against one vendor, in this process, through `pytest.main`, and collect the results.
 
-A `ResultCollector` plugin gathers one `TestResult` per test (setup, call and teardown
+A `ResultCollector` plugin gathers one `CaseResult` per test (setup, call and teardown
 folded together) and reports progress as tests finish; it works with and without
 pytest-xdist (`workers`), whose worker processes also isolate a crashing kernel.
 pytest's own output goes to a log file, so nothing it prints is lost.
@@ -28,7 +28,7 @@ MAX_DETAILS = 6000
 
 
 @dataclass
-class TestResult:
+class CaseResult:
     """One suite test: its id, matrix row, outcome and what it said."""
 
     nodeid: str
@@ -67,7 +67,7 @@ class SuiteRun:
 
     vendor: str
     exit_code: int
-    results: list[TestResult]
+    results: list[CaseResult]
     collection_errors: list[str] = field(default_factory=list)
     log: Path | None = None
     seconds: float = 0.0
@@ -92,7 +92,7 @@ class ResultCollector:
         self.vendor = vendor
         self.on_progress = on_progress
         self.total = 0
-        self.results: dict[str, TestResult] = {}
+        self.results: dict[str, CaseResult] = {}
         self.collection_errors: list[str] = []
         self._finished: set[str] = set()
 
@@ -116,7 +116,7 @@ class ResultCollector:
         """Fold the setup, call and teardown reports of each test into one result."""
         properties = dict(report.user_properties)
         result = self.results.setdefault(
-            report.nodeid, TestResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled"))))
+            report.nodeid, CaseResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled"))))
         result.seconds += report.duration
         if report.skipped:
             result.outcome, result.message = "skipped", _skip_reason(report)
