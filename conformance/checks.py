@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight, strided, to_device
@@ -9,6 +10,13 @@ from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound
 from hal import GemmKind, Groups, Vendor
 from hal.reference import activation_value
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the current test with `message` unless `condition` holds (helpers outside test
+    modules get no assertion rewriting, so they say what went wrong themselves)."""
+    if not condition:
+        pytest.fail(message)
+
 
 K, N = 320, 200  # partial 128-wide tiles in both directions; multiples of 16 and 8
 FLOAT_KINDS = {GemmKind.BF16: torch.bfloat16, GemmKind.FP16: torch.float16, GemmKind.FP32: torch.float32}
@@ -37,12 +45,13 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     out_dtype = how.get("out_dtype")
     y = vendor.grouped_matmul(x_dev, w_dev, groups, **({"out_dtype": out_dtype} if out_dtype else {}))
     want_dtype = out_dtype or default_out_dtype(kind)
-    assert y.dtype == want_dtype, f"output dtype {y.dtype}, expected {want_dtype}"
-    assert tuple(y.shape) == (sum(counts), n), f"output shape {tuple(y.shape)}, expected {(sum(counts), n)}"
-    assert y.device == device
+    expect(y.dtype == want_dtype, f"output dtype {y.dtype}, expected {want_dtype}")
+    expect(tuple(y.shape) == (sum(counts), n), f"output shape {tuple(y.shape)}, expected {(sum(counts), n)}")
+    expect(y.device == device, f"output on {y.device}, expected {device}")
     error = (y.double().cpu() - ref).abs()
     bound = gemm_bound(ref, magnitude, want_dtype)
-    assert bool((error <= bound).all()), worst(error, bound) + _group_of_worst(error, bound, counts)
+    if not bool((error <= bound).all()):
+        pytest.fail(worst(error, bound) + _group_of_worst(error, bound, counts))
 
 
 def _group_of_worst(error: torch.Tensor, bound: torch.Tensor, counts: list[int]) -> str:
@@ -76,5 +85,5 @@ def assert_unchanged(vendor: Vendor, before: dict[str, torch.Tensor]) -> None:
         again = after[name]
         scale = float(value.double().abs().max()) if value.numel() else 0.0
         difference = float((again.double() - value.double()).abs().max()) if value.numel() else 0.0
-        assert again.shape == value.shape and difference <= 1e-3 * scale, (
-            f"{name} gives other results after the refused call (max difference {difference:.3g})")
+        expect(again.shape == value.shape and difference <= 1e-3 * scale,
+               f"{name} gives other results after the refused call (max difference {difference:.3g})")

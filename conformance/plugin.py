@@ -11,6 +11,7 @@ it imports `hal` (and torch) only when a suite test asks for a vendor.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -33,8 +34,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the capability marker."""
+    """Register the capability marker; refuse to run the suite where `assert` is compiled away."""
     config.addinivalue_line("markers", f"{MARKER}(label): the conformance-matrix row a test belongs to")
+    if config.getoption("hal_vendor") and sys.flags.optimize:
+        raise pytest.UsageError("--hal-vendor: the conformance suite checks with assert statements, which "
+                                "python -O removes; run it without -O")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

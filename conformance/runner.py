@@ -95,6 +95,7 @@ class ResultCollector:
         self.results: dict[str, CaseResult] = {}
         self.collection_errors: list[str] = []
         self._finished: set[str] = set()
+        self._tally = {"passed": 0, "failed": 0, "skipped": 0}  #: finished tests by outcome
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Without xdist: the number of tests collected."""
@@ -126,16 +127,14 @@ class ResultCollector:
             result.details = report.longreprtext[:MAX_DETAILS]
         if report.when == "teardown" and report.nodeid not in self._finished:
             self._finished.add(report.nodeid)
+            self._tally["failed" if result.failed else result.outcome] += 1
             self._report()
 
     def _report(self) -> None:
         if self.on_progress is None:
             return
-        finished = [self.results[n] for n in self._finished]
-        self.on_progress(Progress(
-            self.vendor, len(finished), max(self.total, len(finished)),
-            sum(r.outcome == "passed" for r in finished), sum(r.failed for r in finished),
-            sum(r.outcome == "skipped" for r in finished)))
+        done = len(self._finished)
+        self.on_progress(Progress(self.vendor, done, max(self.total, done), **self._tally))
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -104,12 +104,7 @@ def quantize_weight(
     the template lacks (fp8, int4, block scales, nvfp4) raise `UnsupportedCapability`,
     worded with `vendor`.
     """
-    try:
-        parsed = hal.ScaleLayout(layout)
-    except (ValueError, TypeError):
-        parsed = None
-    if parsed not in _WEIGHT_LAYOUTS:
-        raise invalid("layout", f"a weight layout ({names(_WEIGHT_LAYOUTS)})", getattr(layout, "value", layout))
+    parsed = _layout_in(layout, _WEIGHT_LAYOUTS, f"a weight layout ({names(_WEIGHT_LAYOUTS)})")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise invalid("dtype", "a torch.dtype or None", dtype)
     if parsed not in (hal.ScaleLayout.NONE, hal.ScaleLayout.PER_CHANNEL):
@@ -287,12 +282,17 @@ def _activation_layout(layout: hal.ScaleLayout | str | None, dtype: hal.Dispatch
     if layout is None:
         return dtype.default_scale_layout
     allowed = dtype.scale_layouts()
+    return _layout_in(layout, allowed, f"None or one of {names(allowed)} for {dtype}")
+
+
+def _layout_in(layout: object, allowed: object, expected: str) -> hal.ScaleLayout:
+    """`layout` parsed as a `ScaleLayout` if it is one of `allowed`; InvalidInput otherwise."""
     try:
         parsed = hal.ScaleLayout(layout)
     except (ValueError, TypeError):
         parsed = None
     if parsed not in allowed:
-        raise invalid("layout", f"None or one of {names(allowed)} for {dtype}", getattr(layout, "value", layout))
+        raise invalid("layout", expected, getattr(layout, "value", layout))
     return parsed
 
 
