@@ -218,12 +218,17 @@ class Vendor(abc.ABC):
         *,
         scheme: str,
         process_group: object | None = None,
+        dispatch_dtype: DispatchDtype | None = None,
+        max_tokens_per_rank: int | None = None,
     ) -> torch.Tensor:
         """Dispatch, both grouped GEMMs with swiglu, and combine as one op: `[T, H]`.
 
         `w13` / `w2` are this rank's experts (gate and up projections concatenated, gate
         first; then the down projection); `topk_ids` are global expert ids; `process_group`
-        is the expert-parallel group (None on one rank). Only for schemes listed in
+        is the expert-parallel group (None on one rank). `dispatch_dtype` is the calling
+        layer's resolved dispatch dtype (None: the scheme's own) and `max_tokens_per_rank`
+        its low-latency capacity (None: normal mode); a vendor may use or ignore them, but
+        never takes them from process-wide state. Only for schemes listed in
         `capabilities().fused_deep_moe`; a vendor that declares one overrides this. The
         default raises `UnsupportedCapability`.
         """

@@ -165,7 +165,8 @@ class MoELayer(torch.nn.Module):
         if self.fused:
             out = self.vendor.fused_deep_moe(
                 x, routing.topk_ids, routing.topk_weights, weights.w13, weights.w2,
-                scheme=self.scheme.name, process_group=self.process_group,
+                scheme=self.scheme.name, process_group=self.process_group, dispatch_dtype=self.plan.resolved,
+                max_tokens_per_rank=self.dispatch_config.max_dispatch_tokens_per_rank,
             ).to(x.dtype)
         else:
             out = self._unfused(x, routing, weights)

@@ -82,7 +82,8 @@ class FusedInt8(CpuVendor):
     def _detect_capabilities(self):
         return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
 
-    def fused_deep_moe(self, hidden_states, topk_ids, topk_weights, w13, w2, *, scheme, process_group=None):
+    def fused_deep_moe(self, hidden_states, topk_ids, topk_weights, w13, w2, *, scheme, process_group=None,
+                       dispatch_dtype=None, max_tokens_per_rank=None):
         if scheme not in self.capabilities().fused_deep_moe:
             raise UnsupportedCapability(f"vendor {self.name!r} declares no fused_deep_moe for {scheme!r}")
         w13f = w13.data.to(torch.float32) * w13.scale.unsqueeze(1)

@@ -109,9 +109,11 @@ def test_ascend_tables_carry_bf16_and_int8_only(ascend):
         assert caps.dispatch_dtypes == {DispatchDtype.BF16, DispatchDtype.INT8}
         assert caps.fallback_for("fp8") is DispatchDtype.INT8 and caps.fallback_for("nvfp4") is None
         assert caps.int8_quant_mode is Int8QuantMode.PER_TOKEN_DYNAMIC
-        assert caps.collective_backend == "hccl" and caps.limits.max_inner_dim == 65536
+        assert caps.collective_backend == "hccl" and caps.limits.max_inner_dim == 65535
+    a5 = ascend.declared_capabilities("A5")  # fp8 only where the chip computes it
+    assert a5.supports_fp8_dispatch and a5.fallback_for("nvfp4") is None
     assert generation_of("Ascend910_9392") == "A3" and generation_of("Ascend910B3") == "A2"
-    assert generation_of("Ascend310P3") is None
+    assert generation_of("Ascend950PR") == "A5" and generation_of("Ascend310P3") is None
 
 
 def test_unknown_device_model_lists_the_declared_ones(cuda):

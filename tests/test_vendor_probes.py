@@ -81,6 +81,9 @@ def test_ascend_without_a_device_says_so(tmp_path, monkeypatch, restore_torch_np
                                              ("Ascend910X", "A2")])
 def test_ascend_capabilities_follow_the_soc(tmp_path, monkeypatch, restore_torch_npu, soc, generation):
     _fake_torch_npu(tmp_path, monkeypatch, f"""
+        import torch
+        torch.utils.rename_privateuse1_backend("npu")  # as torch_npu does on import
+
         class npu:
             is_available = staticmethod(lambda: True)
             device_count = staticmethod(lambda: 8)
@@ -90,12 +93,13 @@ def test_ascend_capabilities_follow_the_soc(tmp_path, monkeypatch, restore_torch
     vendor = AscendVendor()
     assert vendor.probe().available and soc in vendor.probe().reason
     caps = vendor.capabilities()
-    assert caps.device_name == soc and f"SoC generation {generation}" in caps.notes
+    assert caps.device_name.startswith(soc) and f"SoC generation {generation}" in caps.notes
     assert caps.fallback_for(DispatchDtype.FP8) is DispatchDtype.INT8
+    assert vendor.device == torch.device("npu", 0)
     if soc == "Ascend910X":
         assert any("unrecognised SoC" in note for note in caps.notes)
-    with pytest.raises(UnsupportedCapability, match="not part of this release"):
-        vendor.swiglu(torch.zeros(2, 4))
+    # No Ascend DeepEP port importable here: the fused op is not declared, and the notes say why.
+    assert caps.fused_deep_moe == frozenset() and any("deep_ep" in note for note in caps.notes)
 
 
 def test_importing_vendor_packages_needs_no_runtime():

@@ -43,12 +43,17 @@ LIMITS = ["max_groups", "max_inner_dim", "max_group_rows"]
 REACHABLE = 1 << 17
 
 
-def _limited_case(name: str, value: int) -> tuple[list[int], int]:
-    """(counts, K) of a call that reaches `value` for the limit `name`."""
+#: Channels a kind packs or scales together along K: K must be a multiple of it.
+K_GRANULARITY = {GemmKind.INT4: 8, GemmKind.NVFP4: 16}
+
+
+def _limited_case(name: str, value: int, kind: GemmKind) -> tuple[list[int], int]:
+    """(counts, K) of a call that reaches `value` for the limit `name` (for K: the largest
+    multiple of the kind's granularity not above it)."""
     if name == "max_groups":
         return [1] * value, 32
     if name == "max_inner_dim":
-        return [2, 1], value
+        return [2, 1], value - value % K_GRANULARITY.get(kind, 1)
     return [value, 0], 32
 
 
@@ -64,10 +69,10 @@ def test_declared_limits_hold(hal_vendor, kind):
     for name, value in declared.items():
         if value > REACHABLE:
             continue
-        counts, k = _limited_case(name, value)
+        counts, k = _limited_case(name, value, kind)
         run_gemm_case(hal_vendor, kind, counts, k=k, n=16)
         step = 16 if name == "max_inner_dim" else 1  # keep K a whole number of nvfp4 blocks
-        counts, k = _limited_case(name, value + step)
+        counts, k = _limited_case(name, value + step, kind)
         with pytest.raises(HalError, match=name):
             run_gemm_case(hal_vendor, kind, counts, k=k, n=16)
         checked.append(name)

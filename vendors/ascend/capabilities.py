@@ -1,30 +1,53 @@
-"""Ascend capability tables per SoC generation (Atlas A2 and A3)."""
+"""Ascend capability tables per SoC generation (Atlas A2, A3, and A5 where fp8 exists)."""
 
 from __future__ import annotations
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits
+from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits, ScaleLayout
 
-#: npu_grouped_matmul's documented limit on the inner dimension on A2/A3.
-MAX_INNER_DIM = 65536
+#: npu_grouped_matmul's inner-dimension limit on A2/A3: the last dimension of every x and
+#: weight must stay below 65536.
+MAX_INNER_DIM = 65535
+#: Groups one npu_grouped_matmul call takes in the single-weight MoE form.
+MAX_GROUPS = 1024
+
+#: The quantization scheme the Ascend DeepEP port fuses (dispatch + two GEMMs + combine).
+FUSED_SCHEME = "w8a8-int8"
+
+_BASE_GEMMS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.INT4})
+_FP8_GENERATIONS = frozenset({"A5"})
 
 
-def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = ()) -> Capabilities:
-    """The A2/A3 table: bf16 and int8 dispatch, fp8 falls back to int8, nvfp4 is rejected."""
+def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = (),
+                        *, fused: bool = True) -> Capabilities:
+    """The table of one generation: bf16 and int8 dispatch everywhere; fp8 only where the
+    chip computes it (A5), otherwise fp8 falls back to int8; nvfp4 is rejected.
+
+    `fused` declares `fused_deep_moe` for W8A8-INT8 (the Ascend DeepEP port is installed).
+    """
+    fp8 = generation in _FP8_GENERATIONS
+    dispatch = {DispatchDtype.BF16, DispatchDtype.INT8} | ({DispatchDtype.FP8} if fp8 else set())
+    fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.NVFP4: None}
+    reasons = {DispatchDtype.NVFP4: f"Atlas {generation} has no fp4 support"}
+    if not fp8:
+        fallbacks[DispatchDtype.FP8] = DispatchDtype.INT8
+        reasons[DispatchDtype.FP8] = (
+            f"Atlas {generation} has no fp8 matmul; activations are carried as int8 with per-token "
+            "dynamic scales (npu_dynamic_quant)")
+    fused_note = () if fused else (
+        "fused_deep_moe needs the Ascend DeepEP port (module deep_ep), which is not installed",)
     return Capabilities(
         device_name=device_name,
-        dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.INT8}),
-        dispatch_fallbacks={DispatchDtype.FP8: DispatchDtype.INT8, DispatchDtype.NVFP4: None},
-        fallback_reasons={
-            DispatchDtype.FP8: f"Atlas {generation} has no fp8 matmul; activations are carried as "
-            "int8 with per-token dynamic scales (npu_dynamic_quant)",
-            DispatchDtype.NVFP4: f"Atlas {generation} has no fp4 support",
-        },
+        dispatch_dtypes=frozenset(dispatch),
+        dispatch_fallbacks=fallbacks,
+        fallback_reasons=reasons,
         default_dispatch_dtype=DispatchDtype.BF16,
+        fp8_scale_layout=ScaleLayout.PER_TOKEN,
         int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
-        grouped_matmul=frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.INT8}),
-        limits=KernelLimits(max_inner_dim=MAX_INNER_DIM),
+        grouped_matmul=_BASE_GEMMS | ({GemmKind.FP8_ROWWISE} if fp8 else frozenset()),
+        fused_deep_moe=frozenset({FUSED_SCHEME}) if fused else frozenset(),
+        limits=KernelLimits(max_inner_dim=MAX_INNER_DIM, max_groups=MAX_GROUPS),
         collective_backend="hccl",
-        notes=(f"SoC generation {generation}", *notes),
+        notes=(f"SoC generation {generation}", *notes, *fused_note),
     )
 
 
@@ -32,17 +55,20 @@ def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...
 SOC_GENERATIONS: tuple[tuple[str, str], ...] = (
     ("Ascend910_93", "A3"),
     ("Ascend910B", "A2"),
+    ("Ascend950", "A5"),
 )
 
-#: Declared tables for named device models, usable without the hardware.
+#: Declared tables for named device models, usable without the hardware (fused_deep_moe as
+#: declared with the Ascend DeepEP port installed).
 DECLARED_MODELS: dict[str, Capabilities] = {
     "A3": ascend_capabilities("Ascend A3 (declared, Ascend910_93xx)", "A3"),
     "A2": ascend_capabilities("Ascend A2 (declared, Ascend910B)", "A2"),
+    "A5": ascend_capabilities("Ascend A5 (declared, Ascend950)", "A5"),
 }
 
 
 def generation_of(soc_name: str) -> str | None:
-    """The generation (A2, A3) of a SoC name, or None when unrecognised."""
+    """The generation (A2, A3, A5) of a SoC name, or None when unrecognised."""
     for prefix, generation in SOC_GENERATIONS:
         if soc_name.startswith(prefix):
             return generation

@@ -1,102 +1,106 @@
-"""The Ascend vendor: probe and declared capabilities; torch_npu is imported only when probing."""
+"""The Ascend vendor: Huawei NPUs through torch_npu, bound through one `NpuBinding` object.
+
+`AscendVendor()` binds the real torch_npu when probed (imported only then);
+`vendors.ascend.emulation.vendor.EmulatedAscendVendor` is the same class bound to the
+torch_npu emulation on the CPU. Nothing here asks which of the two it is: every op goes
+through the binding.
+"""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
-from types import ModuleType
-from typing import NoReturn
+from collections.abc import Callable, Mapping
 
 import torch
 
-from hal import (
-    Capabilities,
-    DispatchDtype,
-    Groups,
-    ProbeResult,
-    QuantizedTensor,
-    QuantizedWeight,
-    ScaleLayout,
-    UnsupportedCapability,
-    Vendor,
-)
+from hal import Capabilities, DispatchDtype, ProbeResult, QuantizedWeight, Vendor
+from hal.errors import UnsupportedCapability
+from vendors.ascend.binding import BindingUnavailable, NpuBinding, NpuOps, load_torch_npu
 from vendors.ascend.capabilities import DECLARED_MODELS, ascend_capabilities, generation_of
+from vendors.ascend.fused import DeepEpFusedMoe, check_fused_operands
+from vendors.ascend.ops import AscendOps
 
 
-class AscendVendor(Vendor):
-    """Huawei Ascend NPUs through torch_npu.
+class AscendVendor(AscendOps, Vendor):
+    """Huawei Ascend NPUs (Atlas A2/A3; A5 with fp8) through torch_npu.
 
-    The ops through torch_npu are not part of this release: on an NPU host each op
-    raises `UnsupportedCapability` saying so. Probing and the declared tables work
-    everywhere.
+    `binding` is the runtime to drive: an `NpuBinding`, or a function building one (it may
+    raise `BindingUnavailable`, which becomes the probe's reason). Default: the real
+    torch_npu of this host.
     """
 
     name = "ascend"
     priority = 90
     description = "Huawei Ascend NPUs through torch_npu (Atlas A2/A3)"
 
-    def __init__(self) -> None:
+    def __init__(self, binding: NpuBinding | Callable[[], NpuBinding] | None = None) -> None:
         super().__init__()
-        self._npu: ModuleType | None = None
+        if binding is None:
+            binding = load_torch_npu
+        self._load: Callable[[], NpuBinding] = binding if callable(binding) else (lambda: binding)
+        self._binding: NpuBinding | None = None
+        self._fused: DeepEpFusedMoe | None = None
 
     def _probe_once(self) -> ProbeResult:
         try:
-            torch_npu = importlib.import_module("torch_npu")
-        except ModuleNotFoundError as exc:
-            if exc.name == "torch_npu":
-                return ProbeResult.unavailable(
-                    "torch_npu is not installed (on an Ascend host: pip install 'moe-hal[ascend]' "
-                    "with the CANN toolkit installed and sourced)")
-            return ProbeResult.unavailable(f"importing torch_npu failed: {exc}")
-        except Exception as exc:  # typically OSError/ImportError for missing CANN libraries
-            return ProbeResult.unavailable(
-                f"importing torch_npu failed: {type(exc).__name__}: {exc} "
-                "(are the CANN toolkit's libraries installed and its set_env.sh sourced?)")
-        self._npu = torch_npu
-        if not torch_npu.npu.is_available() or torch_npu.npu.device_count() == 0:
-            return ProbeResult.unavailable("torch_npu imported, but it sees no NPU device")
-        return ProbeResult.ok(f"{torch_npu.npu.device_count()} NPU(s); npu:0 is {self._soc_name()}")
+            binding = self._load()
+        except BindingUnavailable as exc:
+            return ProbeResult.unavailable(str(exc))
+        self._binding = binding
+        return ProbeResult.ok(binding.summary())
 
-    def _soc_name(self) -> str:
-        npu = self._npu
-        if npu is None:  # only reached after a successful probe
-            raise UnsupportedCapability("vendor 'ascend': torch_npu has not been probed")
-        return str(npu.npu.get_device_name(npu.npu.current_device()))
+    @property
+    def binding(self) -> NpuBinding:
+        """The bound runtime (requires availability)."""
+        self.require_available()
+        if self._binding is None:  # the probe succeeded, so it set the binding
+            raise UnsupportedCapability(f"vendor {self.name!r}: no runtime is bound")
+        return self._binding
+
+    def npu_ops(self) -> NpuOps:
+        """The bound torch_npu ops."""
+        return self.binding.ops
 
     def devices(self) -> list[torch.device]:
-        self.require_available()
-        npu = self._npu
-        return [torch.device("npu", npu.npu.current_device())]  # type: ignore[union-attr]
+        return [self.binding.device]
 
     def _detect_capabilities(self) -> Capabilities:
-        soc = self._soc_name()
+        binding = self.binding
+        soc = binding.soc_name
+        name = f"{soc} ({binding.label})"
+        fused = binding.deep_ep is not None
         generation = generation_of(soc)
         if generation is None:
-            return ascend_capabilities(soc, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",))
-        return ascend_capabilities(soc, generation)
+            return ascend_capabilities(name, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",), fused=fused)
+        return ascend_capabilities(name, generation, fused=fused)
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         return DECLARED_MODELS
 
-    def _not_in_this_release(self, op: str) -> NoReturn:
-        raise UnsupportedCapability(
-            f"vendor 'ascend': {op} through torch_npu is not part of this release; "
-            "use the cpu vendor, or plan with `hal explain --vendor ascend`")
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+        process_group: object | None = None,
+        dispatch_dtype: DispatchDtype | None = None,
+        max_tokens_per_rank: int | None = None,
+    ) -> torch.Tensor:
+        """W8A8-INT8 through the Ascend DeepEP port (see `vendors.ascend.fused`)."""
+        caps = self.capabilities()
+        if scheme not in caps.fused_deep_moe:
+            return super().fused_deep_moe(hidden_states, topk_ids, topk_weights, w13, w2, scheme=scheme,
+                                          process_group=process_group)
+        check_fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
+        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                             ("topk_weights", topk_weights), ("w13.data", w13.data), ("w2.data", w2.data)):
+            self._check_device(name, tensor)
+        if self._fused is None:
+            self._fused = DeepEpFusedMoe(self.binding.ops, self.binding.deep_ep)
+        return self._fused(hidden_states, topk_ids, topk_weights, w13, w2, process_group=process_group,
+                           dispatch_dtype=dispatch_dtype or DispatchDtype.INT8,
+                           max_tokens_per_rank=max_tokens_per_rank)
 
-    def quantize(self, x: torch.Tensor, dtype: DispatchDtype, *, layout: ScaleLayout | None = None,
-                 global_scale: torch.Tensor | None = None) -> QuantizedTensor:
-        self._not_in_this_release("quantize")
-
-    def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        self._not_in_this_release("dequantize")
-
-    def quantize_weight(self, weight: torch.Tensor, layout: ScaleLayout,
-                        dtype: torch.dtype | None = None) -> QuantizedWeight:
-        self._not_in_this_release("quantize_weight")
-
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor, weight: QuantizedWeight, groups: Groups,
-                       *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        self._not_in_this_release("grouped_matmul")
-
-    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
-        self._not_in_this_release("swiglu")

@@ -34,21 +34,8 @@ def grouped_matmul(
     check_operands(x, weight, groups)
     kind = gemm_kind_of(x, weight)
     data = x if isinstance(x, torch.Tensor) else x.data
-    m, k = x.shape  # logical (unpacked) shapes throughout
-    e, wk, n = weight.num_experts, weight.in_features, weight.out_features
-    if k != wk:
-        raise invalid(
-            "x, weight", "x [M, K] and weight [E, K, N] with the same K",
-            f"x {tuple(x.shape)} and weight {(e, wk, n)}",
-        )
-    if groups.num_groups != e:
-        raise invalid("groups", f"{e} groups (one per expert of weight)", groups.num_groups)
-    if limits is not None:
-        _check_limits(limits, m, k, n, e)
-    if out_dtype is None:
-        out_dtype = data.dtype if kind in _FLOAT_KINDS else torch.bfloat16
-    if out_dtype not in FLOAT_DTYPES:
-        raise invalid("out_dtype", "torch.bfloat16, torch.float16 or torch.float32", out_dtype)
+    m, _, n = check_shapes(x, weight, groups, limits)
+    out_dtype = resolve_out_dtype(kind, data.dtype, out_dtype)
     counts = groups.check_values(m)
 
     out = torch.zeros((m, n), dtype=out_dtype, device=data.device)
@@ -97,6 +84,36 @@ def _group_product(
     a = x.data[rows].to(torch.float32) * a_scale
     b = weight.data[g].to(torch.float32) * b_scale
     return a @ b
+
+
+def check_shapes(
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+    weight: QuantizedWeight,
+    groups: Groups,
+    limits: KernelLimits | None = None,
+) -> tuple[int, int, int]:
+    """Check K, the group count and `limits` (when given); return the logical `(M, K, N)`."""
+    m, k = x.shape  # logical (unpacked) shapes throughout
+    e, wk, n = weight.num_experts, weight.in_features, weight.out_features
+    if k != wk:
+        raise invalid(
+            "x, weight", "x [M, K] and weight [E, K, N] with the same K",
+            f"x {tuple(x.shape)} and weight {(e, wk, n)}",
+        )
+    if groups.num_groups != e:
+        raise invalid("groups", f"{e} groups (one per expert of weight)", groups.num_groups)
+    if limits is not None:
+        _check_limits(limits, m, k, n, e)
+    return m, k, n
+
+
+def resolve_out_dtype(kind: GemmKind, activation_dtype: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
+    """The output dtype: as asked, else the activation dtype (float kinds) or bf16 (quantized kinds)."""
+    if out_dtype is None:
+        out_dtype = activation_dtype if kind in _FLOAT_KINDS else torch.bfloat16
+    if out_dtype not in FLOAT_DTYPES:
+        raise invalid("out_dtype", "torch.bfloat16, torch.float16 or torch.float32", out_dtype)
+    return out_dtype
 
 
 def check_operands(x: object, weight: object, groups: object) -> None:

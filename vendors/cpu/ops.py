@@ -72,6 +72,15 @@ class TorchReferenceOps:
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, if the kind is declared."""
+        self.declared_gemm_kind(x, weight, groups)
+        return gmm.grouped_matmul(x, weight, groups, out_dtype=out_dtype, limits=self.capabilities().limits)
+
+    def declared_gemm_kind(self, x: object, weight: object, groups: object) -> GemmKind:
+        """Check a grouped matmul's operand types and devices; return its kind if declared.
+
+        Raises `InvalidInput` for wrong operands and `UnsupportedCapability` for a kind the
+        host vendor does not declare.
+        """
         gmm.check_operands(x, weight, groups)
         if isinstance(x, (QuantizedTensor, PackedInt4Tensor)):
             self._check_device("x.data", x.data)
@@ -79,17 +88,17 @@ class TorchReferenceOps:
             self._check_device("x.global_scale", getattr(x, "global_scale", None))
         else:
             self._check_device("x", x)
-        for field, tensor in weight.tensors().items():
+        for field, tensor in weight.tensors().items():  # type: ignore[union-attr]
             self._check_device(f"weight.{field}", tensor)
-        if groups.tensor.device.type != "cpu":
-            self._check_device("groups", groups.tensor)
-        kind = gemm_kind_of(x, weight)
+        if groups.tensor.device.type != "cpu":  # type: ignore[union-attr]
+            self._check_device("groups", groups.tensor)  # type: ignore[union-attr]
+        kind = gemm_kind_of(x, weight)  # type: ignore[arg-type]
         caps = self.capabilities()
         if kind not in caps.grouped_matmul:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}"
             )
-        return gmm.grouped_matmul(x, weight, groups, out_dtype=out_dtype, limits=caps.limits)
+        return kind
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
