@@ -2,12 +2,14 @@
 
 Launch one process per device:
 
-    torchrun --nproc-per-node 2 examples/expert_parallel.py [--scheme w8a8-fp8-block] [--tokens 64]
+    torchrun --nproc-per-node 2 examples/expert_parallel.py [--scheme w8a8-fp8-block] [--tokens 64] [--bandwidth]
 
 The collective backend comes from the vendor's capabilities (gloo on the CPU, NCCL on
 NVIDIA, HCCL on Ascend). Each rank routes its own tokens through the expert-parallel
 layer (normal all-to-all and low-latency) and checks the result against a single-rank
 layer holding every expert, then prints the dispatch plan and the largest difference.
+With `--bandwidth` it also times dispatch and combine alone and prints the bytes each rank
+moves per second (the plan's bytes per token times its routed pairs, over the median time).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument("--bandwidth", action="store_true", help="also time dispatch and combine alone")
     args = parser.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -72,7 +75,43 @@ def main() -> None:
               f"dispatch={layer.plan.resolved} ({layer.plan.source}) experts {layer.local_experts.start}-"
               f"{layer.local_experts.stop - 1}: max |ep - single| = {diff:.3g} (of {scale:.3g}), "
               f"exact={torch.equal(y, expected)}, {elapsed * 1e3:.2f} ms/call", flush=True)
+        if args.bandwidth:
+            report_bandwidth(layer, x[mine], logits[mine], name)
     dist.destroy_process_group()
+
+
+def _synchronize() -> None:
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
+def _median_seconds(fn, repeats: int = 20) -> float:
+    """Median wall time of `fn()` with the device synchronised around each call, across ranks."""
+    times = []
+    for _ in range(repeats + 3):
+        _synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        _synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times[3:])[len(times[3:]) // 2]
+
+
+def report_bandwidth(layer: moe.MoELayer, x: torch.Tensor, logits: torch.Tensor, name: str) -> None:
+    """Time the layer's dispatch and its combine alone; print each rank's bytes per second."""
+    routing = layer.router(logits)
+    quantize = layer.scheme.dispatch_quantizer(layer.vendor, layer.plan, layer.expert_weights)
+    dispatched = layer.dispatcher.dispatch(x, routing, quantize)
+    rows = torch.zeros(*dispatched.payload.data.shape[:-1], x.shape[-1], dtype=torch.bfloat16, device=x.device)
+    dispatch_s = _median_seconds(lambda: layer.dispatcher.dispatch(x, routing, quantize))
+    combine_s = _median_seconds(lambda: layer.dispatcher.combine(rows, dispatched, torch.bfloat16))
+    pairs = routing.topk_ids.numel()
+    sent, returned = pairs * layer.plan.bytes_per_token, pairs * x.shape[-1] * 2
+    print(f"rank {dist.get_rank()} {name:11s} {x.shape[0]} tokens x top-{layer.top_k}: dispatch "
+          f"{dispatch_s * 1e6:.0f} us ({sent / dispatch_s / 1e9:.1f} GB/s of {layer.plan.resolved} records, "
+          f"{layer.plan.bytes_per_token} B/token), combine {combine_s * 1e6:.0f} us "
+          f"({returned / combine_s / 1e9:.1f} GB/s of bf16 rows)", flush=True)
 
 
 if __name__ == "__main__":

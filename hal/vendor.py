@@ -12,6 +12,8 @@ from typing import ClassVar
 import torch
 
 from hal.capabilities import Capabilities
+from hal.combine import weighted_combine
+from hal.sorting import sort_by_expert
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, UnsupportedCapability, VendorUnavailable, names
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
@@ -207,6 +209,24 @@ class Vendor(abc.ABC):
     @abc.abstractmethod
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
+
+    def sort_by_expert(self, topk_ids: torch.Tensor,
+                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (token, slot) pairs of `topk_ids` `[T, k]` sorted by expert, token order kept within one:
+        `(order, inverse, counts)`, see `hal.sorting.sort_by_expert`. Must not synchronise with
+        the host. The default is plain torch; a vendor may override it with one kernel.
+        """
+        return sort_by_expert(topk_ids, num_experts)
+
+    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
+                         out_dtype: torch.dtype) -> torch.Tensor:
+        """Each token's routing-weighted sum of its experts' rows: `[T, H]` in `out_dtype`.
+
+        `out[t] = sum_j topk_weights[t, j] * rows[index[t*k + j]]` accumulated in fp32 (`index`
+        None: rows already in (token, slot) order). The default is plain torch; a vendor may
+        override it with a single-pass kernel.
+        """
+        return weighted_combine(rows, index, topk_weights, out_dtype)
 
     def fused_deep_moe(
         self,

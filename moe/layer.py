@@ -121,10 +121,10 @@ class MoELayer(torch.nn.Module):
     def _make_dispatcher(self) -> Dispatcher:
         capacity = self.dispatch_config.max_dispatch_tokens_per_rank
         if capacity is not None:
-            return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group)
+            return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group, vendor=self.vendor)
         if self.process_group is not None:
-            return AllToAllDispatcher(self.plan, self.num_experts, self.process_group)
-        return LocalDispatcher(self.plan, self.num_experts)
+            return AllToAllDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor)
+        return LocalDispatcher(self.plan, self.num_experts, vendor=self.vendor)
 
     @classmethod
     def from_float(cls, w13: torch.Tensor, w2: torch.Tensor, top_k: int, **kwargs: Any) -> MoELayer:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert, weighted_sum
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
 from moe.dispatch.wire import as_bytes, from_bytes, pack, take_rows, unpack
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -72,5 +72,5 @@ class AllToAllDispatcher(Dispatcher):
         dist.all_to_all_single(returned, outgoing, handle.send_splits, handle.recv_splits,
                                group=self.process_group)
         rows = from_bytes(returned, expert_output.dtype)
-        return weighted_sum(rows[handle.inverse], handle.routing, out_dtype)
+        return self.combine_rows(rows, handle.inverse, handle.routing, out_dtype)
 

@@ -20,7 +20,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from hal import DispatchPlan, Groups, QuantizedTensor
+from hal import DispatchPlan, Groups, QuantizedTensor, Vendor
+from hal.combine import weighted_combine
+from hal.sorting import sort_by_expert
 from hal.errors import InvalidInput, positive_int
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -74,8 +76,10 @@ class Dispatcher(abc.ABC):
 
     format: ClassVar[DispatchFormat]
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None) -> None:
+    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *,
+                 vendor: Vendor | None = None) -> None:
         self.plan = plan
+        self.vendor = vendor  #: whose `weighted_combine` takes the weighted sums (None: plain torch)
         self.process_group = process_group
         self.world_size, self.rank = group_size_and_rank(process_group)
         positive_int("num_experts", num_experts)
@@ -95,6 +99,19 @@ class Dispatcher(abc.ABC):
     @abc.abstractmethod
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Quantize `hidden_states` `[T, H]` with `quantize` and send each routed row to its expert."""
+
+    def sort_pairs(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(order, inverse, counts)` of the pairs sorted by expert (see `hal.Vendor.sort_by_expert`)."""
+        if self.vendor is not None:
+            return self.vendor.sort_by_expert(topk_ids, self.num_experts)
+        return sort_by_expert(topk_ids, self.num_experts)
+
+    def combine_rows(self, rows: torch.Tensor, index: torch.Tensor | None, routing: Routing,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+        """Each token's weighted sum of `rows[index]` (see `hal.Vendor.weighted_combine`)."""
+        if self.vendor is not None:
+            return self.vendor.weighted_combine(rows, index, routing.topk_weights, out_dtype)
+        return weighted_combine(rows, index, routing.topk_weights, out_dtype)
 
     @abc.abstractmethod
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
@@ -116,23 +133,4 @@ def group_size_and_rank(process_group: Any) -> tuple[int, int]:
     return dist.get_world_size(process_group), dist.get_rank(process_group)
 
 
-def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort the flattened (token, slot) pairs by expert, keeping token order within an expert.
-
-    Returns `order` (the flat pair index of each sorted row), `inverse` (the sorted row of
-    each flat pair) and `counts` (int64 `[num_experts]`). No host synchronisation.
-    """
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    return order, inverse, counts
-
-
-def weighted_sum(rows: torch.Tensor, routing: Routing, out_dtype: torch.dtype) -> torch.Tensor:
-    """`out[t] = sum_j w[t, j] * rows[t * k + j]` in fp32, cast to `out_dtype`: `[T, H]`."""
-    t, k = routing.topk_ids.shape
-    weighted = rows.to(torch.float32).view(t, k, rows.shape[-1]) * routing.topk_weights.unsqueeze(-1)
-    return weighted.sum(dim=1).to(out_dtype)
+__all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "group_size_and_rank", "sort_by_expert"]

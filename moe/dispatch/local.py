@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert, weighted_sum
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher
 from moe.dispatch.wire import take_rows
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -26,7 +26,7 @@ class LocalDispatcher(Dispatcher):
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one)."""
-        order, inverse, counts = sort_by_expert(routing.topk_ids, self.num_experts)
+        order, inverse, counts = self.sort_pairs(routing.topk_ids)
         token_of_row = torch.div(order, routing.top_k, rounding_mode="floor")
         payload = take_rows(quantize(hidden_states), token_of_row)
         return DispatchOutput(self.format, payload, counts, _LocalHandle(routing, inverse))
@@ -35,4 +35,4 @@ class LocalDispatcher(Dispatcher):
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Un-sort the expert rows and take each token's weighted sum."""
         handle: _LocalHandle = dispatched.handle
-        return weighted_sum(expert_output[handle.inverse], handle.routing, out_dtype)
+        return self.combine_rows(expert_output, handle.inverse, handle.routing, out_dtype)

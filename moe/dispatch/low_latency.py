@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hal import DispatchPlan
+from hal import DispatchPlan, Vendor
 from hal.errors import InvalidInput, positive_int
-from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert, weighted_sum
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
 from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -41,8 +41,8 @@ class LowLatencyDispatcher(Dispatcher):
     format = DispatchFormat.EP_LOW_LATENCY
 
     def __init__(self, plan: DispatchPlan, num_experts: int, capacity: int | None,
-                 process_group: Any = None) -> None:
-        super().__init__(plan, num_experts, process_group)
+                 process_group: Any = None, *, vendor: Vendor | None = None) -> None:
+        super().__init__(plan, num_experts, process_group, vendor=vendor)
         self.capacity = positive_int("max_dispatch_tokens_per_rank", capacity,
                                      "a positive int for the low-latency dispatcher")
         self._send: torch.Tensor | None = None
@@ -117,7 +117,8 @@ class LowLatencyDispatcher(Dispatcher):
         dist_all_to_all(returned.view(-1), outgoing.view(-1), self.process_group)
         results = from_bytes(returned, expert_output.dtype).view(self.num_experts, self.capacity, hidden)
         flat = handle.routing.topk_ids.reshape(-1)
-        return weighted_sum(results[flat, handle.slot], handle.routing, out_dtype)
+        return self.combine_rows(results.view(-1, hidden), flat * self.capacity + handle.slot, handle.routing,
+                                 out_dtype)
 
 
 def dist_all_to_all(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:

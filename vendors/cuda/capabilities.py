@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ScaleLayout
+from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits, ScaleLayout
+
+#: Groups the Triton grouped GEMM schedules in one call.
+MAX_GROUPS = 1024
 
 _FLOAT_KINDS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32})
 _INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per channel and feeds the tensor cores"
 
 
-def cuda_capabilities(device_name: str, compute_capability: tuple[int, int]) -> Capabilities:
-    """The capabilities of a CUDA device: fp8 from sm89, nvfp4 from sm100; int8 falls back."""
+def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True) -> Capabilities:
+    """The capabilities of a CUDA device: fp8 from sm89, nvfp4 from sm100; int8 falls back.
+
+    `kernels`: Triton is installed (the grouped GEMM then limits a call to `MAX_GROUPS` groups).
+    """
     major, minor = compute_capability
     sm = major * 10 + minor
-    notes = [f"compute capability sm{sm}",
-             "ops run the torch reference path on the GPU until the CUDA kernels land"]
+    path = ("Triton kernels (quantize, grouped GEMM, swiglu)"
+            + (" and torch._grouped_mm for bf16" if sm >= 90 else "")) if kernels else (
+        "Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
+    notes = [f"compute capability sm{sm}", path]
     if sm >= 89:
         dispatch = {DispatchDtype.BF16, DispatchDtype.FP8}
         fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.INT8: DispatchDtype.FP8}
@@ -41,6 +49,7 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int]) -> 
         fp8_scale_layout=ScaleLayout.GROUP_128,
         int8_quant_mode=Int8QuantMode.NONE,
         grouped_matmul=kinds,
+        limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",
         notes=tuple(notes),
     )

@@ -1,0 +1,56 @@
+"""What the layer is compared with: the same vendor kernels called directly, and a plain
+per-expert loop in PyTorch.
+
+`direct_forward` makes the layer's kernel calls in a straight line (softmax-top-k, the
+vendor's sort by expert, quantize, gather, grouped GEMM, swiglu, quantize, grouped GEMM,
+the vendor's weighted combine) with none of moe's objects in between: no `MoELayer`,
+plan, dispatcher, scheme or runner lookup. The time it saves is the abstraction's overhead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hal import DispatchDtype, Groups, QuantizedTensor, ScaleLayout, Vendor
+from moe import MoELayer
+
+
+def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The layer's output for `x` `[T, H]`, computed by calling the vendor's ops directly."""
+    weights = layer.expert_weights
+    top_k, experts = layer.top_k, layer.num_experts
+    probs = torch.softmax(logits.to(torch.float32), dim=-1)
+    topk_weights, ids = torch.topk(probs, top_k, dim=-1)
+    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    order, inverse, counts = vendor.sort_by_expert(ids, experts)
+    groups = Groups.from_counts(counts)
+    plan = layer.plan
+    q = vendor.quantize(x, plan.resolved, layout=plan.scale_layout)
+    token = torch.div(order, top_k, rounding_mode="floor")
+    rows = QuantizedTensor(q.data[token], q.dtype, q.layout, None if q.scale is None else q.scale[token])
+    fp8 = plan.resolved is DispatchDtype.FP8
+    first = rows if fp8 else rows.data
+    h = vendor.grouped_matmul(first, weights.w13, groups, out_dtype=torch.bfloat16)
+    act = vendor.swiglu(h)
+    second = vendor.quantize(act, DispatchDtype.FP8, layout=ScaleLayout.GROUP_128) if fp8 else act
+    y = vendor.grouped_matmul(second, weights.w2, groups, out_dtype=torch.bfloat16)
+    return vendor.weighted_combine(y, inverse, topk_weights, x.dtype)
+
+
+def per_expert_loop(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                    top_k: int) -> torch.Tensor:
+    """A straightforward PyTorch MoE in bf16: for each expert, gather its tokens and run two matmuls."""
+    probs = torch.softmax(logits.to(torch.float32), dim=-1)
+    topk_weights, ids = torch.topk(probs, top_k, dim=-1)
+    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros(x.shape[0], w2.shape[-1], dtype=torch.float32, device=x.device)
+    intermediate = w2.shape[1]
+    for e in range(w13.shape[0]):
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = x[token] @ w13[e]
+        y = (F.silu(h[:, :intermediate]) * h[:, intermediate:]) @ w2[e]
+        out.index_add_(0, token, y.to(torch.float32) * topk_weights[token, slot].unsqueeze(1))
+    return out.to(x.dtype)

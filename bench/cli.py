@@ -1,0 +1,113 @@
+"""`hal bench`: time the MoE layer on a vendor for named model shapes (registered via `hal.commands`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from bench import ceilings as ceiling_probe
+from bench.cases import CaseResult, ShapeBench
+from bench.report import markdown, print_report
+from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
+from bench.timing import DeviceTimer
+from hal import HalError, VendorRegistry
+
+_FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
+NO_ROOFLINE = ("roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "
+               "its copy bandwidth and matmul peak, so only eager times are shown")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `bench` command to the `hal` command line."""
+    text = "time the MoE layer on a vendor against the device's measured roofline"
+    parser = subparsers.add_parser("bench", help=text, description=text)
+    parser.add_argument("--vendor", help="vendor to run (default: the selected one)")
+    parser.add_argument("--model", action="extend", nargs="+", dest="models", metavar="NAME",
+                        help=f"model shapes ({', '.join(SHAPES)}; default: the three named models on a GPU, "
+                             "tiny elsewhere)")
+    parser.add_argument("--tokens", action="extend", nargs="+", type=_positive, metavar="N",
+                        help=f"token counts (default {' '.join(map(str, TOKENS))} on a GPU, "
+                             f"{' '.join(map(str, CPU_TOKENS))} elsewhere)")
+    parser.add_argument("--precision", action="extend", nargs="+", choices=sorted(PRECISIONS), dest="precisions",
+                        help="bf16 (unquantized) and/or fp8 (w8a8-fp8-block); default both where declared")
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON report to FILE")
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table as Markdown to FILE")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    parser.set_defaults(handler=bench)
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got {value!r}")
+    return number
+
+
+def bench(args: argparse.Namespace, console: Console) -> int:
+    """Run every (model, precision, tokens) case; print the table or the JSON."""
+    try:
+        vendor = VendorRegistry.discover().select(args.vendor).vendor
+        device = vendor.device
+        gpu = device.type == "cuda"
+        shapes = parse_shapes(args.models, _FULL if gpu else ("tiny",))
+    except (HalError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    caps = vendor.capabilities()
+    precisions = args.precisions or [p for p in ("bf16", "fp8") if _supported(caps, p)]
+    tokens = args.tokens or list(TOKENS if gpu else CPU_TOKENS)
+    progress = Console(stderr=True) if args.json else console
+    timer = DeviceTimer(device)
+    measured = None
+    if gpu:
+        progress.print("measuring the device's ceilings (copy bandwidth, dense matmul)...")
+        measured = ceiling_probe.measure(timer)
+    payload = {
+        "vendor": vendor.name, "device": caps.device_name, "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "ceilings": measured.as_dict() if measured else None,
+        "note": "" if gpu else NO_ROOFLINE,
+        "shapes": {s.name: {"hidden": s.hidden, "intermediate": s.intermediate, "experts": s.experts,
+                            "top_k": s.top_k, "note": s.note} for s in shapes},
+    }
+    results: list[CaseResult] = []
+    total = len(shapes) * len(precisions) * len(tokens)
+    for shape in shapes:
+        try:
+            built = ShapeBench(vendor, shape, precisions)
+        except HalError as exc:
+            console.print(f"[red]error:[/red] {shape.name}: {exc}")
+            return 1
+        for precision in precisions:
+            for count in tokens:
+                result = built.run(precision, count, timer, measured, graphs=gpu)
+                results.append(result)
+                fraction = result.derived()["roofline_fraction_graph"]
+                progress.print(f"[{len(results)}/{total}] {shape.name} {precision} {count} tokens: "
+                               f"{result.best_us:.1f} µs" + (f" ({100 * fraction:.0f}% of roofline)" if fraction else ""))
+        del built
+        if gpu:
+            torch.cuda.empty_cache()
+    payload["cases"] = [r.as_dict() for r in results]
+    if args.output:
+        args.output.write_text(json.dumps(payload, indent=2))
+    if args.markdown:
+        args.markdown.write_text(markdown(results) + "\n")
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print_report(console, payload, results)
+    return 0
+
+
+def _supported(caps, precision: str) -> bool:
+    kind = {"bf16": "bf16", "fp8": "fp8-block128"}[precision]
+    return caps.supports_gemm(kind)

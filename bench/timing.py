@@ -1,0 +1,53 @@
+"""Timing on the vendor's device: CUDA events where the device has them, else the wall clock."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class DeviceTimer:
+    """Median time of a callable on one device, after warm-up, over many repeats.
+
+    On a CUDA device each repeat is bracketed by CUDA events (device time, no host
+    sleeps in the number); elsewhere by `time.perf_counter`.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.events = device.type == "cuda"
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish queued work."""
+        if self.events:
+            torch.cuda.synchronize(self.device)
+
+    def median_us(self, fn: Callable[[int], object], *, warmup: int, repeats: int) -> float:
+        """Median microseconds of `fn(i)` (i counts calls, for rotating inputs)."""
+        for i in range(warmup):
+            fn(i)
+        self.synchronize()
+        times: list[float] = []
+        if self.events:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+            for i in range(repeats):
+                starts[i].record()
+                fn(i)
+                ends[i].record()
+            torch.cuda.synchronize(self.device)
+            times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+        else:
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                fn(i)
+                times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+
+def repeats_for(estimate_us: float, budget_us: float = 200_000.0, low: int = 10, high: int = 200) -> int:
+    """Repeats that fit `budget_us` for a call of about `estimate_us`, between `low` and `high`."""
+    return max(low, min(high, int(budget_us / max(estimate_us, 1.0))))

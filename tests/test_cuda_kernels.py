@@ -1,0 +1,49 @@
+"""The CUDA vendor's Triton kernels against the plain-torch definitions (GPU only).
+
+The conformance suite checks quantize, grouped matmul and swiglu against float64; these
+tests cover the ops it does not reach: the sort by expert, the weighted combine and the
+K-major weight storage, at the sizes where the kernel or the torch path is chosen.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hal.combine import weighted_combine
+from hal.sorting import sort_by_expert
+from vendors.cpu import quantize as reference
+from vendors.cuda import CudaVendor
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (7, 2, 8), (128, 8, 128), (100, 4, 1000),
+                                                     (4096, 8, 128)])
+def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, device="cuda", generator=g)[:top_k] for _ in range(tokens)])
+    got = CudaVendor().sort_by_expert(ids, experts)
+    for mine, expected in zip(got, sort_by_expert(ids, experts)):
+        assert torch.equal(mine, expected)
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+@pytest.mark.parametrize("tokens, top_k, hidden", [(1, 8, 2048), (33, 2, 200), (512, 8, 7168)])
+def test_weighted_combine_matches_the_fp32_sum(tokens, top_k, hidden, indexed):
+    g = torch.Generator(device="cuda").manual_seed(hidden)
+    rows = torch.randn(tokens * top_k, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=g)
+    index = torch.randperm(tokens * top_k, device="cuda", generator=g) if indexed else None
+    got = CudaVendor().weighted_combine(rows, index, weights, torch.float32)
+    torch.testing.assert_close(got, weighted_combine(rows, index, weights, torch.float32), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout, dtype", [("per-channel", torch.int8), ("per-channel", torch.float8_e4m3fn),
+                                           ("block-128x128", None)])
+def test_eight_bit_weights_are_stored_k_major_with_the_reference_values(layout, dtype):
+    w = torch.randn(4, 320, 200, device="cuda")
+    mine = CudaVendor().quantize_weight(w, layout, dtype)
+    ref = reference.quantize_weight(w, layout, dtype)
+    assert mine.data.shape == ref.data.shape and mine.data.stride(1) == 1  # K contiguous
+    assert torch.equal(mine.data.float(), ref.data.float()) and torch.equal(mine.scale, ref.scale)

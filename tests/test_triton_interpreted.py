@@ -1,0 +1,78 @@
+"""The CUDA vendor's Triton kernels run on the CPU through Triton's interpreter, on small
+shapes, against the torch definitions. Skipped where Triton is not installed (CI installs
+only the test extra). bf16 arithmetic and the fp8 cast are left to the GPU tests: the
+interpreter emulates neither as the GPU computes them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from hal.combine import weighted_combine
+    from hal.sorting import sort_by_expert
+    from vendors.cpu import quantize as ref
+    from vendors.cuda.kernels.activation import swiglu
+    from vendors.cuda.kernels.combine import weighted_combine as triton_combine
+    from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, grouped_gemm
+    from vendors.cuda.kernels.quantize import quantize_rows
+    from vendors.cuda.kernels.sorting import sort_pairs
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 200).to(torch.float16)
+    x[2] = 0
+    q, s = quantize_rows(x, torch.int8, None)
+    r = ref.quantize(x, "int8")
+    assert torch.equal(q, r.data) and torch.allclose(s, r.scale), "int8 quantize"
+    q, s = quantize_rows(x, torch.float8_e4m3fn, 128)
+    r = ref.quantize(x, "fp8", "per-token-group-128")
+    assert torch.allclose(s, r.scale), "fp8 group scales"  # the interpreter's fp8 cast is not the GPU's
+
+    counts = torch.tensor([3, 0, 9, 4])
+    ends = counts.cumsum(0).tolist()
+    a = torch.randn(16, 320)
+    w = torch.randn(4, 320, 200)
+    expected = torch.cat([a[e - c:e] @ w[g] for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 5e-2)):
+        y = grouped_gemm(a.to(dtype), w.to(dtype), counts, torch.float32)
+        assert (y - expected).abs().max() <= tol * expected.abs().max(), dtype
+    qa, qw = ref.quantize(a, "int8"), ref.quantize_weight(w, "per-channel", torch.int8)
+    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                     scale_mode=SCALE_ROWWISE)
+    exact = torch.cat([(qa.data[e - c:e].double() @ qw.data[g].double()) * qa.scale[e - c:e, None].double()
+                       * qw.scale[g].double() for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
+    assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), "int8 gemm"
+    qa, qw = ref.quantize(a, "fp8", "per-token-group-128"), ref.quantize_weight(w, "block-128x128")
+    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                     scale_mode=SCALE_BLOCK128)
+    assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), "fp8 block gemm"
+
+    h = torch.randn(4, 64).to(torch.float16)
+    act = torch.nn.functional.silu(h[:, :32].float()) * h[:, 32:].float()
+    assert (swiglu(h).float() - act).abs().max() <= 2e-3 * act.abs().max(), "swiglu"
+    ids = torch.stack([torch.randperm(40)[:4] for _ in range(9)])
+    assert all(torch.equal(m, e) for m, e in zip(sort_pairs(ids, 40), sort_by_expert(ids, 40))), "sort"
+    rows, index, weights = torch.randn(36, 24), torch.randperm(36), torch.rand(9, 4)
+    assert torch.allclose(triton_combine(rows, index, weights, torch.float32),
+                          weighted_combine(rows, index, weights, torch.float32), atol=1e-6), "combine"
+    print("interpreted kernels: ok")
+""")
+
+
+@pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed (it is not a test dependency)")
+def test_triton_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    if "only 0-dimensional arrays" in done.stderr:
+        pytest.skip("this Triton's interpreter does not run with this NumPy (needs numpy < 2.4)")
+    assert done.returncode == 0 and "interpreted kernels: ok" in done.stdout, done.stdout + done.stderr[-3000:]

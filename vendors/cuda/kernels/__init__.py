@@ -1,0 +1,1 @@
+"""Triton kernels of the CUDA vendor (imported only where Triton is installed)."""
