@@ -15,7 +15,7 @@ from bench.cases import CaseResult, ShapeBench
 from bench.report import markdown, print_report
 from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
-from hal import HalError, VendorRegistry
+from hal import Capabilities, HalError, VendorRegistry
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 NO_ROOFLINE = ("roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "
@@ -108,6 +108,7 @@ def bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _supported(caps, precision: str) -> bool:
+def _supported(caps: Capabilities, precision: str) -> bool:
+    """Whether the vendor declares the grouped-matmul kind a precision's scheme needs."""
     kind = {"bf16": "bf16", "fp8": "fp8-block128"}[precision]
     return caps.supports_gemm(kind)

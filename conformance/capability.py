@@ -16,6 +16,7 @@ from moe import NvFp4, QuantScheme, make_scheme, nvfp4_global_scale
 
 DECLARATIONS = "declarations"
 SWIGLU = "swiglu"
+SORT_AND_COMBINE = "sort and combine"
 BAD_INPUT = "bad input"
 
 
@@ -51,6 +52,7 @@ def all_labels() -> list[str]:
         *(dispatch_label(d) for d in DispatchDtype.concrete()),
         *(gemm_label(k) for k in GemmKind),
         SWIGLU,
+        SORT_AND_COMBINE,
         *(layer_label(s) for s in KNOWN_SCHEMES),
         *(fused_label(s) for s in KNOWN_SCHEMES),
         BAD_INPUT,

@@ -14,6 +14,7 @@ every bound by orders of magnitude.
 | quantize int4, per token | `rowmax|x| / 14` (half a step of `rowmax/7`) |
 | grouped matmul | `r(out) * |ref| + 2^-12 * (|a| @ |b|)`: output rounding plus fp32 accumulation |
 | swiglu | `2 * r(out) * |ref| + 2^-16 * |gate * up|`: at most two roundings to the output dtype |
+| weighted combine | `r(out) * |ref| + 4 * SLACK * sum |w * row|`: one output rounding, fp32 accumulation |
 | dispatch round trip (identity experts) | the dtype's quantize bound plus `r(out) * |x|` |
 | MoE layer | `||y - ref|| / ||ref||` at most `LAYER_TOLERANCE[(scheme, dispatch dtype)]` |
 | MoE layer, integer schemes | also at most `EMULATED_LAYER_TOLERANCE` against the MoE rounded where the scheme rounds |
