@@ -20,9 +20,7 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
     """The layer's output for `x` `[T, H]`, computed by calling the vendor's ops directly."""
     weights = layer.expert_weights
     top_k, experts = layer.top_k, layer.num_experts
-    probs = torch.softmax(logits.to(torch.float32), dim=-1)
-    topk_weights, ids = torch.topk(probs, top_k, dim=-1)
-    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    topk_weights, ids = _softmax_topk(logits, top_k)
     order, inverse, counts = vendor.sort_by_expert(ids, experts)
     groups = Groups.from_counts(counts)
     plan = layer.plan
@@ -41,9 +39,7 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
 def per_expert_loop(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                     top_k: int) -> torch.Tensor:
     """A straightforward PyTorch MoE in bf16: for each expert, gather its tokens and run two matmuls."""
-    probs = torch.softmax(logits.to(torch.float32), dim=-1)
-    topk_weights, ids = torch.topk(probs, top_k, dim=-1)
-    topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    topk_weights, ids = _softmax_topk(logits, top_k)
     out = torch.zeros(x.shape[0], w2.shape[-1], dtype=torch.float32, device=x.device)
     intermediate = w2.shape[1]
     for e in range(w13.shape[0]):
@@ -54,3 +50,9 @@ def per_expert_loop(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2
         y = (F.silu(h[:, :intermediate]) * h[:, intermediate:]) @ w2[e]
         out.index_add_(0, token, y.to(torch.float32) * topk_weights[token, slot].unsqueeze(1))
     return out.to(x.dtype)
+
+
+def _softmax_topk(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Renormalised softmax top-k weights and ids, as the layer's default router computes them."""
+    weights, ids = torch.topk(torch.softmax(logits.to(torch.float32), dim=-1), top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), ids

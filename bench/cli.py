@@ -16,6 +16,7 @@ from bench.report import markdown, print_report
 from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
 from hal import Capabilities, HalError, VendorRegistry
+from hal.cli.app import positive_int_argument
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 NO_ROOFLINE = ("roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", action="extend", nargs="+", dest="models", metavar="NAME",
                         help=f"model shapes ({', '.join(SHAPES)}; default: the three named models on a GPU, "
                              "tiny elsewhere)")
-    parser.add_argument("--tokens", action="extend", nargs="+", type=_positive, metavar="N",
+    parser.add_argument("--tokens", action="extend", nargs="+", type=positive_int_argument, metavar="N",
                         help=f"token counts (default {' '.join(map(str, TOKENS))} on a GPU, "
                              f"{' '.join(map(str, CPU_TOKENS))} elsewhere)")
     parser.add_argument("--precision", action="extend", nargs="+", choices=sorted(PRECISIONS), dest="precisions",
@@ -39,16 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     parser.set_defaults(handler=bench)
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive token count, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive token count, got {value!r}")
-    return number
 
 
 def bench(args: argparse.Namespace, console: Console) -> int:

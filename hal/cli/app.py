@@ -39,7 +39,8 @@ def _converter(parse, what: str):  # type: ignore[no-untyped-def]
     return convert
 
 
-def _positive_int(value: str) -> int:
+def positive_int_argument(value: str) -> int:
+    """argparse type for a positive integer (commands registered by other packages use it too)."""
     try:
         number = int(value)
     except ValueError:
@@ -76,7 +77,7 @@ def build_parser() -> OneLineParser:
                          default=DispatchDtype.AUTO, help=f"requested dtype: {', '.join(DispatchDtype.names())}")
     explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
                          help="dtype the expert runner requires, if any")
-    explain.add_argument("--hidden", type=_positive_int, default=4096, help="hidden size (default 4096)")
+    explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
     explain.set_defaults(handler=commands.explain)
 
     doctor = command("doctor", "run the selected vendor's ops once against float64 references")

@@ -21,12 +21,11 @@ import torch
 
 from hal.capabilities import GemmKind
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import UnsupportedCapability, invalid
+from hal.errors import UnsupportedCapability
 from hal.formats import FLOAT_DTYPES, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.groups import GroupListKind, Groups
 from vendors.ascend.binding import NpuOps
 from vendors.cpu import activation
-from vendors.cpu import grouped_matmul as gmm
 from vendors.cpu.ops import TorchReferenceOps
 
 #: The torch_npu destination dtype of each dispatch dtype npu_dynamic_quant produces.
@@ -110,10 +109,7 @@ class AscendOps(TorchReferenceOps):
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` through `npu_grouped_matmul`, scales applied."""
-        kind = self.declared_gemm_kind(x, weight, groups)
-        m, _, n = gmm.check_shapes(x, weight, groups, self.capabilities().limits)
-        data = x if isinstance(x, torch.Tensor) else x.data
-        out_dtype = gmm.resolve_out_dtype(kind, data.dtype, out_dtype)
+        kind, m, n, data, out_dtype = self.checked_gemm(x, weight, groups, out_dtype)
         if m == 0:
             return torch.zeros((0, n), dtype=out_dtype, device=data.device)
         group_list, group_list_type = _group_list(groups, data.device)

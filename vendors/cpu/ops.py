@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from typing import NamedTuple
+
 from hal.capabilities import GemmKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
@@ -11,6 +13,16 @@ from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm
 from hal.groups import Groups
 from vendors.cpu import activation, quantize as quant
 from vendors.cpu import grouped_matmul as gmm
+
+
+class GemmCall(NamedTuple):
+    """A validated grouped matmul: its kind, logical M and N, the activation data and the output dtype."""
+
+    kind: GemmKind
+    rows: int
+    cols: int
+    data: torch.Tensor
+    out_dtype: torch.dtype
 
 
 class TorchReferenceOps:
@@ -74,6 +86,14 @@ class TorchReferenceOps:
         """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, if the kind is declared."""
         self.declared_gemm_kind(x, weight, groups)
         return gmm.grouped_matmul(x, weight, groups, out_dtype=out_dtype, limits=self.capabilities().limits)
+
+    def checked_gemm(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                     groups: Groups, out_dtype: torch.dtype | None) -> GemmCall:
+        """Every check of a grouped matmul (operands, devices, declared kind, shapes, limits, output dtype)."""
+        kind = self.declared_gemm_kind(x, weight, groups)
+        m, _, n = gmm.check_shapes(x, weight, groups, self.capabilities().limits)
+        data = x if isinstance(x, torch.Tensor) else x.data
+        return GemmCall(kind, m, n, data, gmm.resolve_out_dtype(kind, data.dtype, out_dtype))
 
     def declared_gemm_kind(self, x: object, weight: object, groups: object) -> GemmKind:
         """Check a grouped matmul's operand types and devices; return its kind if declared.

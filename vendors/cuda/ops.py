@@ -27,7 +27,6 @@ from hal.combine import check_combine
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.formats import FLOAT_DTYPES, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.groups import Groups
-from vendors.cpu import grouped_matmul as gmm
 from vendors.cpu.ops import TorchReferenceOps
 
 _TRITON_KINDS = {GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.FP8_ROWWISE,
@@ -85,13 +84,11 @@ class CudaOps(TorchReferenceOps):
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` on the device, without a host synchronisation."""
-        kind = self.declared_gemm_kind(x, weight, groups)
+        kind, m, _, data, resolved = self.checked_gemm(x, weight, groups, out_dtype)
         if kind not in _TRITON_KINDS or not self.kernels_available:
             return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
-        m, _, _ = gmm.check_shapes(x, weight, groups, self.capabilities().limits)
-        data = x if isinstance(x, torch.Tensor) else x.data
-        out_dtype = gmm.resolve_out_dtype(kind, data.dtype, out_dtype)
-        if data.stride(-1) != 1 or data.device != self.device:
+        out_dtype = resolved
+        if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(self.device)
         if (kind is GemmKind.BF16 and self.use_torch_grouped_mm and out_dtype == torch.bfloat16
