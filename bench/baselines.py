@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hal import DispatchDtype, Groups, QuantizedTensor, ScaleLayout, Vendor
+from hal import Groups, Vendor
 from moe import MoELayer
 
 
@@ -26,12 +26,11 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
     plan = layer.plan
     q = vendor.quantize(x, plan.resolved, layout=plan.scale_layout)
     token = torch.div(order, top_k, rounding_mode="floor")
-    rows = QuantizedTensor(q.data[token], q.dtype, q.layout, None if q.scale is None else q.scale[token])
-    fp8 = plan.resolved is DispatchDtype.FP8
-    first = rows if fp8 else rows.data
-    h = vendor.grouped_matmul(first, weights.w13, groups, out_dtype=torch.bfloat16)
+    rows = q.rows(token)
+    gemm = layer.scheme.gemm_kind().spec  # the dispatched rows are its operand as they are (bf16, fp8 block)
+    h = vendor.grouped_matmul(rows.data if gemm.is_float else rows, weights.w13, groups, out_dtype=torch.bfloat16)
     act = vendor.swiglu(h)
-    second = vendor.quantize(act, DispatchDtype.FP8, layout=ScaleLayout.GROUP_128) if fp8 else act
+    second = act if gemm.is_float else vendor.quantize(act, gemm.activation.dtype, layout=gemm.activation.layout)
     y = vendor.grouped_matmul(second, weights.w2, groups, out_dtype=torch.bfloat16)
     return vendor.weighted_combine(y, inverse, topk_weights, x.dtype)
 

@@ -16,7 +16,7 @@ from bench.report import markdown, print_report
 from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
 from hal import Capabilities, HalError, VendorRegistry
-from hal.cli.app import positive_int_argument
+from hal.cli import positive_int_argument
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 NO_ROOFLINE = ("roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "

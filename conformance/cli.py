@@ -1,6 +1,9 @@
-"""`hal conformance`: run the suite for vendors, show progress and the matrix, write the reports.
+"""`hal conformance` and `hal doctor`, registered in the `hal.commands` entry-point group.
 
-Registered in the `hal.commands` entry-point group, so the `hal` core never imports it.
+`hal conformance` runs the suite for vendors, shows progress and the matrix and writes the
+reports; `hal doctor` runs each declared op of one vendor once (`conformance.doctor`).
+Registering imports nothing heavy: pytest is needed only when the suite runs, so a plain
+install (without the `[test]` extra) still has `hal doctor`.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
+from rich.table import Table
 
-from conformance.report import VendorReport, as_json, print_matrix, write_reports
-from conformance.runner import Progress, run_suite
 from hal import HalError, InvalidInput, VendorRegistry
+
+if TYPE_CHECKING:
+    from conformance.report import VendorReport
+    from conformance.runner import Progress
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +62,10 @@ def _workers(value: str) -> int:
 def conformance(args: argparse.Namespace, console: Console) -> int:
     """Run the suite for each vendor; exit status 1 when anything failed or could not run."""
     try:
+        from conformance.report import as_json, print_matrix, write_reports
+    except ImportError as exc:
+        raise HalError(f"hal conformance needs the test extra ({exc}): pip install 'moe-hal[test]'") from None
+    try:
         args.report.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(f"--report: expected a directory that can be created and written, got "
@@ -83,6 +93,9 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, screen: Console) -> VendorReport:
+    from conformance.report import VendorReport
+    from conformance.runner import run_suite
+
     try:
         vendor = registry.select(name).vendor
     except HalError as exc:
@@ -136,3 +149,43 @@ def _terminal_stream() -> IO[str] | None:
         return os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8", closefd=True)
     except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
         return None
+
+
+def register_doctor(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `doctor` command to the `hal` command line."""
+    text = "run the selected vendor's ops once against float64 references"
+    parser = subparsers.add_parser("doctor", help=text, description=text)
+    parser.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(handler=doctor)
+
+
+def doctor(args: argparse.Namespace, console: Console) -> int:
+    """`hal doctor`: select a vendor and run each of its declared ops once against float64."""
+    from conformance.doctor import run_doctor
+
+    selection = VendorRegistry.discover().select(args.vendor)
+    vendor = selection.vendor
+    results = run_doctor(vendor, seed=args.seed)
+    failed = [r for r in results if not r.passed]
+    if args.json:
+        print(json.dumps({"vendor": vendor.name, "device": vendor.capabilities().device_name,
+                          "selection": {"source": selection.source.value, "detail": selection.detail},
+                          "checks": [r.as_dict() for r in results], "failed": len(failed)}, indent=2))
+        return 1 if failed else 0
+    console.print(f"vendor: {vendor.name} on {escape(vendor.capabilities().device_name)} "
+                  f"(selected by {selection.source}: {escape(selection.detail)})")
+    table = Table(title="ops against float64 references (the conformance suite's bounds)", title_justify="left")
+    for column in ("check", "result", "max error", "bound", "ms"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                      "-" if r.max_error is None else f"{r.max_error:.3g}",
+                      "-" if r.bound is None else f"{r.bound:.3g}", f"{r.seconds * 1000:.1f}")
+    console.print(table)
+    for r in failed:
+        if r.detail:
+            console.print(f"[red]{escape(r.name)}:[/] {escape(r.detail)}")
+    console.print(f"{len(results) - len(failed)} of {len(results)} checks passed")
+    return 1 if failed else 0

@@ -8,10 +8,10 @@ carried and the scheme accepts it) or is rejected.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from hal import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, Capabilities, DispatchDtype, ScaleLayout, SchemeTraits
+from conformance import dtype_facts
+from hal import Capabilities, DispatchDtype, ScaleLayout, SchemeTraits
 
 
 @dataclass(frozen=True)
@@ -43,19 +43,13 @@ def expected_resolution(caps: Capabilities, requested: DispatchDtype | None,
 
 
 def expected_layout(caps: Capabilities, dtype: DispatchDtype, scheme: SchemeTraits | None) -> ScaleLayout:
-    """The activation scale layout a plan carries `dtype` with."""
-    if dtype is DispatchDtype.FP8:
-        return scheme.fp8_layout if scheme is not None and scheme.fp8_layout else caps.fp8_scale_layout
-    return {DispatchDtype.BF16: ScaleLayout.NONE, DispatchDtype.INT8: ScaleLayout.PER_TOKEN,
-            DispatchDtype.NVFP4: ScaleLayout.BLOCK_16}[dtype]
+    """The activation scale layout a plan carries `dtype` with: the scheme's choice where it makes
+    one, else the vendor's declared one, else the dtype's only (or first) layout."""
+    if scheme is not None and scheme.scale_layouts.get(dtype):
+        return scheme.scale_layouts[dtype]
+    return caps.scale_layouts.get(dtype) or dtype.scale_layouts()[0]
 
 
 def expected_bytes_per_token(dtype: DispatchDtype, layout: ScaleLayout, hidden: int) -> int:
     """Payload plus per-token scales of one token: what a dispatch buffer must hold."""
-    if dtype is DispatchDtype.BF16:
-        return 2 * hidden
-    if dtype is DispatchDtype.INT8:
-        return hidden + 4
-    if dtype is DispatchDtype.FP8:
-        return hidden + 4 * (math.ceil(hidden / FP8_GROUP_SIZE) if layout is ScaleLayout.GROUP_128 else 1)
-    return hidden // 2 + hidden // NVFP4_BLOCK_SIZE
+    return dtype_facts.bytes_per_token(dtype, layout, hidden)

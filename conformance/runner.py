@@ -21,7 +21,7 @@ import pytest
 
 from conformance import SUITE_DIR
 from conformance.plugin import PROPERTY
-from hal.errors import InvalidInput
+from hal import InvalidInput
 
 #: Longest failure text kept per test in the report (the log holds everything).
 MAX_DETAILS = 6000

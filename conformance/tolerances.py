@@ -7,11 +7,7 @@ every bound by orders of magnitude.
 
 | check | bound on the absolute error of each element (unless stated) |
 |---|---|
-| quantize bf16 | `2^-8 * |x|` (half a bf16 step; 0 for bf16 input) |
-| quantize int8, per token | `rowmax|x| / 254` (half a step of `rowmax/127`) |
-| quantize fp8 e4m3 (per token or per 128 channels) | `2^-4 * |x| + 2^-16 * amax` of the scale group (half an e4m3 step; subnormals) |
-| quantize nvfp4 (16-value blocks) | `1.13 * max(|x|, amax_block / 6) / 4` (half an e2m1 step at \\|x\\|, e4m3-rounded block scale) |
-| quantize int4, per token | `rowmax|x| / 14` (half a step of `rowmax/7`) |
+| quantize (per dtype) | one rounding of each value: the table in `conformance.dtype_facts` |
 | grouped matmul | `r(out) * |ref| + 2^-12 * (|a| @ |b|)`: output rounding plus fp32 accumulation |
 | swiglu | `2 * r(out) * |ref| + 2^-16 * |gate * up|`: at most two roundings to the output dtype |
 | weighted combine | `r(out) * |ref| + 4 * SLACK * sum |w * row|`: one output rounding, fp32 accumulation |
@@ -28,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from conformance import dtype_facts
+
 #: Relative rounding of one result stored in each output dtype (half a step, with margin).
 OUTPUT_ROUNDING: dict[torch.dtype, float] = {
     torch.bfloat16: 2.0**-8,
@@ -42,14 +40,7 @@ GEMM_ACCUMULATION = 2.0**-12
 SWIGLU_ROUNDINGS = 2
 
 #: fp32 arithmetic on scales, relative to the largest magnitude involved.
-SLACK = 2.0**-20
-
-#: Quantize bounds, as fractions (see the module table).
-INT8_HALF_STEP = 1 / 254
-INT4_HALF_STEP = 1 / 14
-FP8_RELATIVE = 2.0**-4
-FP8_SUBNORMAL = 2.0**-16
-NVFP4_SCALE_ROUNDING = 1.13
+SLACK = dtype_facts.SLACK
 
 #: `||y - ref|| / ||ref||` of the MoE layer against the float64 MoE of its float weights,
 #: per (scheme, dispatch dtype). Each bound covers the quantization of the weights, of the
@@ -85,35 +76,8 @@ EMULATED_LAYER_TOLERANCE: dict[str, tuple[int, float]] = {
 FUSED_TOLERANCE = 0.01
 
 
-def quantize_bound(dtype: str, layout: str, x: torch.Tensor) -> torch.Tensor:
-    """The per-element bound on `|dequantize(quantize(x)) - x|` for float64 `x` `[T, H]`."""
-    ax = x.abs()
-    rowmax = ax.amax(dim=-1, keepdim=True) if x.numel() else ax
-    if dtype == "bf16":
-        bound = ax * OUTPUT_ROUNDING[torch.bfloat16]
-    elif dtype == "int8":
-        bound = rowmax * INT8_HALF_STEP
-    elif dtype == "fp8":
-        bound = ax * FP8_RELATIVE + _group_amax(ax, 128 if layout == "per-token-group-128" else None) * FP8_SUBNORMAL
-    elif dtype == "nvfp4":
-        bound = torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING
-    elif dtype == "int4":
-        bound = rowmax * INT4_HALF_STEP
-    else:
-        raise ValueError(f"dtype: expected bf16, int8, fp8, nvfp4 or int4, got {dtype!r}")
-    return (bound + rowmax * SLACK).expand_as(x)
-
-
-def _group_amax(ax: torch.Tensor, size: int | None) -> torch.Tensor:
-    """The amax of each element's scale group: the whole row (`None`) or `size` channels."""
-    if ax.numel() == 0:
-        return ax
-    if size is None:
-        return ax.amax(dim=-1, keepdim=True).expand_as(ax)
-    h = ax.shape[-1]
-    padded = torch.nn.functional.pad(ax, (0, (-h) % size))
-    groups = padded.view(*ax.shape[:-1], -1, size).amax(dim=-1, keepdim=True)
-    return groups.expand(*groups.shape[:-1], size).reshape(padded.shape)[..., :h]
+#: The per-element bound of one quantization round trip (see `conformance.dtype_facts`).
+quantize_bound = dtype_facts.quantize_bound
 
 
 def gemm_bound(ref: torch.Tensor, magnitude: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

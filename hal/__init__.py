@@ -1,10 +1,16 @@
-"""moe-hal's hardware-abstraction layer: capabilities, dispatch-dtype plans, vendor discovery.
+"""moe-hal's hardware-abstraction layer: capabilities, dispatch-dtype plans, vendor discovery, ops.
+
+This module is the API: `moe`, the vendors, the conformance suite and engines import
+from `hal` itself. Two subpackages are public too: `hal.reference` (the torch reference
+implementation of every op, which vendors build on) and `hal.cli` (for `hal.commands`
+plugins). Every other submodule is private; the import contracts in pyproject.toml and
+`tests/test_import_boundary.py` hold the other layers to that.
 
 Engine code asks `hal` every device question; vendors answer through the `Vendor`
 interface and register themselves as plugins in the `hal.vendors` entry-point group.
 """
 
-from hal.capabilities import Capabilities, GemmKind, Int8QuantMode, KernelLimits
+from hal.capabilities import Capabilities, Int8QuantMode, KernelLimits
 from hal.discovery import (
     ENTRY_POINT_GROUP,
     ENV_VENDOR,
@@ -13,17 +19,40 @@ from hal.discovery import (
     SelectionSource,
     VendorRegistry,
     get_vendor,
+    load_plugins,
 )
-from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
+from hal.dtypes import (
+    DTYPES,
+    E2M1_VALUES,
+    FLOAT_DTYPES,
+    FP4_MAX,
+    FP8_GROUP_SIZE,
+    FP8_MAX,
+    INT4_MAX,
+    INT4_PER_WORD,
+    INT8_MAX,
+    NVFP4_BLOCK_SIZE,
+    WEIGHT_LAYOUTS,
+    Codec,
+    DispatchDtype,
+    DtypeSpec,
+    ScaleLayout,
+)
 from hal.errors import (
     HalError,
     InvalidInput,
     UnsupportedCapability,
     UnsupportedDispatchDtype,
     VendorUnavailable,
+    invalid,
+    positive_int,
 )
-from hal.formats import INT4_MAX, INT4_PER_WORD, PackedInt4Tensor, QuantizedTensor, QuantizedWeight, gemm_kind_of
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gemm_kind_of, gemm_kinds_consuming
 from hal.groups import GroupListKind, Groups
+from hal.ops import OP_NAMES, OpSource, VendorOps
+from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
+from hal.reference import ReferenceOps
 from hal.resolution import (
     ENV_DISPATCH_DTYPE,
     LEGACY_DISPATCH_VARIABLES,
@@ -36,19 +65,28 @@ from hal.resolution import (
     resolve_dispatch_plan,
 )
 from hal.schemes import KNOWN_SCHEMES, SchemeTraits, parse_scheme
-from hal.vendor import DispatchFallbackWarning, ProbeResult, Vendor
+from hal.vendor import Vendor
 
 __all__ = [
-    "Capabilities", "GemmKind", "Int8QuantMode", "KernelLimits",
-    "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource",
-    "VendorRegistry", "get_vendor",
-    "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "DispatchDtype", "ScaleLayout",
-    "HalError", "InvalidInput", "UnsupportedCapability", "UnsupportedDispatchDtype",
-    "VendorUnavailable",
-    "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "gemm_kind_of",
-    "GroupListKind", "Groups",
-    "ENV_DISPATCH_DTYPE", "LEGACY_DISPATCH_VARIABLES", "DispatchConfig", "DispatchPlan",
-    "Fallback", "HalDeprecationWarning", "PlanSource", "TraceStep", "resolve_dispatch_plan",
+    # capabilities and the tables of dtypes and grouped-matmul kinds
+    "Capabilities", "Int8QuantMode", "KernelLimits",
+    "DTYPES", "DtypeSpec", "Codec", "DispatchDtype", "ScaleLayout", "WEIGHT_LAYOUTS",
+    "GEMM_KINDS", "GemmSpec", "GemmKind", "ActivationFormat", "gemm_kind_of", "gemm_kinds_consuming",
+    "FLOAT_DTYPES", "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "INT8_MAX", "FP8_MAX", "FP4_MAX", "INT4_MAX",
+    "INT4_PER_WORD", "E2M1_VALUES",
+    # operands
+    "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "GroupListKind", "Groups",
+    # vendors: the platform, the checked op methods, the op implementations
+    "Platform", "ProbeResult", "Vendor", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
+    "DispatchFallbackWarning",
+    # discovery
+    "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource", "VendorRegistry",
+    "get_vendor", "load_plugins",
+    # dispatch-dtype resolution and schemes
+    "ENV_DISPATCH_DTYPE", "LEGACY_DISPATCH_VARIABLES", "DispatchConfig", "DispatchPlan", "Fallback",
+    "HalDeprecationWarning", "PlanSource", "TraceStep", "resolve_dispatch_plan",
     "KNOWN_SCHEMES", "SchemeTraits", "parse_scheme",
-    "DispatchFallbackWarning", "ProbeResult", "Vendor",
+    # errors
+    "HalError", "InvalidInput", "UnsupportedCapability", "UnsupportedDispatchDtype", "VendorUnavailable",
+    "invalid", "positive_int",
 ]

@@ -10,22 +10,7 @@ from typing import Any
 
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput
-
-
-class GemmKind(str, enum.Enum):
-    """A grouped-matmul kind: the activation format times the weight format."""
-
-    BF16 = "bf16"  #: bf16 x bf16
-    FP16 = "fp16"  #: fp16 x fp16
-    FP32 = "fp32"  #: fp32 x fp32
-    INT8 = "int8"  #: int8 per-token activations x int8 per-channel weights
-    FP8_ROWWISE = "fp8-rowwise"  #: fp8 per-token activations x fp8 per-channel weights
-    FP8_BLOCK128 = "fp8-block128"  #: fp8 per-token-group-128 x fp8 128x128 block weights
-    INT4 = "int4"  #: int4 per-token activations x int4 per-channel weights (8 values per int32)
-    NVFP4 = "nvfp4"  #: nvfp4 activations x nvfp4 block-16 weights (e4m3 block scales, fp32 global)
-
-    def __str__(self) -> str:
-        return self.value
+from hal.gemm_kinds import GemmKind, gemm_kinds_consuming
 
 
 class Int8QuantMode(str, enum.Enum):
@@ -61,6 +46,8 @@ class Capabilities:
 
     `dispatch_fallbacks` maps an unsupported dispatch dtype to the dtype it becomes
     (`None` = rejected). Whatever is not listed and not supported is rejected too.
+    `scale_layouts` names the activation scale layout a dtype is carried and quantized
+    with where it is not the dtype's default; fp8's entry is always `fp8_scale_layout`.
     """
 
     device_name: str
@@ -71,6 +58,7 @@ class Capabilities:
     fallback_reasons: Mapping[DispatchDtype, str] = field(default_factory=dict)
     default_dispatch_dtype: DispatchDtype = DispatchDtype.BF16
     fp8_scale_layout: ScaleLayout = ScaleLayout.GROUP_128
+    scale_layouts: Mapping[DispatchDtype, ScaleLayout] = field(default_factory=dict)
     int8_quant_mode: Int8QuantMode = Int8QuantMode.NONE
     grouped_matmul: frozenset[GemmKind] = frozenset()
     fused_deep_moe: frozenset[str] = frozenset()
@@ -99,6 +87,9 @@ class Capabilities:
             self, "default_dispatch_dtype", DispatchDtype.parse(self.default_dispatch_dtype)
         )
         object.__setattr__(self, "fp8_scale_layout", ScaleLayout(self.fp8_scale_layout))
+        layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
+        layouts[DispatchDtype.FP8] = self.fp8_scale_layout  # the named field is fp8's entry
+        object.__setattr__(self, "scale_layouts", MappingProxyType(layouts))
         object.__setattr__(self, "int8_quant_mode", Int8QuantMode(self.int8_quant_mode))
         object.__setattr__(self, "grouped_matmul", frozenset(GemmKind(k) for k in self.grouped_matmul))
         object.__setattr__(self, "fused_deep_moe", frozenset(self.fused_deep_moe))
@@ -126,6 +117,17 @@ class Capabilities:
         """Whether a grouped-matmul kind is declared."""
         return GemmKind(kind) in self.grouped_matmul
 
+    def layout_for(self, dtype: DispatchDtype | str) -> ScaleLayout:
+        """The activation scale layout `dtype` is carried and quantized with unless told otherwise."""
+        parsed = DispatchDtype.parse(dtype)
+        return self.scale_layouts.get(parsed) or parsed.spec.default_layout
+
+    def quantizes_to(self, dtype: DispatchDtype | str) -> bool:
+        """Whether activations are quantized to `dtype` here: it is carried, or a declared
+        grouped-matmul kind consumes it."""
+        parsed = DispatchDtype.parse(dtype)
+        return parsed in self.dispatch_dtypes or any(k in self.grouped_matmul for k in gemm_kinds_consuming(parsed))
+
     def consistency_problems(self) -> list[str]:
         """Contradictions inside this declaration; an empty list means consistent."""
         problems: list[str] = []
@@ -138,6 +140,10 @@ class Capabilities:
                 problems.append(f"fallback declared for {source}, which is supported natively")
             if target is not None and target not in self.dispatch_dtypes:
                 problems.append(f"fallback {source} -> {target} targets an unsupported dtype")
+        for dtype, layout in self.scale_layouts.items():
+            if layout not in dtype.scale_layouts():
+                problems.append(f"scale layout {layout} declared for {dtype}, which is carried as "
+                                f"{', '.join(map(str, dtype.scale_layouts()))}")
         if (DispatchDtype.INT8 in self.dispatch_dtypes) != (
             self.int8_quant_mode is not Int8QuantMode.NONE
         ):
@@ -161,6 +167,7 @@ class Capabilities:
             "supports_fp8_dispatch": self.supports_fp8_dispatch,
             "default_dispatch_dtype": self.default_dispatch_dtype.value,
             "fp8_scale_layout": self.fp8_scale_layout.value,
+            "scale_layouts": {k.value: v.value for k, v in sorted(self.scale_layouts.items(), key=lambda kv: kv[0].value)},
             "int8_quant_mode": self.int8_quant_mode.value,
             "grouped_matmul": _sorted_values(self.grouped_matmul),
             "fused_deep_moe": sorted(self.fused_deep_moe),

@@ -1,9 +1,22 @@
-"""Dispatch dtypes: what the token dispatcher carries, and how many bytes a token costs."""
+"""Dispatch dtypes and scale layouts, with the one table that says what each dtype is.
+
+Every dispatch dtype is one row of `DTYPES` (a `DtypeSpec`): its payload storage, how
+many values share a storage element, the activation scale layouts it can be carried with,
+its scale dtype, how it is quantized (`Codec`), its names. Bytes per token, the scale shape
+of a layout, the GEMM kinds that consume it: everything else is computed from the row.
+Code asks the row (`DispatchDtype.FP8.spec`) instead of testing which dtype it holds.
+
+The numeric constants of the formats (`INT8_MAX`, `FP8_MAX`, `E2M1_VALUES`, ...) live here
+too, so that every implementation reads the same ones.
+"""
 
 from __future__ import annotations
 
 import enum
 import math
+from dataclasses import dataclass
+
+import torch
 
 from hal.errors import InvalidInput, positive_int
 
@@ -11,6 +24,20 @@ from hal.errors import InvalidInput, positive_int
 FP8_GROUP_SIZE = 128
 #: Values that share one e4m3 scale in nvfp4.
 NVFP4_BLOCK_SIZE = 16
+#: Largest int8 magnitude of symmetric quantization.
+INT8_MAX = 127.0
+#: Largest finite float8_e4m3fn.
+FP8_MAX = 448.0
+#: Largest e2m1 (fp4) magnitude.
+FP4_MAX = 6.0
+#: Largest int4 magnitude used by symmetric quantization (the range is [-7, 7]).
+INT4_MAX = 7
+#: Int4 values packed into one int32 word.
+INT4_PER_WORD = 8
+#: The float dtypes of activations and unscaled weights.
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: e2m1 magnitude of each 3-bit code (exponent << 1 | mantissa); bit 3 of a code is the sign.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 class ScaleLayout(str, enum.Enum):
@@ -25,6 +52,42 @@ class ScaleLayout(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def group_size(self) -> int | None:
+        """Channels one activation scale covers: None for the whole row (per token), 0 for no scale."""
+        return _GROUP_SIZE.get(self, 0)
+
+    @property
+    def whole_groups(self) -> bool:
+        """Whether a row must hold whole scale groups (nvfp4 blocks); fp8 groups may end partial."""
+        return self is ScaleLayout.BLOCK_16
+
+    def scales_per_token(self, hidden_size: int) -> int:
+        """Activation scales one token of `hidden_size` channels carries in this layout."""
+        size = self.group_size
+        if size is None:
+            return 1
+        return 0 if size == 0 else math.ceil(hidden_size / size)
+
+
+_GROUP_SIZE: dict[ScaleLayout, int | None] = {
+    ScaleLayout.NONE: 0,
+    ScaleLayout.PER_TOKEN: None,
+    ScaleLayout.GROUP_128: FP8_GROUP_SIZE,
+    ScaleLayout.BLOCK_16: NVFP4_BLOCK_SIZE,
+}
+
+#: The layouts of expert weights (activations use the others).
+WEIGHT_LAYOUTS = (ScaleLayout.NONE, ScaleLayout.PER_CHANNEL, ScaleLayout.BLOCK_128X128, ScaleLayout.BLOCK_16)
+
+
+class Codec(str, enum.Enum):
+    """How values of a dtype are made from floats (the reference implements each once)."""
+
+    CAST = "cast"  #: a plain cast to the storage dtype, no scale
+    SYMMETRIC = "symmetric"  #: scale = amax / qmax per scale group; values x / scale, saturated (rounded for ints)
+    E2M1_BLOCKS = "e2m1-blocks"  #: nvfp4: fp32 global scale, e4m3 block scales, e2m1 codes two per byte
 
 
 class DispatchDtype(str, enum.Enum):
@@ -47,16 +110,9 @@ class DispatchDtype(str, enum.Enum):
         """
         if isinstance(value, DispatchDtype):
             return value
-        if not isinstance(value, str):
-            raise InvalidInput(
-                f"dispatch dtype: expected one of {', '.join(cls.names())}, got {value!r}"
-            )
-        key = value.strip().lower().replace("-", "_")
-        found = _ALIASES.get(key)
+        found = _ALIASES.get(value.strip().lower().replace("-", "_")) if isinstance(value, str) else None
         if found is None:
-            raise InvalidInput(
-                f"dispatch dtype: expected one of {', '.join(cls.names())}, got {value!r}"
-            )
+            raise InvalidInput(f"dispatch dtype: expected one of {', '.join(cls.names())}, got {value!r}")
         return found
 
     @classmethod
@@ -70,68 +126,120 @@ class DispatchDtype(str, enum.Enum):
         return [d for d in cls if d is not cls.AUTO]
 
     @property
+    def spec(self) -> DtypeSpec:
+        """This dtype's row of the table (`InvalidInput` for `AUTO`)."""
+        found = DTYPES.get(self)
+        if found is None:
+            raise InvalidInput("dispatch dtype: expected a concrete dtype, got 'auto'")
+        return found
+
+    @property
     def default_scale_layout(self) -> ScaleLayout:
         """The activation scale layout this dtype uses unless told otherwise."""
-        return _DEFAULT_LAYOUT[self]
+        return self.spec.default_layout
 
     def scale_layouts(self) -> tuple[ScaleLayout, ...]:
         """The activation scale layouts this dtype can be carried with."""
-        return _LAYOUTS[self]
+        return self.spec.layouts
 
     def bytes_per_token(self, hidden_size: int, layout: ScaleLayout | None = None) -> int:
-        """Bytes one token of `hidden_size` channels occupies in a dispatch buffer, scales included.
-
-        bf16: 2H. fp8: H + 4 per fp32 scale (one per 128 channels when group-scaled,
-        one per token when per-token). int8 per-token: H + 4. nvfp4: H/2 + H/16 (one
-        e4m3 scale per 16 values; the fp32 global scale is per tensor, not per token).
-        """
+        """Bytes one token of `hidden_size` channels occupies in a dispatch buffer, scales included
+        (payload plus per-token scales; a per-tensor global scale is not per token)."""
         if self is DispatchDtype.AUTO:
-            raise InvalidInput(
-                "dispatch dtype: expected a concrete dtype to size a buffer, got 'auto'"
-            )
-        positive_int("hidden_size", hidden_size)
-        layout = self.default_scale_layout if layout is None else ScaleLayout(layout)
-        if layout not in self.scale_layouts():
-            raise InvalidInput(
-                f"scale layout: expected one of {', '.join(map(str, self.scale_layouts()))} "
-                f"for {self.value}, got {layout.value!r}"
-            )
-        if self is DispatchDtype.BF16:
-            return 2 * hidden_size
-        if self is DispatchDtype.INT8:
-            return hidden_size + 4
-        if self is DispatchDtype.FP8:
-            scales = math.ceil(hidden_size / FP8_GROUP_SIZE) if layout is ScaleLayout.GROUP_128 else 1
-            return hidden_size + 4 * scales
-        if hidden_size % NVFP4_BLOCK_SIZE:
-            raise InvalidInput(
-                f"hidden_size: expected a multiple of {NVFP4_BLOCK_SIZE} for nvfp4, got {hidden_size}"
-            )
-        return hidden_size // 2 + hidden_size // NVFP4_BLOCK_SIZE
+            raise InvalidInput("dispatch dtype: expected a concrete dtype to size a buffer, got 'auto'")
+        return self.spec.bytes_per_token(hidden_size, layout)
 
+
+@dataclass(frozen=True)
+class DtypeSpec:
+    """One dispatch dtype: what its payload and scales are, and how it is quantized.
+
+    `storage` is the torch dtype of the payload, `values_per_element` how many logical
+    values one storage element holds (nvfp4 packs two); `layouts` are the activation
+    scale layouts it can be carried with, the first being the default; `scale_dtype` the
+    dtype of its scales (None: unscaled); `qmax` the largest magnitude of its values;
+    `rounds` whether quantization rounds to integers before the cast; `global_scale`
+    whether a per-tensor fp32 scale comes with it.
+    """
+
+    dtype: DispatchDtype
+    storage: torch.dtype
+    layouts: tuple[ScaleLayout, ...]
+    codec: Codec
+    description: str
+    values_per_element: int = 1
+    scale_dtype: torch.dtype | None = None
+    qmax: float | None = None
+    rounds: bool = False
+    global_scale: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def default_layout(self) -> ScaleLayout:
+        """The layout used unless a plan or a vendor says otherwise."""
+        return self.layouts[0]
+
+    def layout(self, layout: ScaleLayout | str | None) -> ScaleLayout:
+        """`layout` parsed and checked against this dtype (None: the default)."""
+        if layout is None:
+            return self.default_layout
+        try:
+            parsed = ScaleLayout(layout)
+        except ValueError:
+            parsed = None
+        if parsed not in self.layouts:
+            raise InvalidInput(f"scale layout: expected one of {', '.join(map(str, self.layouts))} for "
+                               f"{self.dtype.value}, got {getattr(layout, 'value', layout)!r}")
+        return parsed
+
+    def channel_multiple(self, layout: ScaleLayout) -> int:
+        """What the channels of a row must be a multiple of (whole nvfp4 blocks; else whole storage elements)."""
+        return math.lcm(layout.group_size if layout.whole_groups else 1, self.values_per_element)
+
+    def check_hidden(self, argument: str, hidden_size: int, layout: ScaleLayout) -> None:
+        """Raise `InvalidInput` unless rows of `hidden_size` channels fit the layout."""
+        whole = self.channel_multiple(layout)
+        if hidden_size % whole:
+            raise InvalidInput(f"{argument}: expected a multiple of {whole} for {self.dtype.value}, got {hidden_size}")
+
+    def payload_bytes(self, hidden_size: int) -> int:
+        """Bytes of one token's values (without scales)."""
+        return hidden_size * self.storage.itemsize // self.values_per_element
+
+    def scale_shape(self, lead: tuple[int, ...], hidden_size: int, layout: ScaleLayout) -> tuple[int, ...] | None:
+        """The shape of the scales of rows `[*lead, hidden_size]` (None: no scales)."""
+        if self.scale_dtype is None or layout is ScaleLayout.NONE:
+            return None
+        if layout.group_size is None:
+            return lead
+        return (*lead, layout.scales_per_token(hidden_size))
+
+    def bytes_per_token(self, hidden_size: int, layout: ScaleLayout | str | None = None) -> int:
+        """Payload plus per-token scales of one token, in bytes."""
+        positive_int("hidden_size", hidden_size)
+        chosen = self.layout(layout)
+        self.check_hidden("hidden_size", hidden_size, chosen)
+        scale_bytes = self.scale_dtype.itemsize if self.scale_dtype is not None else 0
+        return self.payload_bytes(hidden_size) + chosen.scales_per_token(hidden_size) * scale_bytes
+
+
+#: The dispatch dtypes, one row each. A new dtype is a new row (and an enum member above).
+DTYPES: dict[DispatchDtype, DtypeSpec] = {
+    spec.dtype: spec for spec in (
+        DtypeSpec(DispatchDtype.BF16, torch.bfloat16, (ScaleLayout.NONE,), Codec.CAST,
+                  "bf16, a plain cast", aliases=("bfloat16",)),
+        DtypeSpec(DispatchDtype.FP8, torch.float8_e4m3fn, (ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN),
+                  Codec.SYMMETRIC, "float8 e4m3, fp32 scales per 128 channels or per token",
+                  scale_dtype=torch.float32, qmax=FP8_MAX, aliases=("fp8_e4m3", "e4m3", "float8_e4m3fn")),
+        DtypeSpec(DispatchDtype.INT8, torch.int8, (ScaleLayout.PER_TOKEN,), Codec.SYMMETRIC,
+                  "int8, an fp32 scale per token", scale_dtype=torch.float32, qmax=INT8_MAX, rounds=True),
+        DtypeSpec(DispatchDtype.NVFP4, torch.uint8, (ScaleLayout.BLOCK_16,), Codec.E2M1_BLOCKS,
+                  "e2m1 two per byte, an e4m3 scale per 16 values, an fp32 scale per tensor",
+                  values_per_element=2, scale_dtype=torch.float8_e4m3fn, qmax=FP4_MAX, global_scale=True),
+    )
+}
 
 _ALIASES: dict[str, DispatchDtype] = {
-    "bf16": DispatchDtype.BF16,
-    "bfloat16": DispatchDtype.BF16,
-    "fp8": DispatchDtype.FP8,
-    "fp8_e4m3": DispatchDtype.FP8,
-    "e4m3": DispatchDtype.FP8,
-    "float8_e4m3fn": DispatchDtype.FP8,
-    "int8": DispatchDtype.INT8,
-    "nvfp4": DispatchDtype.NVFP4,
+    **{alias: spec.dtype for spec in DTYPES.values() for alias in (spec.dtype.value, *spec.aliases)},
     "auto": DispatchDtype.AUTO,
-}
-
-_DEFAULT_LAYOUT: dict[DispatchDtype, ScaleLayout] = {
-    DispatchDtype.BF16: ScaleLayout.NONE,
-    DispatchDtype.FP8: ScaleLayout.GROUP_128,
-    DispatchDtype.INT8: ScaleLayout.PER_TOKEN,
-    DispatchDtype.NVFP4: ScaleLayout.BLOCK_16,
-}
-
-_LAYOUTS: dict[DispatchDtype, tuple[ScaleLayout, ...]] = {
-    DispatchDtype.BF16: (ScaleLayout.NONE,),
-    DispatchDtype.FP8: (ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN),
-    DispatchDtype.INT8: (ScaleLayout.PER_TOKEN,),
-    DispatchDtype.NVFP4: (ScaleLayout.BLOCK_16,),
 }

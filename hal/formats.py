@@ -37,29 +37,25 @@ from dataclasses import dataclass
 
 import torch
 
-from hal.capabilities import GemmKind
-from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
+from hal.dtypes import (
+    FLOAT_DTYPES,
+    FP8_GROUP_SIZE,
+    INT4_MAX,
+    INT4_PER_WORD,
+    NVFP4_BLOCK_SIZE,
+    DispatchDtype,
+    ScaleLayout,
+)
 from hal.errors import InvalidInput
+from hal.gemm_kinds import GEMM_KINDS
 
-#: Int4 values packed into one int32 word.
-INT4_PER_WORD = 8
-#: Largest int4 magnitude used by symmetric quantization (the range is [-7, 7]).
-INT4_MAX = 7
-
-#: The torch storage dtype of each dispatch dtype's payload.
-STORAGE_DTYPE: dict[DispatchDtype, torch.dtype] = {
-    DispatchDtype.BF16: torch.bfloat16,
-    DispatchDtype.FP8: torch.float8_e4m3fn,
-    DispatchDtype.INT8: torch.int8,
-    DispatchDtype.NVFP4: torch.uint8,
-}
-
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+__all__ = ["FLOAT_DTYPES", "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight"]
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """Activations in a dispatch dtype, with their scales carried beside."""
+    """Activations in a dispatch dtype, with their scales carried beside (the row of `hal.DTYPES`
+    for `dtype` says what `data`, `scale` and `global_scale` must be)."""
 
     data: torch.Tensor
     dtype: DispatchDtype
@@ -69,51 +65,49 @@ class QuantizedTensor:
 
     def __post_init__(self) -> None:
         dtype = DispatchDtype.parse(self.dtype)
+        if dtype is DispatchDtype.AUTO:
+            raise InvalidInput("QuantizedTensor.dtype: expected a concrete dtype, got 'auto'")
+        spec = dtype.spec
         layout = ScaleLayout(self.layout)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "layout", layout)
-        if dtype is DispatchDtype.AUTO:
-            raise InvalidInput("QuantizedTensor.dtype: expected a concrete dtype, got 'auto'")
-        if layout not in dtype.scale_layouts():
+        if layout not in spec.layouts:
             raise InvalidInput(
                 f"QuantizedTensor.layout: expected one of "
-                f"{', '.join(map(str, dtype.scale_layouts()))} for {dtype}, got {layout.value!r}"
+                f"{', '.join(map(str, spec.layouts))} for {dtype}, got {layout.value!r}"
             )
-        if self.data.dtype != STORAGE_DTYPE[dtype]:
-            raise InvalidInput(
-                f"QuantizedTensor.data: expected {STORAGE_DTYPE[dtype]} for {dtype}, got {self.data.dtype}"
-            )
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.storage:
+            raise InvalidInput(f"QuantizedTensor.data: expected {spec.storage} for {dtype}, "
+                               f"got {getattr(self.data, 'dtype', type(self.data).__name__)}")
         if self.data.dim() < 1:
             raise InvalidInput("QuantizedTensor.data: expected at least 1 dimension, got a scalar")
-        if dtype is DispatchDtype.NVFP4 and self.hidden_size % NVFP4_BLOCK_SIZE:
-            raise InvalidInput(
-                f"QuantizedTensor.data: expected nvfp4 data of a multiple of {NVFP4_BLOCK_SIZE} channels "
-                f"({NVFP4_BLOCK_SIZE // 2} bytes), got {self.hidden_size} channels"
-            )
+        whole = spec.channel_multiple(layout)
+        if self.hidden_size % whole:
+            raise InvalidInput(f"QuantizedTensor.data: expected {dtype} data of a multiple of {whole} channels, "
+                               f"got {self.hidden_size} channels")
         for name, extra in (("scale", self.scale), ("global_scale", self.global_scale)):
-            if extra is not None and extra.device != self.data.device:
+            if extra is not None and (not isinstance(extra, torch.Tensor) or extra.device != self.data.device):
                 raise InvalidInput(
                     f"QuantizedTensor.{name}: expected a tensor on {self.data.device} (the data's device), "
-                    f"got {extra.device}"
+                    f"got {getattr(extra, 'device', type(extra).__name__)}"
                 )
         expected = self.expected_scale_shape()
         if expected is None:
             if self.scale is not None:
                 raise InvalidInput(f"QuantizedTensor.scale: expected None for {dtype}, got a tensor")
         else:
-            want_dtype = torch.float8_e4m3fn if dtype is DispatchDtype.NVFP4 else torch.float32
             if self.scale is None:
-                raise InvalidInput(f"QuantizedTensor.scale: expected {want_dtype} {expected}, got None")
-            if tuple(self.scale.shape) != expected or self.scale.dtype != want_dtype:
+                raise InvalidInput(f"QuantizedTensor.scale: expected {spec.scale_dtype} {expected}, got None")
+            if tuple(self.scale.shape) != expected or self.scale.dtype != spec.scale_dtype:
                 raise InvalidInput(
-                    f"QuantizedTensor.scale: expected {want_dtype} of shape {expected}, "
+                    f"QuantizedTensor.scale: expected {spec.scale_dtype} of shape {expected}, "
                     f"got {self.scale.dtype} of shape {tuple(self.scale.shape)}"
                 )
-        if dtype is DispatchDtype.NVFP4:
+        if spec.global_scale:
             gs = self.global_scale
             if gs is None or gs.numel() != 1 or gs.dtype != torch.float32:
                 raise InvalidInput(
-                    "QuantizedTensor.global_scale: expected a one-element fp32 tensor for nvfp4, "
+                    f"QuantizedTensor.global_scale: expected a one-element fp32 tensor for {dtype}, "
                     f"got {None if gs is None else f'{gs.dtype} of shape {tuple(gs.shape)}'}"
                 )
         elif self.global_scale is not None:
@@ -122,8 +116,7 @@ class QuantizedTensor:
     @property
     def hidden_size(self) -> int:
         """Logical channels per token (nvfp4 packs two per byte)."""
-        last = self.data.shape[-1]
-        return last * 2 if self.dtype is DispatchDtype.NVFP4 else last
+        return self.data.shape[-1] * self.dtype.spec.values_per_element
 
     @property
     def shape(self) -> torch.Size:
@@ -132,14 +125,7 @@ class QuantizedTensor:
 
     def expected_scale_shape(self) -> tuple[int, ...] | None:
         """The scale shape this layout requires for the data, or None when there is no scale."""
-        lead = tuple(self.data.shape[:-1])
-        if self.layout is ScaleLayout.NONE:
-            return None
-        if self.layout is ScaleLayout.PER_TOKEN:
-            return lead
-        if self.layout is ScaleLayout.GROUP_128:
-            return (*lead, math.ceil(self.data.shape[-1] / FP8_GROUP_SIZE))
-        return (*lead, self.hidden_size // NVFP4_BLOCK_SIZE)
+        return self.dtype.spec.scale_shape(tuple(self.data.shape[:-1]), self.hidden_size, self.layout)
 
     def nbytes(self) -> int:
         """Bytes of payload plus per-token scales (the per-tensor global scale excluded)."""
@@ -147,6 +133,11 @@ class QuantizedTensor:
         if self.scale is not None:
             total += self.scale.numel() * self.scale.element_size()
         return total
+
+    def rows(self, index: torch.Tensor | slice) -> QuantizedTensor:
+        """The rows `index` of `[N, H]` activations (scales follow their rows)."""
+        return QuantizedTensor(self.data[index], self.dtype, self.layout,
+                               None if self.scale is None else self.scale[index], self.global_scale)
 
 
 @dataclass(frozen=True)
@@ -213,13 +204,13 @@ class QuantizedWeight:
             return
         e, k, n = self.num_experts, self.in_features, self.out_features
         scale_dtype = torch.float32
+        allowed = tuple(dict.fromkeys(s.weight_storage for s in GEMM_KINDS.values() if s.weight_layout is layout))
         if layout is ScaleLayout.PER_CHANNEL:
-            allowed, shape = (torch.int8, torch.float8_e4m3fn, torch.int32), (e, n)
+            shape = (e, n)
         elif layout is ScaleLayout.BLOCK_128X128:
-            allowed = (torch.float8_e4m3fn,)
             shape = (e, math.ceil(k / FP8_GROUP_SIZE), math.ceil(n / FP8_GROUP_SIZE))
         elif layout is ScaleLayout.BLOCK_16:
-            allowed, shape, scale_dtype = (torch.uint8,), (e, k // NVFP4_BLOCK_SIZE, n), torch.float8_e4m3fn
+            shape, scale_dtype = (e, k // NVFP4_BLOCK_SIZE, n), torch.float8_e4m3fn
             if k % NVFP4_BLOCK_SIZE:
                 raise InvalidInput(
                     f"QuantizedWeight.data: expected K a multiple of {NVFP4_BLOCK_SIZE} for nvfp4, got K={k}"
@@ -285,38 +276,3 @@ class QuantizedWeight:
         """The tensors that make up these weights, by field name (None fields left out)."""
         fields = {"data": self.data, "scale": self.scale, "global_scale": self.global_scale}
         return {name: t for name, t in fields.items() if t is not None}
-
-
-def gemm_kind_of(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight) -> GemmKind:
-    """The grouped-matmul kind an (activation, weight) pair asks for; `InvalidInput` if none."""
-    if isinstance(x, PackedInt4Tensor):
-        if weight.layout is ScaleLayout.PER_CHANNEL and weight.is_int4:
-            return GemmKind.INT4
-        return _no_kind("int4 per-token activations", weight)
-    if isinstance(x, torch.Tensor):
-        if weight.layout is ScaleLayout.NONE and x.dtype == weight.data.dtype:
-            return {torch.bfloat16: GemmKind.BF16, torch.float16: GemmKind.FP16,
-                    torch.float32: GemmKind.FP32}[x.dtype]
-        return _no_kind(f"{x.dtype} activations", weight)
-    if x.dtype is DispatchDtype.BF16 and weight.layout is ScaleLayout.NONE and weight.data.dtype == torch.bfloat16:
-        return GemmKind.BF16
-    if x.dtype is DispatchDtype.INT8 and weight.layout is ScaleLayout.PER_CHANNEL and weight.data.dtype == torch.int8:
-        return GemmKind.INT8
-    if x.dtype is DispatchDtype.FP8 and weight.data.dtype == torch.float8_e4m3fn:
-        if x.layout is ScaleLayout.PER_TOKEN and weight.layout is ScaleLayout.PER_CHANNEL:
-            return GemmKind.FP8_ROWWISE
-        if x.layout is ScaleLayout.GROUP_128 and weight.layout is ScaleLayout.BLOCK_128X128:
-            return GemmKind.FP8_BLOCK128
-    if x.dtype is DispatchDtype.NVFP4 and weight.layout is ScaleLayout.BLOCK_16:
-        return GemmKind.NVFP4
-    return _no_kind(f"{x.dtype} {x.layout} activations", weight)
-
-
-def _no_kind(activation: str, weight: QuantizedWeight) -> GemmKind:
-    raise InvalidInput(
-        "grouped_matmul operands: expected a supported pairing (bf16/fp16/fp32 with the same "
-        "float weights; int8 per-token with int8 per-channel; fp8 per-token with fp8 per-channel; "
-        "fp8 per-token-group-128 with fp8 block-128x128; int4 per-token with int4 per-channel; "
-        "nvfp4 with nvfp4 block-16), "
-        f"got {activation} with {weight.data.dtype} {weight.layout} weights"
-    )

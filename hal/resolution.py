@@ -22,7 +22,7 @@ from hal.capabilities import Capabilities
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, UnsupportedDispatchDtype, names, positive_int
 from hal.schemes import SchemeTraits, parse_scheme
-from hal.vendor import Vendor, unsupported_dispatch_message
+from hal.platform import Platform, unsupported_dispatch_message
 
 #: The environment variable that requests a dispatch dtype (below explicit settings).
 ENV_DISPATCH_DTYPE = "HAL_DISPATCH_DTYPE"
@@ -133,7 +133,7 @@ class DispatchPlan:
 
 
 def resolve_dispatch_plan(
-    vendor: Vendor,
+    vendor: Platform,
     hidden_size: int,
     *,
     config: DispatchConfig | None = None,
@@ -244,7 +244,7 @@ def _consult_sources(
 
 
 def _validate(
-    vendor: Vendor, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None
+    vendor: Platform, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None
 ) -> tuple[DispatchDtype, Fallback | None]:
     """Keep a supported dtype, apply the declared fallback, or raise."""
     if caps.supports_dispatch(requested):
@@ -271,8 +271,6 @@ def _validate(
 
 
 def _scale_layout(dtype: DispatchDtype, traits: SchemeTraits | None, caps: Capabilities) -> ScaleLayout:
-    if dtype is DispatchDtype.FP8:
-        if traits is not None and traits.fp8_layout is not None:
-            return traits.fp8_layout
-        return caps.fp8_scale_layout
-    return dtype.default_scale_layout
+    """The scheme's layout for `dtype` where it names one, else the vendor's."""
+    chosen = traits.layout_for(dtype) if traits is not None else None
+    return chosen or caps.layout_for(dtype)

@@ -7,7 +7,9 @@ importing anything above it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput
@@ -20,7 +22,9 @@ class SchemeTraits:
     `dispatch_dtype` is the dtype the scheme wants carried (design.md section 4, step 3);
     `input_global_scale` marks NVFP4-style checkpoints, which always ask for nvfp4;
     `accepts` lists every dtype the scheme can consume after dispatch (it re-quantizes or
-    dequantizes where the carried dtype differs from what its GEMM needs).
+    dequantizes where the carried dtype differs from what its GEMM needs). `scale_layouts`
+    names the layout a dtype with several is carried in for this scheme (`fp8_layout` is
+    fp8's entry); the vendor's declared layout applies otherwise.
     """
 
     name: str
@@ -28,8 +32,17 @@ class SchemeTraits:
     accepts: frozenset[DispatchDtype]
     input_global_scale: bool = False
     fp8_layout: ScaleLayout | None = None  #: activation scale layout when fp8 is carried
+    scale_layouts: Mapping[DispatchDtype, ScaleLayout] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
+        if self.fp8_layout is not None:
+            layouts[DispatchDtype.FP8] = ScaleLayout(self.fp8_layout)
+        for dtype, layout in layouts.items():
+            if layout not in dtype.scale_layouts():
+                raise InvalidInput(f"scheme {self.name!r}: scale layout {layout} is not one of {dtype}'s "
+                                   f"({', '.join(map(str, dtype.scale_layouts()))})")
+        object.__setattr__(self, "scale_layouts", MappingProxyType(layouts))
         object.__setattr__(self, "dispatch_dtype", DispatchDtype.parse(self.dispatch_dtype))
         accepts = frozenset(DispatchDtype.parse(d) for d in self.accepts)
         object.__setattr__(self, "accepts", accepts)
@@ -39,6 +52,13 @@ class SchemeTraits:
                 f"scheme {self.name!r}: expected its own dispatch dtype {wanted} among accepted "
                 f"dtypes, got {sorted(d.value for d in accepts)}"
             )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.dispatch_dtype, self.accepts, self.input_global_scale))
+
+    def layout_for(self, dtype: DispatchDtype) -> ScaleLayout | None:
+        """The layout this scheme carries `dtype` in, or None to leave it to the vendor."""
+        return self.scale_layouts.get(dtype)
 
     @property
     def preferred_dtype(self) -> DispatchDtype:

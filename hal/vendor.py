@@ -1,269 +1,199 @@
-"""The `Vendor` interface every backend plugin implements."""
+"""`Vendor`: the class every backend plugin subclasses; its op methods are the checked entry points.
+
+A vendor is a `Platform` (probe, device, capabilities, declared tables; see
+`hal.platform`) plus the ops below. Each op method validates its arguments once, for
+every vendor, against the vendor's device and declared capabilities (`hal.checks`), and
+then calls the vendor's op implementations (`self.ops`, a `hal.VendorOps` built once by
+`_make_ops`). A vendor writes a platform and, for what its runtime accelerates, a
+`hal.reference.ReferenceOps` subclass; it does not restate the checks.
+"""
 
 from __future__ import annotations
 
-import abc
-import threading
-import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
-from hal.capabilities import Capabilities
-from hal.combine import weighted_combine
-from hal.sorting import sort_by_expert
+from hal import checks
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import InvalidInput, UnsupportedCapability, VendorUnavailable, names
+from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
+from hal.ops import OpSource
+from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
+
+__all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
-class DispatchFallbackWarning(UserWarning):
-    """A requested dispatch dtype was replaced by the vendor's declared fallback."""
+class Vendor(Platform):
+    """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`."""
 
+    # -- activations -----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ProbeResult:
-    """Whether a vendor can run here, and if not, why (in words a person can act on)."""
-
-    available: bool
-    reason: str = ""
-
-    @classmethod
-    def ok(cls, detail: str = "") -> ProbeResult:
-        """An available vendor; `detail` may name the device found."""
-        return cls(True, detail)
-
-    @classmethod
-    def unavailable(cls, reason: str) -> ProbeResult:
-        """An unavailable vendor and the reason."""
-        return cls(False, reason)
-
-
-class Vendor(abc.ABC):
-    """A hardware backend: probe, devices, capabilities and ops.
-
-    Subclasses set `name`, `priority` and `description`, and implement `probe`,
-    `devices`, `_detect_capabilities`, `declared_models` and the ops. Capabilities
-    are resolved once per instance (one instance drives one device).
-    """
-
-    name: ClassVar[str]
-    priority: ClassVar[int] = 0
-    description: ClassVar[str] = ""
-
-    def __init__(self) -> None:
-        self._capabilities: Capabilities | None = None
-        self._probe: ProbeResult | None = None
-        self._warned: set[tuple[DispatchDtype, DispatchDtype]] = set()
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
-
-    # -- discovery -------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def _probe_once(self) -> ProbeResult:
-        """Check for hardware and libraries; must not raise for a missing runtime."""
-
-    def probe(self) -> ProbeResult:
-        """Whether this vendor can run here (cached per instance)."""
-        if self._probe is None:
-            try:
-                self._probe = self._probe_once()
-            except Exception as exc:  # a broken runtime must not break discovery
-                self._probe = ProbeResult.unavailable(f"probe failed: {type(exc).__name__}: {exc}")
-        return self._probe
-
-    def require_available(self) -> None:
-        """Raise `VendorUnavailable` with the probe's reason unless the vendor can run here."""
-        result = self.probe()
-        if not result.available:
-            raise VendorUnavailable(f"vendor {self.name!r} is unavailable: {result.reason}")
-
-    @abc.abstractmethod
-    def devices(self) -> list[torch.device]:
-        """The devices this vendor drives (requires availability)."""
-
-    @property
-    def device(self) -> torch.device:
-        """The device this instance computes on (the first of `devices()`)."""
-        return self.devices()[0]
-
-    # -- capabilities ----------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def _detect_capabilities(self) -> Capabilities:
-        """Read the device and build its capabilities (called once)."""
-
-    def capabilities(self) -> Capabilities:
-        """The capabilities of this instance's device, resolved once."""
-        if self._capabilities is None:
-            self.require_available()
-            with self._lock:
-                if self._capabilities is None:
-                    self._capabilities = self._detect_capabilities()
-        return self._capabilities
-
-    @abc.abstractmethod
-    def declared_models(self) -> Mapping[str, Capabilities]:
-        """Capability tables for named device models, usable without the hardware."""
-
-    @property
-    def default_model(self) -> str:
-        """The declared model shown when the hardware is absent."""
-        return next(iter(self.declared_models()))
-
-    def declared_capabilities(self, model: str | None = None) -> Capabilities:
-        """The declared table of a named device model (case-insensitive)."""
-        models = self.declared_models()
-        if model is None:
-            model = self.default_model
-        for key, caps in models.items():
-            if key.lower() == model.strip().lower():
-                return caps
-        raise InvalidInput(
-            f"device model: expected one of {', '.join(models)} for vendor {self.name!r}, got {model!r}"
-        )
-
-    # -- fallback warnings (per instance, never global) ------------------------------------------
-
-    def warn_fallback_once(self, source: DispatchDtype, target: DispatchDtype, why: str) -> bool:
-        """Warn that `source` dispatch becomes `target`, once per (this vendor, source, target)."""
-        key = (source, target)
-        with self._lock:
-            if key in self._warned:
-                return False
-            self._warned.add(key)
-        warnings.warn(
-            f"vendor {self.name!r}: dispatch dtype {source} is not supported; using {target} ({why})",
-            DispatchFallbackWarning,
-            stacklevel=4,  # warn_fallback_once <- _validate <- resolve_dispatch_plan <- the caller
-        )
-        return True
-
-    # -- ops -------------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def quantize(
-        self,
-        x: torch.Tensor,
-        dtype: DispatchDtype,
-        *,
-        layout: ScaleLayout | None = None,
-        global_scale: torch.Tensor | None = None,
-    ) -> QuantizedTensor:
+    def quantize(self, x: torch.Tensor, dtype: DispatchDtype | str, *, layout: ScaleLayout | str | None = None,
+                 global_scale: torch.Tensor | None = None) -> QuantizedTensor:
         """Quantize activations `[..., H]` into a dispatch dtype (bf16 is a plain cast).
 
-        `layout` defaults to the dtype's default; `global_scale` is nvfp4's per-tensor
-        scale (computed from the input when not given). Input with inf or NaN is either
-        refused with `InvalidInput` or quantized row by row, every finite row exactly as if
-        the others were absent (nvfp4: when `global_scale` is given); what a non-finite
-        row becomes is unspecified. A kernel that must not synchronise takes the second way.
+        `layout` defaults to the vendor's declared layout for the dtype; `global_scale` is
+        nvfp4's per-tensor scale (computed from the input when not given). The dtype must be
+        one the vendor carries or one of its declared grouped-matmul kinds consumes. Input
+        with inf or NaN is either refused with `InvalidInput` or quantized row by row, every
+        finite row exactly as if the others were absent (nvfp4: when `global_scale` is given);
+        what a non-finite row becomes is unspecified. A kernel that must not synchronise takes
+        the second way.
         """
+        parsed = checks.concrete_dtype(dtype)
+        caps = self.capabilities()
+        if not caps.quantizes_to(parsed):
+            fallback = caps.fallback_for(parsed)
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not quantize to {parsed} "
+                f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
+                f"{caps.fallback_reasons.get(parsed, 'not declared')})")
+        chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))
+        checks.float_rows("x", x)
+        device = self.device
+        checks.on_device("x", x, device)
+        checks.global_scale_for(parsed, global_scale, device)
+        parsed.spec.check_hidden("x", x.shape[-1], chosen)
+        return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
 
-    @abc.abstractmethod
     def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Turn quantized activations back into `out_dtype`."""
+        if not isinstance(q, QuantizedTensor):
+            raise invalid("q", "a QuantizedTensor", type(q).__name__)
+        checks.out_dtype("out_dtype", out_dtype)
+        for name, tensor in (("q.data", q.data), ("q.scale", q.scale), ("q.global_scale", q.global_scale)):
+            checks.on_device(name, tensor, self.device)
+        return self.ops.dequantize(q, out_dtype=out_dtype)
 
-    @abc.abstractmethod
-    def quantize_weight(
-        self, weight: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | None = None
-    ) -> QuantizedWeight:
+    def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
+        """Quantize activations `[..., H]` to per-token int4 (`scale = rowmax|x| / 7`), packed eight
+        per int32 (H a multiple of 8). A compute format for the int4 grouped-matmul kind, never
+        a dispatch dtype: only vendors declaring that kind quantize to it."""
+        caps = self.capabilities()
+        if GemmKind.INT4 not in caps.grouped_matmul:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the int4 grouped matmul, "
+                "so it does not quantize activations to int4")
+        checks.float_rows("x", x)
+        if x.shape[-1] % 8:
+            raise invalid("x", "a last dimension that is a multiple of 8 for int4", x.shape[-1])
+        checks.on_device("x", x, self.device)
+        return self.ops.quantize_int4(x)
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def quantize_weight(self, weight: torch.Tensor, layout: ScaleLayout | str,
+                        dtype: torch.dtype | None = None) -> QuantizedWeight:
         """Quantize float expert weights `[E, K, N]` into the formats `hal.formats` documents.
 
         `layout` is none (cast to `dtype`), per-channel (`dtype` int8, float8_e4m3fn, or
         `torch.quint4x2` for int4 packed eight per int32), block-128x128 (fp8) or block-16
-        (nvfp4, with a per-expert global scale).
+        (nvfp4, with a per-expert global scale). Weights are quantized once, at load.
         """
+        parsed = checks.weight_layout(layout)
+        checks.float_weights(weight, parsed, dtype)
+        checks.on_device("weight", weight, self.device)
+        return self.ops.quantize_weight(weight, layout=parsed, dtype=dtype)
 
-    @abc.abstractmethod
-    def grouped_matmul(
-        self,
-        x: torch.Tensor | QuantizedTensor,
-        weight: QuantizedWeight,
-        groups: Groups,
-        *,
-        out_dtype: torch.dtype | None = None,
-    ) -> torch.Tensor:
+    # -- experts ---------------------------------------------------------------------------------
+
+    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                       groups: Groups, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, scales applied.
 
         x is `[M, K]` with rows sorted by group; the result is `[M, N]` in `out_dtype`
-        (default: the activation dtype for float kinds, bf16 for quantized kinds).
+        (default: the activation dtype for float kinds, bf16 for quantized kinds). The kind
+        must be declared and the vendor's kernel limits hold.
         """
+        checks.gemm_operands(x, weight, groups)
+        device = self.device
+        if isinstance(x, torch.Tensor):
+            checks.on_device("x", x, device)
+        else:
+            checks.on_device("x.data", x.data, device)
+            checks.on_device("x.scale", x.scale, device)
+            checks.on_device("x.global_scale", getattr(x, "global_scale", None), device)
+        for field, tensor in weight.tensors().items():
+            checks.on_device(f"weight.{field}", tensor, device)
+        if groups.tensor.device.type != "cpu":  # group lists may also live on the host
+            checks.on_device("groups", groups.tensor, device)
+        kind = gemm_kind_of(x, weight)
+        caps = self.capabilities()
+        if kind not in caps.grouped_matmul:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}")
+        checks.gemm_shapes(x, weight, groups, caps.limits)
+        return self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=checks.gemm_out_dtype(kind, out_dtype))
 
-    def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
-        """Quantize activations `[..., H]` to per-token int4 (`scale = rowmax|x| / 7`), packed.
-
-        A compute format for the int4 grouped-matmul kind, never a dispatch dtype. Vendors
-        that declare `GemmKind.INT4` override this; the default raises `UnsupportedCapability`.
-        """
-        raise UnsupportedCapability(
-            f"vendor {self.name!r} does not implement int4 activation quantization "
-            "(it does not declare the int4 grouped-matmul kind)"
-        )
-
-    @abc.abstractmethod
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
+        checks.swiglu_input(x)
+        checks.on_device("x", x, self.device)
+        return self.ops.swiglu(x)
+
+    # -- routing permutation and combine ---------------------------------------------------------
 
     def sort_by_expert(self, topk_ids: torch.Tensor,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (token, slot) pairs of `topk_ids` `[T, k]` sorted by expert, token order kept within one:
-        `(order, inverse, counts)`, see `hal.sorting.sort_by_expert`. Must not synchronise with
-        the host. The default is plain torch; a vendor may override it with one kernel.
-        """
-        return sort_by_expert(topk_ids, num_experts)
+        `order` (the flat pair of each sorted row) and `inverse` (the sorted row of each flat pair),
+        int64 `[T*k]`, and `counts` int64 `[num_experts]`. Never synchronises with the host."""
+        checks.expert_ids(topk_ids, num_experts)
+        checks.on_device("topk_ids", topk_ids, self.device)
+        return self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
                          out_dtype: torch.dtype) -> torch.Tensor:
         """Each token's routing-weighted sum of its experts' rows: `[T, H]` in `out_dtype`.
 
         `out[t] = sum_j topk_weights[t, j] * rows[index[t*k + j]]` accumulated in fp32 (`index`
-        None: rows already in (token, slot) order). The default is plain torch; a vendor may
-        override it with a single-pass kernel.
+        None: rows already in (token, slot) order).
         """
-        return weighted_combine(rows, index, topk_weights, out_dtype)
+        checks.combine_operands(rows, index, topk_weights)
+        checks.out_dtype("out_dtype", out_dtype)
+        device = self.device
+        for name, tensor in (("rows", rows), ("index", index), ("topk_weights", topk_weights)):
+            checks.on_device(name, tensor, device)
+        return self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
 
-    def fused_deep_moe(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        w13: QuantizedWeight,
-        w2: QuantizedWeight,
-        *,
-        scheme: str,
-        process_group: object | None = None,
-        dispatch_dtype: DispatchDtype | None = None,
-        max_tokens_per_rank: int | None = None,
-    ) -> torch.Tensor:
+    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None = None,
+                       dispatch_dtype: DispatchDtype | None = None,
+                       max_tokens_per_rank: int | None = None) -> torch.Tensor:
         """Dispatch, both grouped GEMMs with swiglu, and combine as one op: `[T, H]`.
 
         `w13` / `w2` are this rank's experts (gate and up projections concatenated, gate
         first; then the down projection); `topk_ids` are global expert ids; `process_group`
         is the expert-parallel group (None on one rank). `dispatch_dtype` is the calling
-        layer's resolved dispatch dtype (None: the scheme's own) and `max_tokens_per_rank`
-        its low-latency capacity (None: normal mode); a vendor may use or ignore them, but
-        never takes them from process-wide state. Only for schemes listed in
-        `capabilities().fused_deep_moe`; a vendor that declares one overrides this. The
-        default raises `UnsupportedCapability`.
+        layer's resolved dispatch dtype (None: int8 as the fused schemes carry) and
+        `max_tokens_per_rank` its low-latency capacity (None: normal mode); a vendor may use
+        or ignore them, but never takes them from process-wide state. Only for schemes listed
+        in `capabilities().fused_deep_moe`; others raise `UnsupportedCapability`.
         """
-        declared = sorted(self.capabilities().fused_deep_moe)
-        raise UnsupportedCapability(
-            f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r} "
-            f"(declared for: {', '.join(declared) or 'no scheme'})"
-        )
+        declared = self.capabilities().fused_deep_moe
+        if scheme not in declared:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r} "
+                f"(declared for: {', '.join(sorted(declared)) or 'no scheme'})")
+        return self.ops.fused_deep_moe(
+            hidden_states, topk_ids, topk_weights, w13, w2, scheme=scheme, process_group=process_group,
+            dispatch_dtype=dispatch_dtype or DispatchDtype.INT8, max_tokens_per_rank=max_tokens_per_rank)
+
+    # -- provenance ------------------------------------------------------------------------------
+
+    def op_sources(self) -> list[OpSource]:
+        """Which ops run on the vendor's own code and which on the reference (`hal caps` shows it).
+
+        An op method a vendor class overrides directly (instead of through its ops object)
+        counts as the vendor's own.
+        """
+        found = []
+        for source in self.ops.sources():
+            owner = next(c for c in type(self).__mro__ if source.op in vars(c))
+            if owner is not Vendor:
+                source = OpSource(source.op, True, f"{owner.__qualname__}.{source.op} (vendor method)")
+            found.append(source)
+        return found
 
 
-def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabilities) -> str:
-    """The house message for a rejected dispatch dtype."""
-    reason = caps.fallback_reasons.get(dtype)
-    return (
-        f"vendor {vendor!r} ({caps.device_name}) cannot dispatch {dtype}: it is not supported and "
-        f"has no declared fallback{f' ({reason})' if reason else ''}; "
-        f"supported dispatch dtypes: {names(caps.dispatch_dtypes)}"
-    )

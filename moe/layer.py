@@ -3,7 +3,8 @@
 Every device question goes to `hal`: the dispatch dtype comes from the layer's plan
 (`hal.resolve_dispatch_plan`), what the experts can compute from the vendor's declared
 capabilities, the fused path from `capabilities().fused_deep_moe`. The layer never looks
-at a device type.
+at a device type. The path is chosen once (`moe.pipeline`): at construction (fused or not,
+the runner) and at weight load (the dispatch quantizer); `forward` routes and runs it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,20 @@ from typing import Any
 
 import torch
 
-from hal import DispatchConfig, DispatchPlan, Vendor, get_vendor, resolve_dispatch_plan
-from hal.errors import InvalidInput, UnsupportedCapability, invalid, positive_int
+from hal import (
+    DispatchConfig,
+    DispatchPlan,
+    InvalidInput,
+    Vendor,
+    get_vendor,
+    invalid,
+    positive_int,
+    resolve_dispatch_plan,
+)
 from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher
 from moe.dispatch.base import group_size_and_rank
-from moe.routing import Router, Routing, SoftmaxTopK
+from moe.pipeline import Pipeline, choose_pipeline
+from moe.routing import Router, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
 
@@ -92,31 +102,12 @@ class MoELayer(torch.nn.Module):
             self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
         )
         self.dispatcher = self._make_dispatcher()
-        caps = self.vendor.capabilities()
-        self.fused = self._use_fused(fused, self.scheme.name in caps.fused_deep_moe)
-        self.runner: ExpertRunner | None = None
-        if not self.fused:
-            kind = self.scheme.gemm_kind()
-            if not caps.supports_gemm(kind):
-                raise UnsupportedCapability(
-                    f"vendor {self.vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped "
-                    f"matmul that scheme {self.scheme.name!r} needs (declared: "
-                    f"{', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})"
-                )
-            registry = runners if runners is not None else RunnerRegistry.with_defaults()
-            self.runner = registry.lookup(self.vendor.name, self.dispatcher.format, kind, self.scheme.name)
+        choice = choose_pipeline(self.vendor, self.scheme, self.dispatcher, runners, fused)
+        self._choice = choice
+        self.fused: bool = choice.fused
+        self.runner: ExpertRunner | None = choice.runner
         self.expert_weights: ExpertWeights | None = None
-
-    def _use_fused(self, fused: bool | None, declared: bool) -> bool:
-        if fused is not None and not isinstance(fused, bool):
-            raise invalid("fused", "True, False or None", fused)
-        if fused and not declared:
-            raise UnsupportedCapability(
-                f"fused: vendor {self.vendor.name!r} does not declare fused_deep_moe for scheme "
-                f"{self.scheme.name!r} (declared for: "
-                f"{', '.join(sorted(self.vendor.capabilities().fused_deep_moe)) or 'no scheme'})"
-            )
-        return declared if fused is None else fused
+        self._pipeline: Pipeline | None = None
 
     def _make_dispatcher(self) -> Dispatcher:
         capacity = self.dispatch_config.max_dispatch_tokens_per_rank
@@ -150,33 +141,19 @@ class MoELayer(torch.nn.Module):
                           f"{tuple(w13.shape)} and {tuple(w2.shape)}")
         mine = slice(self.local_experts.start, self.local_experts.stop)
         device = self.vendor.device
-        self.expert_weights = self.scheme.quantize_weights(
-            self.vendor, w13[mine].to(device), w2[mine].to(device)
-        )
+        weights = self.scheme.quantize_weights(self.vendor, w13[mine].to(device), w2[mine].to(device))
+        self._pipeline = self._choice.build(self.vendor, self.scheme, self.plan, self.dispatcher, weights,
+                                            self.process_group, self.dispatch_config.max_dispatch_tokens_per_rank)
+        self.expert_weights = weights
         return self
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The MoE output for `hidden_states` `[..., H]` routed by `router_logits` `[..., E]`."""
         x, logits = self._check_inputs(hidden_states, router_logits)
-        weights = self.expert_weights
-        if weights is None:
+        pipeline = self._pipeline
+        if pipeline is None:
             raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
-        routing = self.router(logits)
-        if self.fused:
-            out = self.vendor.fused_deep_moe(
-                x, routing.topk_ids, routing.topk_weights, weights.w13, weights.w2,
-                scheme=self.scheme.name, process_group=self.process_group, dispatch_dtype=self.plan.resolved,
-                max_tokens_per_rank=self.dispatch_config.max_dispatch_tokens_per_rank,
-            ).to(x.dtype)
-        else:
-            out = self._unfused(x, routing, weights)
-        return out.view(hidden_states.shape)
-
-    def _unfused(self, x: torch.Tensor, routing: Routing, weights: ExpertWeights) -> torch.Tensor:
-        quantize = self.scheme.dispatch_quantizer(self.vendor, self.plan, weights)
-        dispatched = self.dispatcher.dispatch(x, routing, quantize)
-        expert_output = self.runner(self.vendor, self.scheme, weights, dispatched)  # type: ignore[misc]
-        return self.dispatcher.combine(expert_output, dispatched, x.dtype)
+        return pipeline(x, self.router(logits)).view(hidden_states.shape)
 
     def _check_inputs(self, hidden_states: object, router_logits: object) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(hidden_states, torch.Tensor):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hal.errors import InvalidInput, invalid, positive_int
+from hal import InvalidInput, invalid, positive_int
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 

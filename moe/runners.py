@@ -16,11 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hal import GemmKind, QuantizedTensor, Vendor
-from hal.discovery import PluginFailure, load_plugins
-from hal.errors import InvalidInput, UnsupportedCapability
+from hal import GemmKind, InvalidInput, PluginFailure, QuantizedTensor, UnsupportedCapability, Vendor, load_plugins
 from moe.dispatch.base import DispatchFormat, DispatchOutput
-from moe.schemes import NvFp4, QuantScheme, Unquantized, W4A4Int4, W8A8Fp8Block, W8A8Int8
+from moe.schemes import SCHEMES, QuantScheme
 from moe.schemes.base import ExpertWeights
 
 #: The entry-point group through which plugins add runners.
@@ -60,8 +58,8 @@ class RunnerRegistry:
     def with_defaults(cls, *, plugins: bool = True) -> RunnerRegistry:
         """The generic runners, plus those registered by `moe.expert_runners` plugins."""
         registry = cls()
-        for scheme, kinds in _GENERIC_KINDS.items():
-            for kind in kinds:
+        for scheme, cls in SCHEMES.items():
+            for kind in cls.gemm_kinds:
                 for fmt in DispatchFormat:
                     registry.register(RunnerKey(fmt, kind, scheme), run_grouped_experts)
         if plugins:
@@ -136,12 +134,3 @@ def _flatten_rows(q: QuantizedTensor) -> QuantizedTensor:
         per_row = q.scale.dim() == q.data.dim() - 1
         scale = q.scale.reshape(-1) if per_row else q.scale.reshape(-1, q.scale.shape[-1])
     return QuantizedTensor(q.data.reshape(-1, q.data.shape[-1]), q.dtype, q.layout, scale, q.global_scale)
-
-
-_GENERIC_KINDS: dict[str, tuple[GemmKind, ...]] = {
-    Unquantized.traits.name: (GemmKind.BF16, GemmKind.FP16, GemmKind.FP32),
-    W8A8Int8.traits.name: (GemmKind.INT8,),
-    W8A8Fp8Block.traits.name: (GemmKind.FP8_BLOCK128,),
-    W4A4Int4.traits.name: (GemmKind.INT4,),
-    NvFp4.traits.name: (GemmKind.NVFP4,),
-}

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from bench.shapes import SHAPES, parse_shapes
-from hal.combine import weighted_combine
-from hal.errors import InvalidInput
-from hal.sorting import sort_by_expert
+from hal.reference import weighted_combine
+from hal import InvalidInput
+from hal.reference import sort_by_expert
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hal.combine import weighted_combine
-from hal.sorting import sort_by_expert
-from vendors.cpu import quantize as reference
+from hal import reference
+from hal.reference import sort_by_expert, weighted_combine
 from vendors.cuda import CudaVendor
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hal import DispatchDtype, SelectionSource, VendorRegistry
-from hal.selfcheck import run_selfcheck
+from conformance.doctor import run_doctor
 from vendors.cuda import CudaVendor
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -29,7 +29,7 @@ def test_capabilities_match_the_device():
 
 
 def test_every_declared_op_matches_float64_on_the_gpu():
-    failed = [r for r in run_selfcheck(CudaVendor()) if not r.passed]
+    failed = [r for r in run_doctor(CudaVendor()) if not r.passed]
     assert failed == []
 
 
@@ -39,3 +39,12 @@ def test_ops_keep_tensors_on_the_gpu():
     q = vendor.quantize(x, DispatchDtype.FP8)
     assert q.data.is_cuda and q.scale.is_cuda
     assert vendor.swiglu(x).is_cuda
+
+
+def test_the_kernels_are_chosen_once_by_the_probe():
+    vendor = CudaVendor()
+    ops = vendor.ops
+    assert type(ops).__name__ == "CudaOps" and vendor.ops is ops
+    native = {s.op for s in vendor.op_sources() if s.native}
+    assert {"quantize", "grouped_matmul", "swiglu", "sort_by_expert", "weighted_combine"} <= native
+    assert ops.torch_grouped_mm == (torch.cuda.get_device_capability()[0] >= 9)

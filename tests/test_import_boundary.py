@@ -43,6 +43,22 @@ def python_files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+def imported_names(source: str) -> set[str]:
+    """Full dotted names of the modules a source file imports (`from a.b import c` gives `a.b`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+#: The modules of hal other layers may import: the API, the public reference ops, the CLI for command plugins.
+HAL_PUBLIC = {"hal", "hal.reference", "hal.cli"}
+VENDOR_PACKAGES = ("cpu", "cuda", "ascend")
+
+
 def test_the_scanner_catches_every_import_form():
     source = "import vendors.cpu\nfrom torch_npu import npu\nimport importlib\nimportlib.import_module('deep_ep.x')\n"
     assert {"vendors", "torch_npu", "deep_ep"} <= imported_modules(source)
@@ -54,6 +70,30 @@ def test_no_forbidden_imports(package):
                 for path in python_files(package)
                 for name in sorted(imported_modules(path.read_text()) & FORBIDDEN[package])]
     assert offences == []
+
+
+@pytest.mark.parametrize("package", ["moe", "vendors", "conformance", "bench", "examples"])
+def test_only_the_hal_api_is_imported_outside_hal(package):
+    offences = [f"{path.relative_to(ROOT)} imports {name}"
+                for path in python_files(package)
+                for name in sorted(imported_names(path.read_text()))
+                if name.split(".")[0] == "hal" and name not in HAL_PUBLIC]
+    assert offences == []
+
+
+@pytest.mark.parametrize("vendor", VENDOR_PACKAGES)
+def test_no_vendor_imports_another(vendor):
+    others = {f"vendors.{v}" for v in VENDOR_PACKAGES if v != vendor}
+    offences = [f"{path.relative_to(ROOT)} imports {name}"
+                for path in python_files(f"vendors/{vendor}")
+                for name in sorted(imported_names(path.read_text()))
+                if name in others or any(name.startswith(o + ".") for o in others)]
+    assert offences == []
+
+
+def test_the_name_scanner_sees_submodules():
+    names = imported_names("from hal.dtypes import X\nimport vendors.cpu.vendor\nfrom hal import Vendor\n")
+    assert names == {"hal.dtypes", "vendors.cpu.vendor", "hal"}
 
 
 @pytest.mark.parametrize("package", ["hal", "moe", "conformance"])
@@ -123,3 +163,33 @@ def test_no_environment_writes(package):
 def test_import_linter_contracts_hold():
     done = subprocess.run(["lint-imports", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is not installed")
+def test_import_linter_contracts_catch_forbidden_imports(tmp_path):
+    """A copy of the tree with a vendor importing another and moe importing a private hal module breaks
+    exactly those two contracts."""
+    for package in ("hal", "vendors", "moe", "conformance", "bench"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "vendors" / "cuda" / "capabilities.py", "a") as f:
+        f.write("\nfrom vendors.cpu import CpuVendor\n")
+    with open(tmp_path / "moe" / "routing.py", "a") as f:
+        f.write("\nfrom hal.dtypes import DTYPES\n")
+    done = subprocess.run(["lint-imports", "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "vendors.cuda is not allowed to import vendors.cpu" in done.stdout
+    assert "moe is not allowed to import hal.dtypes" in done.stdout
+    assert "Contracts: 4 kept, 2 broken." in done.stdout
+
+
+#: Most lines a Python module of the project may have (small modules with names that explain themselves).
+MAX_MODULE_LINES = 420
+
+
+def test_no_module_is_long():
+    long = [f"{path.relative_to(ROOT)}: {n} lines"
+            for package in ("hal", "moe", "vendors", "conformance", "bench", "tests", "examples")
+            for path in python_files(package)
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hal.selfcheck import run_selfcheck
+from conformance.doctor import run_doctor
 from vendors.cpu import CpuVendor
 
 
@@ -28,17 +28,17 @@ class SwappedSwiglu(CpuVendor):
 
 
 def test_reference_vendor_passes_every_check(cpu):
-    results = run_selfcheck(cpu)
+    results = run_doctor(cpu)
     assert results and all(r.passed for r in results), [r for r in results if not r.passed]
     assert {"quantize int8 per-token", "grouped_matmul fp8-block128", "swiglu"} <= {r.name for r in results}
 
 
 def test_broken_grouped_matmul_fails_exactly_the_gemm_checks():
-    failed = {r.name for r in run_selfcheck(DropsLastGroup()) if not r.passed}
+    failed = {r.name for r in run_doctor(DropsLastGroup()) if not r.passed}
     assert failed == {f"grouped_matmul {k}" for k in (
         "bf16", "fp16", "fp32", "int8", "fp8-rowwise", "fp8-block128", "int4", "nvfp4")}
 
 
 def test_broken_swiglu_is_caught():
-    failed = {r.name for r in run_selfcheck(SwappedSwiglu()) if not r.passed}
+    failed = {r.name for r in run_doctor(SwappedSwiglu()) if not r.passed}
     assert failed == {"swiglu"}

@@ -10,13 +10,11 @@ import torch
 from conformance.capability import dispatch_label, mark, require_dispatch
 from conformance.reference import generator, worst
 from conformance.tolerances import OUTPUT_ROUNDING, quantize_bound
-from hal import KNOWN_SCHEMES, DispatchConfig, DispatchDtype, QuantizedTensor, ScaleLayout, resolve_dispatch_plan
+from hal import DispatchConfig, DispatchDtype, QuantizedTensor, ScaleLayout, SchemeTraits, resolve_dispatch_plan
 from hal.reference import activation_value
 from moe import DispatchFormat, LocalDispatcher, LowLatencyDispatcher, Routing
 
 EXPERTS, TOP_K, HIDDEN = 8, 3, 256
-#: The scheme whose plan carries fp8 with each layout (the plan decides the layout).
-LAYOUT_SCHEME = {ScaleLayout.PER_TOKEN: "w8a8-int8", ScaleLayout.GROUP_128: "w8a8-fp8-block"}
 FORMATS = [(d, layout) for d in DispatchDtype.concrete() for layout in d.scale_layouts()]
 DISPATCHERS = ["local", "low-latency"]
 TOKENS = {"37-tokens": 37, "one-token": 1, "no-tokens": 0}
@@ -30,7 +28,8 @@ def _routing(tokens: int, gen: torch.Generator, device: torch.device) -> Routing
 
 
 def _dispatcher(kind: str, vendor, dtype: DispatchDtype, layout: ScaleLayout):
-    scheme = KNOWN_SCHEMES[LAYOUT_SCHEME[layout]] if dtype is DispatchDtype.FP8 else None
+    # The plan decides the layout: a scheme asking for exactly this dtype in this layout.
+    scheme = SchemeTraits(f"{dtype}-{layout}", dtype, frozenset({dtype}), scale_layouts={dtype: layout})
     plan = resolve_dispatch_plan(vendor, HIDDEN, config=DispatchConfig(dtype=dtype), scheme=scheme, environ={})
     assert (plan.resolved, plan.scale_layout) == (dtype, layout)
     if kind == "local":

@@ -8,23 +8,13 @@ import math
 import pytest
 import torch
 
+from conformance import dtype_facts
 from conformance.capability import dispatch_label, gemm_label, mark, require_dispatch, require_gemm
 from conformance.reference import generator, worst
 from conformance.tolerances import quantize_bound
-from hal import (
-    FP8_GROUP_SIZE,
-    NVFP4_BLOCK_SIZE,
-    DispatchDtype,
-    GemmKind,
-    InvalidInput,
-    PackedInt4Tensor,
-    QuantizedTensor,
-    ScaleLayout,
-)
+from hal import DispatchDtype, GemmKind, InvalidInput, PackedInt4Tensor, QuantizedTensor, ScaleLayout
 from hal.reference import activation_value
 
-STORAGE = {DispatchDtype.BF16: torch.bfloat16, DispatchDtype.FP8: torch.float8_e4m3fn,
-           DispatchDtype.INT8: torch.int8, DispatchDtype.NVFP4: torch.uint8}
 FORMATS = [(d, layout) for d in DispatchDtype.concrete() for layout in d.scale_layouts()]
 INPUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -34,9 +24,10 @@ def _params(extra: list[tuple[str, object]]):
             for d, layout in FORMATS for name, value in extra]
 
 
-def _hidden(dtype: DispatchDtype, wanted: int) -> int:
+def _hidden(dtype: DispatchDtype, layout: ScaleLayout, wanted: int) -> int:
     """`wanted` rounded up to what the format needs (nvfp4: whole 16-value blocks)."""
-    return math.ceil(wanted / NVFP4_BLOCK_SIZE) * NVFP4_BLOCK_SIZE if dtype is DispatchDtype.NVFP4 else wanted
+    multiple = dtype_facts.channel_multiple(dtype, layout)
+    return math.ceil(wanted / multiple) * multiple
 
 
 def _quantize(vendor, x, dtype, layout):
@@ -54,13 +45,8 @@ def _check_bound(q: QuantizedTensor, x: torch.Tensor, dtype: DispatchDtype, layo
 
 
 def _expected_scale(dtype: DispatchDtype, layout: ScaleLayout, lead: tuple[int, ...], hidden: int):
-    if layout is ScaleLayout.NONE:
-        return None
-    if layout is ScaleLayout.PER_TOKEN:
-        return torch.float32, lead
-    if layout is ScaleLayout.GROUP_128:
-        return torch.float32, (*lead, math.ceil(hidden / FP8_GROUP_SIZE))
-    return torch.float8_e4m3fn, (*lead, hidden // NVFP4_BLOCK_SIZE)
+    shape = dtype_facts.scale_shape(dtype, layout, lead, hidden)
+    return None if shape is None else (dtype_facts.facts(dtype).scale_dtype, shape)
 
 
 @pytest.mark.parametrize("dtype, layout, input_dtype", _params([(str(t).removeprefix("torch."), t)
@@ -68,7 +54,7 @@ def _expected_scale(dtype: DispatchDtype, layout: ScaleLayout, lead: tuple[int, 
 def test_round_trip_error_is_within_one_rounding(hal_vendor, dtype, layout, input_dtype):
     require_dispatch(hal_vendor, dtype)
     gen = generator("quantize", dtype, layout, input_dtype)
-    hidden = _hidden(dtype, 200)  # not a multiple of 128: a partial fp8 group
+    hidden = _hidden(dtype, layout, 200)  # not a multiple of 128: a partial fp8 group
     x = (torch.randn(33, hidden, generator=gen) * torch.logspace(-2, 1, 33)[:, None]).to(input_dtype)
     _check_bound(_quantize(hal_vendor, x, dtype, layout), x, dtype, layout, hal_vendor)
 
@@ -81,7 +67,7 @@ def test_formats_scales_and_device(hal_vendor, dtype, layout, shape):
     q = _quantize(hal_vendor, x, dtype, layout)
     assert isinstance(q, QuantizedTensor), f"quantize returned {type(q).__name__}"
     assert (q.dtype, q.layout) == (dtype, layout)
-    assert q.data.dtype == STORAGE[dtype]
+    assert q.data.dtype == dtype_facts.facts(dtype).storage
     assert tuple(q.shape) == shape, f"logical shape {tuple(q.shape)}, expected {shape}"
     assert q.data.device == hal_vendor.device
     expected = _expected_scale(dtype, layout, shape[:-1], shape[-1])
@@ -89,7 +75,7 @@ def test_formats_scales_and_device(hal_vendor, dtype, layout, shape):
         assert q.scale is None
     else:
         assert q.scale is not None and (q.scale.dtype, tuple(q.scale.shape)) == expected
-    if dtype is DispatchDtype.NVFP4:
+    if dtype_facts.facts(dtype).global_scale:
         assert q.global_scale is not None and q.global_scale.numel() == 1
     if x.numel():
         _check_bound(q, x, dtype, layout, hal_vendor)
@@ -117,7 +103,7 @@ def test_non_finite_rows_are_refused_or_kept_to_themselves(hal_vendor, dtype, la
     x = torch.randn(5, 256, generator=generator("non-finite", dtype, layout)).to(torch.bfloat16)
     x[2, 7] = bad
     extra = {}
-    if dtype is DispatchDtype.NVFP4:  # the per-tensor scale must not come from the bad row
+    if dtype_facts.facts(dtype).global_scale:  # the per-tensor scale must not come from the bad row
         extra["global_scale"] = torch.tensor([448.0 * 6 / 4.0], device=hal_vendor.device)
     try:
         q = hal_vendor.quantize(x.to(hal_vendor.device), dtype, layout=layout, **extra)

@@ -80,11 +80,6 @@ def build_parser() -> OneLineParser:
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
     explain.set_defaults(handler=commands.explain)
 
-    doctor = command("doctor", "run the selected vendor's ops once against float64 references")
-    doctor.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
-    doctor.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    doctor.set_defaults(handler=commands.doctor)
-
     _load_command_plugins(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""The built-in `hal` commands: vendors, caps, explain, doctor."""
+"""The built-in `hal` commands: vendors, caps, explain (`doctor` and `conformance` come from plugins)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from rich.table import Table
 
 from hal.capabilities import Capabilities
 from hal.discovery import VendorRegistry
+from hal.ops import OpSource
+from hal.platform import DispatchFallbackWarning
 from hal.resolution import DispatchConfig, resolve_dispatch_plan
-from hal.selfcheck import run_selfcheck
-from hal.vendor import DispatchFallbackWarning, Vendor
+from hal.vendor import Vendor
 
 
 def _emit_json(payload: dict[str, Any]) -> None:
@@ -60,6 +61,9 @@ def vendors(args: argparse.Namespace, console: Console) -> int:
         selected, why = None, str(exc)
     rows = [{"name": v.name, "priority": v.priority, "available": v.probe().available,
              "detail": v.probe().reason, "description": v.description} for v in registry.vendors()]
+    if args.json:  # which ops each available vendor computes natively (building its ops object once)
+        for row, vendor in zip(rows, registry.vendors()):
+            row["ops"] = _op_summary(vendor) if row["available"] else None
     failures = [{"name": f.name, "target": f.target, "error": f.error} for f in registry.failures]
     if args.json:
         _emit_json({"vendors": rows, "failures": failures, "selected": selected, "selection": why})
@@ -79,6 +83,21 @@ def vendors(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _op_summary(vendor: Vendor) -> dict[str, str]:
+    """op -> "native" or "reference" (or the error that kept the ops from being built)."""
+    try:
+        return {s.op: "native" if s.native else "reference" for s in vendor.op_sources()}
+    except Exception as exc:  # a vendor whose ops cannot be built is still listed
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _op_rows(sources: list[OpSource]) -> list[tuple[str, str]]:
+    """Table rows: the native ops with how they run, then the ops left to the reference."""
+    native = [f"{s.op}: {s.detail}" for s in sources if s.native]
+    reference = [s.op for s in sources if not s.native]
+    return [("ops (native)", "; ".join(native) or "none"), ("ops (hal.reference)", ", ".join(reference) or "none")]
+
+
 def _fallback_text(caps: Capabilities) -> str:
     parts = [f"{src} -> {dst if dst is not None else 'rejected'}" for src, dst in
              sorted(caps.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)]
@@ -90,9 +109,11 @@ def caps(args: argparse.Namespace, console: Console) -> int:
     target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
     c = target.capabilities
     problems = c.consistency_problems()
+    sources = target.vendor.op_sources() if target.source == "probed" else None
     if args.json:
         _emit_json({"vendor": target.vendor.name, "source": target.source, "device_model": target.device_model,
-                    "note": target.note, "capabilities": c.as_dict(), "consistency_problems": problems})
+                    "note": target.note, "capabilities": c.as_dict(), "consistency_problems": problems,
+                    "ops": None if sources is None else [s.as_dict() for s in sources]})
         return 0
     table = Table(title=f"capabilities of vendor {target.vendor.name!r}", title_justify="left")
     table.add_column("capability")
@@ -112,6 +133,8 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("limits", limits),
         ("collective_backend", c.collective_backend),
     ):
+        table.add_row(key, escape(value))
+    for key, value in _op_rows(sources) if sources is not None else [("ops", "not built (declared table)")]:
         table.add_row(key, escape(value))
     console.print(table)
     console.print(f"note: {escape(target.note)}")
@@ -157,31 +180,3 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     for message in others:
         console.print(f"[yellow]warning:[/] {escape(message)}")
     return 0
-
-
-def doctor(args: argparse.Namespace, console: Console) -> int:
-    """`hal doctor`: select a vendor and run each of its declared ops once against float64."""
-    selection = VendorRegistry.discover().select(args.vendor)
-    vendor = selection.vendor
-    results = run_selfcheck(vendor, seed=args.seed)
-    failed = [r for r in results if not r.passed]
-    if args.json:
-        _emit_json({"vendor": vendor.name, "device": vendor.capabilities().device_name,
-                    "selection": {"source": selection.source.value, "detail": selection.detail},
-                    "checks": [r.as_dict() for r in results], "failed": len(failed)})
-        return 1 if failed else 0
-    console.print(f"vendor: {vendor.name} on {escape(vendor.capabilities().device_name)} "
-                  f"(selected by {selection.source}: {escape(selection.detail)})")
-    table = Table(title="ops against float64 references", title_justify="left")
-    for column in ("check", "result", "max error", "bound", "ms"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
-                      "-" if r.max_error is None else f"{r.max_error:.3g}",
-                      "-" if r.bound is None else f"{r.bound:.3g}", f"{r.seconds * 1000:.1f}")
-    console.print(table)
-    for r in failed:
-        if r.detail:
-            console.print(f"[red]{escape(r.name)}:[/] {escape(r.detail)}")
-    console.print(f"{len(results) - len(failed)} of {len(results)} checks passed")
-    return 1 if failed else 0

@@ -20,10 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from hal import DispatchPlan, Groups, QuantizedTensor, Vendor
-from hal.combine import weighted_combine
-from hal.sorting import sort_by_expert
-from hal.errors import InvalidInput, positive_int
+from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, positive_int
+from hal.reference import sort_by_expert, weighted_combine
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 

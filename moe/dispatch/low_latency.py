@@ -20,8 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hal import DispatchPlan, Vendor
-from hal.errors import InvalidInput, positive_int
+from hal import DispatchPlan, InvalidInput, Vendor, positive_int
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
 from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
 from moe.routing import Routing

@@ -3,24 +3,21 @@
 Expert-parallel dispatchers send each token as one record of exactly
 `plan.bytes_per_token` bytes, so buffers are sized from the plan and one collective
 carries payload and scales together on any backend (bytes travel everywhere, fp8 and
-bf16 do not). nvfp4's per-tensor global scale is not part of a record: the scheme's
-checkpoint value is the same on every rank.
+bf16 do not). What a record holds comes from the plan's row of `hal.DTYPES`. A per-tensor
+global scale (nvfp4) is not part of a record: the scheme's checkpoint value is the same
+on every rank.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hal import DispatchDtype, DispatchPlan, QuantizedTensor, ScaleLayout
-from hal.errors import InvalidInput
-from hal.formats import STORAGE_DTYPE
+from hal import DispatchPlan, InvalidInput, QuantizedTensor
 
 
 def take_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
     """The rows `index` of quantized activations `[N, H]` (scales follow their rows)."""
-    return QuantizedTensor(
-        q.data[index], q.dtype, q.layout, None if q.scale is None else q.scale[index], q.global_scale
-    )
+    return q.rows(index)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -45,7 +42,7 @@ def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
         )
     parts = [as_bytes(q.data)]
     if q.scale is not None:  # per-token scales get a channel dimension of one
-        parts.append(as_bytes(q.scale.unsqueeze(-1) if q.layout is ScaleLayout.PER_TOKEN else q.scale))
+        parts.append(as_bytes(q.scale.unsqueeze(-1) if q.layout.group_size is None else q.scale))
     record = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
     if record.shape[-1] != plan.bytes_per_token:
         raise InvalidInput(
@@ -57,14 +54,12 @@ def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
 
 def unpack(records: torch.Tensor, plan: DispatchPlan, global_scale: torch.Tensor | None = None) -> QuantizedTensor:
     """Rows back from records `[..., plan.bytes_per_token]` (the inverse of `pack`)."""
-    h, dtype, layout = plan.hidden_size, plan.resolved, plan.scale_layout
-    nvfp4 = dtype is DispatchDtype.NVFP4
-    payload_bytes = h // 2 if nvfp4 else h * STORAGE_DTYPE[dtype].itemsize
-    data = from_bytes(records[..., :payload_bytes], STORAGE_DTYPE[dtype])
+    h, spec, layout = plan.hidden_size, plan.resolved.spec, plan.scale_layout
+    payload_bytes = spec.payload_bytes(h)
+    data = from_bytes(records[..., :payload_bytes], spec.storage)
     lead = tuple(records.shape[:-1])
     scale = None
-    if layout is not ScaleLayout.NONE:
-        scale = from_bytes(records[..., payload_bytes:], torch.float8_e4m3fn if nvfp4 else torch.float32)
-        if layout is ScaleLayout.PER_TOKEN:
-            scale = scale.reshape(lead)
-    return QuantizedTensor(data, dtype, layout, scale, global_scale)
+    shape = spec.scale_shape(lead, h, layout)
+    if shape is not None:
+        scale = from_bytes(records[..., payload_bytes:], spec.scale_dtype).reshape(shape)  # type: ignore[arg-type]
+    return QuantizedTensor(data, plan.resolved, layout, scale, global_scale)

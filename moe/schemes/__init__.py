@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hal.errors import InvalidInput
-from hal.schemes import parse_scheme
+from hal import InvalidInput, parse_scheme
 from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer, check_float_weights
 from moe.schemes.nvfp4 import NvFp4, nvfp4_global_scale
 from moe.schemes.unquantized import Unquantized
@@ -13,8 +12,9 @@ from moe.schemes.w4a4_int4 import W4A4Int4
 from moe.schemes.w8a8_fp8_block import W8A8Fp8Block
 from moe.schemes.w8a8_int8 import W8A8Int8
 
-_BY_NAME: dict[str, type[QuantScheme]] = {
-    cls.traits.name: cls for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W4A4Int4)
+#: Every scheme class, by the name `hal` knows it under (`hal.KNOWN_SCHEMES`).
+SCHEMES: dict[str, type[QuantScheme]] = {
+    cls.traits.name: cls for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W4A4Int4, NvFp4)
 }
 
 
@@ -37,11 +37,11 @@ def make_scheme(spec: QuantScheme | str) -> QuantScheme:
             "scheme: 'nvfp4' needs the checkpoint's global scales; pass "
             "NvFp4(input_global_scale=..., intermediate_global_scale=...) instead of the name"
         )
-    return _BY_NAME[traits.name]()
+    return SCHEMES[traits.name]()
 
 
 __all__ = [
     "ExpertWeights", "GemmOperand", "QuantScheme", "Quantizer", "check_float_weights",
     "NvFp4", "nvfp4_global_scale", "Unquantized", "W4A4Int4", "W8A8Fp8Block", "W8A8Int8",
-    "make_scheme",
+    "make_scheme", "SCHEMES",
 ]

@@ -1,12 +1,13 @@
 """The quant-scheme interface: weight format, dispatch dtype, and the operands of both GEMMs.
 
-A scheme is a small object. It quantizes float expert weights into its format through
-the vendor (`quantize_weights`), names the grouped-matmul kind its experts need
-(`gemm_kind`), builds the quantizer the dispatcher applies before communication
-(`dispatch_quantizer`), and turns the dispatched payload and the activation of the first
-projection into the operands of the two grouped GEMMs (`first_operand`,
-`second_operand`), re-quantizing where the carried dtype differs from what the GEMM
-needs. It never asks which device it runs on: every device question goes to `hal`.
+A scheme is mostly a declaration: its `traits` (what dispatch-dtype resolution needs) and
+the grouped-matmul kind its experts run (`gemm_kind`). Everything else follows from that
+kind's row of `hal.GEMM_KINDS`: the weight format `quantize_weights` produces, and the
+activation format both GEMM operands are brought to (`first_operand`, `second_operand`:
+rows carried in that format pass as they are; others are dequantized to
+`staging_dtype` and quantized again). The dispatch quantizer quantizes to the plan's
+dtype and layout, with the checkpoint's input global scale where the dtype has one. A
+scheme never asks which device it runs on: every device question goes to `hal`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from hal import (
+    ActivationFormat,
     DispatchDtype,
     DispatchPlan,
     GemmKind,
@@ -28,8 +30,8 @@ from hal import (
     ScaleLayout,
     SchemeTraits,
     Vendor,
+    invalid,
 )
-from hal.errors import invalid
 
 #: What a grouped GEMM takes as its activation operand.
 GemmOperand = torch.Tensor | QuantizedTensor | PackedInt4Tensor
@@ -72,6 +74,10 @@ class QuantScheme(abc.ABC):
 
     #: The dispatch-relevant facts `hal` resolves the plan from (design.md section 4, step 3).
     traits: ClassVar[SchemeTraits]
+    #: Every grouped-matmul kind instances of this scheme may run (the generic runner serves each).
+    gemm_kinds: ClassVar[tuple[GemmKind, ...]]
+    #: The float dtype carried rows are brought to before they are quantized again for the GEMM.
+    staging_dtype: ClassVar[torch.dtype] = torch.float32
 
     @property
     def name(self) -> str:
@@ -81,11 +87,20 @@ class QuantScheme(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    def gemm_kind(self) -> GemmKind:
+        """The grouped-matmul kind both projections run with."""
+        return self.gemm_kinds[0]
+
+    def output_dtype(self) -> torch.dtype:
+        """The dtype the grouped GEMMs produce (the kind's default: bf16 for quantized kinds)."""
+        return self.gemm_kind().spec.default_out_dtype
+
     # -- weights ---------------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
-        """Quantize float weights (`[E, H, 2I]`, `[E, I, H]`, already on the vendor's device)."""
+        """Float weights (`[E, H, 2I]`, `[E, I, H]`, on the vendor's device) in the kind's weight format."""
+        spec = self.gemm_kind().spec
+        return self.quantize_both(vendor, w13, w2, spec.weight_layout, spec.weight_dtype)
 
     @staticmethod
     def quantize_both(vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, layout: ScaleLayout,
@@ -93,38 +108,49 @@ class QuantScheme(abc.ABC):
         """Both projections through `vendor.quantize_weight` with one layout and storage dtype."""
         return ExpertWeights(vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype))
 
-    @abc.abstractmethod
-    def gemm_kind(self) -> GemmKind:
-        """The grouped-matmul kind both projections run with."""
-
-    def output_dtype(self) -> torch.dtype:
-        """The dtype the grouped GEMMs produce (bf16 for quantized schemes)."""
-        return torch.bfloat16
-
     # -- activations -----------------------------------------------------------------------------
 
     def dispatch_quantizer(self, vendor: Vendor, plan: DispatchPlan, weights: ExpertWeights) -> Quantizer:
-        """The function the dispatcher applies to the layer input before communication."""
+        """The function the dispatcher applies to the layer input before communication: the plan's
+        dtype and layout, with the checkpoint's input global scale where the dtype takes one (so
+        that every rank agrees on it)."""
         dtype, layout = plan.resolved, plan.scale_layout
+        global_scale = weights.input_global_scale if dtype.spec.global_scale else None
 
         def quantize(x: torch.Tensor) -> QuantizedTensor:
-            return vendor.quantize(x, dtype, layout=layout)
+            return vendor.quantize(x, dtype, layout=layout, global_scale=global_scale)
 
         return quantize
 
-    @abc.abstractmethod
     def first_operand(self, vendor: Vendor, x: QuantizedTensor, weights: ExpertWeights) -> GemmOperand:
         """The activation operand of the gate/up GEMM, from the dispatched rows `[M, H]`."""
+        return self.gemm_operand(vendor, x, weights.input_global_scale)
 
-    @abc.abstractmethod
     def second_operand(self, vendor: Vendor, h: torch.Tensor, weights: ExpertWeights) -> GemmOperand:
-        """The activation operand of the down GEMM, from the swiglu output `[M, I]`."""
+        """The activation operand of the down GEMM, from the activation output `[M, I]`."""
+        return self.gemm_operand(vendor, h, weights.intermediate_global_scale)
 
-    # -- shared helpers --------------------------------------------------------------------------
+    def gemm_operand(self, vendor: Vendor, x: torch.Tensor | QuantizedTensor,
+                     global_scale: torch.Tensor | None = None) -> GemmOperand:
+        """`x` in the activation format of the scheme's GEMM kind: as it is where it already is,
+        a float cast for float kinds, else quantized (from `staging_dtype` when it was carried
+        in another format)."""
+        spec = self.gemm_kind().spec
+        target = spec.activation
+        if target.float_dtype is not None:
+            return x.to(target.float_dtype) if isinstance(x, torch.Tensor) else self.as_float(vendor, x, target.float_dtype)
+        if isinstance(x, QuantizedTensor):
+            if spec.accepts(ActivationFormat.of(x)):
+                return x
+            x = self.as_float(vendor, x, self.staging_dtype)
+        if target.int4:
+            return vendor.quantize_int4(x)
+        return vendor.quantize(x, target.dtype, layout=target.layout,  # type: ignore[arg-type]
+                               global_scale=global_scale if target.dtype.spec.global_scale else None)  # type: ignore[union-attr]
 
     @staticmethod
     def as_float(vendor: Vendor, x: QuantizedTensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Dispatched rows as floats: bf16 payloads as they are, others dequantized."""
+        """Dispatched rows as floats: bf16 payloads as they are (when bf16 is asked), others dequantized."""
         if x.dtype is DispatchDtype.BF16 and dtype == torch.bfloat16:
             return x.data
         return vendor.dequantize(x, dtype)

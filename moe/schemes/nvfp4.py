@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hal import KNOWN_SCHEMES, DispatchDtype, DispatchPlan, GemmKind, QuantizedTensor, ScaleLayout, Vendor
-from hal.errors import invalid
-from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer
-
-FP8_MAX = 448.0
-FP4_MAX = 6.0
+from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, GemmKind, Vendor, invalid
+from moe.schemes.base import ExpertWeights, QuantScheme
 
 
 def nvfp4_global_scale(amax: float) -> float:
@@ -29,6 +25,8 @@ class NvFp4(QuantScheme):
     """
 
     traits = KNOWN_SCHEMES["nvfp4"]
+    gemm_kinds = (GemmKind.NVFP4,)
+    staging_dtype = torch.bfloat16
 
     def __init__(self, input_global_scale: float, intermediate_global_scale: float) -> None:
         for name, value in (("input_global_scale", input_global_scale),
@@ -45,35 +43,10 @@ class NvFp4(QuantScheme):
     def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
         """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
         device = w13.device
-        weights = self.quantize_both(vendor, w13, w2, ScaleLayout.BLOCK_16)
+        weights = super().quantize_weights(vendor, w13, w2)
         return ExpertWeights(
             weights.w13,
             weights.w2,
             torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
             torch.tensor([self.intermediate_global_scale], dtype=torch.float32, device=device),
         )
-
-    def gemm_kind(self) -> GemmKind:
-        """nvfp4."""
-        return GemmKind.NVFP4
-
-    def dispatch_quantizer(self, vendor: Vendor, plan: DispatchPlan, weights: ExpertWeights) -> Quantizer:
-        """nvfp4 dispatch uses the checkpoint's input global scale, so every rank agrees on it."""
-        if plan.resolved is not DispatchDtype.NVFP4:
-            return super().dispatch_quantizer(vendor, plan, weights)
-        scale = weights.input_global_scale
-
-        def quantize(x: torch.Tensor) -> QuantizedTensor:
-            return vendor.quantize(x, DispatchDtype.NVFP4, global_scale=scale)
-
-        return quantize
-
-    def first_operand(self, vendor: Vendor, x: QuantizedTensor, weights: ExpertWeights) -> GemmOperand:
-        """nvfp4 rows as carried; bf16 rows quantized with the input global scale."""
-        if x.dtype is DispatchDtype.NVFP4:
-            return x
-        return vendor.quantize(self.as_float(vendor, x), DispatchDtype.NVFP4, global_scale=weights.input_global_scale)
-
-    def second_operand(self, vendor: Vendor, h: torch.Tensor, weights: ExpertWeights) -> GemmOperand:
-        """nvfp4 of the swiglu output with the intermediate global scale."""
-        return vendor.quantize(h, DispatchDtype.NVFP4, global_scale=weights.intermediate_global_scale)

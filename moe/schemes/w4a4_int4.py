@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hal import KNOWN_SCHEMES, GemmKind, QuantizedTensor, ScaleLayout, Vendor
-from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme
+from hal import KNOWN_SCHEMES, GemmKind
+from moe.schemes.base import QuantScheme
 
 
 class W4A4Int4(QuantScheme):
@@ -14,19 +14,5 @@ class W4A4Int4(QuantScheme):
     """
 
     traits = KNOWN_SCHEMES["w4a4-int4"]
-
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
-        """Per-output-channel symmetric int4, eight values per int32 word."""
-        return self.quantize_both(vendor, w13, w2, ScaleLayout.PER_CHANNEL, torch.quint4x2)
-
-    def gemm_kind(self) -> GemmKind:
-        """int4."""
-        return GemmKind.INT4
-
-    def first_operand(self, vendor: Vendor, x: QuantizedTensor, weights: ExpertWeights) -> GemmOperand:
-        """Per-token int4 of the dispatched bf16 rows."""
-        return vendor.quantize_int4(self.as_float(vendor, x))
-
-    def second_operand(self, vendor: Vendor, h: torch.Tensor, weights: ExpertWeights) -> GemmOperand:
-        """Per-token int4 of the swiglu output."""
-        return vendor.quantize_int4(h)
+    gemm_kinds = (GemmKind.INT4,)
+    staging_dtype = torch.bfloat16

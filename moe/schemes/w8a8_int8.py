@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
-from hal import KNOWN_SCHEMES, DispatchDtype, GemmKind, QuantizedTensor, ScaleLayout, Vendor
-from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme
+from hal import KNOWN_SCHEMES, GemmKind
+from moe.schemes.base import QuantScheme
 
 
 class W8A8Int8(QuantScheme):
@@ -16,21 +14,4 @@ class W8A8Int8(QuantScheme):
     """
 
     traits = KNOWN_SCHEMES["w8a8-int8"]
-
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
-        """Per-output-channel symmetric int8."""
-        return self.quantize_both(vendor, w13, w2, ScaleLayout.PER_CHANNEL, torch.int8)
-
-    def gemm_kind(self) -> GemmKind:
-        """int8."""
-        return GemmKind.INT8
-
-    def first_operand(self, vendor: Vendor, x: QuantizedTensor, weights: ExpertWeights) -> GemmOperand:
-        """int8 rows as carried; any other carried dtype is re-quantized to int8."""
-        if x.dtype is DispatchDtype.INT8:
-            return x
-        return vendor.quantize(self.as_float(vendor, x, torch.float32), DispatchDtype.INT8)
-
-    def second_operand(self, vendor: Vendor, h: torch.Tensor, weights: ExpertWeights) -> GemmOperand:
-        """Per-token dynamic int8 of the swiglu output."""
-        return vendor.quantize(h, DispatchDtype.INT8)
+    gemm_kinds = (GemmKind.INT8,)

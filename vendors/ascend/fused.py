@@ -26,9 +26,7 @@ from typing import Any
 
 import torch
 
-from hal.dtypes import DispatchDtype
-from hal.errors import HalError, InvalidInput, invalid
-from hal.formats import QuantizedWeight
+from hal import DispatchDtype, HalError, InvalidInput, QuantizedWeight, invalid
 from vendors.ascend.binding import NpuOps
 from vendors.ascend.environment import scoped_environment
 

@@ -19,103 +19,84 @@ from __future__ import annotations
 
 import torch
 
-from hal.capabilities import GemmKind
-from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import UnsupportedCapability
-from hal.formats import FLOAT_DTYPES, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
-from hal.groups import GroupListKind, Groups
-from vendors.ascend.binding import NpuOps
-from vendors.cpu import activation
-from vendors.cpu.ops import TorchReferenceOps
+from hal import (
+    Codec,
+    DispatchDtype,
+    GemmKind,
+    GroupListKind,
+    Groups,
+    PackedInt4Tensor,
+    QuantizedTensor,
+    QuantizedWeight,
+    ReferenceOps,
+    ScaleLayout,
+    invalid,
+)
+from vendors.ascend.binding import NpuBinding
+from vendors.ascend.fused import DeepEpFusedMoe, check_fused_operands
 
-#: The torch_npu destination dtype of each dispatch dtype npu_dynamic_quant produces.
-_DST_TYPE = {DispatchDtype.INT8: torch.int8, DispatchDtype.FP8: torch.float8_e4m3fn}
 #: Activation dtypes npu_dynamic_quant accepts.
 _NPU_QUANT_INPUTS = (torch.float16, torch.bfloat16)
-_FLOAT_KINDS = (GemmKind.BF16, GemmKind.FP16, GemmKind.FP32)
 _SCALED_OUTPUTS = (torch.bfloat16, torch.float16)
 
 
-class AscendOps(TorchReferenceOps):
-    """The op methods of the Ascend vendor; the host class provides `npu_ops()`."""
+class AscendOps(ReferenceOps):
+    """The Ascend vendor's op implementations, on the torch_npu ops of one binding."""
 
-    def npu_ops(self) -> NpuOps:
-        """The bound torch_npu ops (the host vendor overrides this)."""
-        raise NotImplementedError
+    notes = {
+        "quantize": "npu_dynamic_quant (per token, fp16/bf16 input); a cast for bf16; the reference otherwise",
+        "quantize_int4": "npu_dynamic_quant(dst_type=torch.quint4x2) for fp16/bf16 input",
+        "grouped_matmul": "npu_grouped_matmul (group_type=0, split_item=2)",
+        "swiglu": "npu_swiglu",
+        "fused_deep_moe": "the Ascend DeepEP port (Buffer.fused_deep_moe / dispatch + torch_npu MoE ops + combine)",
+    }
+
+    def __init__(self, binding: NpuBinding) -> None:
+        self.binding = binding
+        self.npu = binding.ops
+        self._fused: DeepEpFusedMoe | None = None
 
     # -- quantization -----------------------------------------------------------------------------
 
-    def quantize(
-        self,
-        x: torch.Tensor,
-        dtype: DispatchDtype,
-        *,
-        layout: ScaleLayout | None = None,
-        global_scale: torch.Tensor | None = None,
-    ) -> QuantizedTensor:
-        """bf16: a cast; int8 (fp8 where declared): per-token `npu_dynamic_quant`."""
-        parsed = DispatchDtype.parse(dtype)
-        caps = self.capabilities()
-        if parsed is not DispatchDtype.AUTO and parsed not in caps.dispatch_dtypes:
-            fallback = caps.fallback_for(parsed)
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not quantize to {parsed} "
-                f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
-                f"{caps.fallback_reasons.get(parsed, 'not declared')})"
-            )
-        native = (
-            parsed in _DST_TYPE and isinstance(x, torch.Tensor) and x.dtype in _NPU_QUANT_INPUTS
-            and x.dim() >= 1 and x.shape[-1] > 0 and global_scale is None
-            and (layout is None or ScaleLayout(layout) is ScaleLayout.PER_TOKEN)
-        )
-        if not native:  # bf16 casts, fp32 input, and every invalid argument (same checks, same errors)
-            if parsed is DispatchDtype.FP8 and layout is None:
-                layout = caps.fp8_scale_layout
-            return super().quantize(x, parsed, layout=layout, global_scale=global_scale)
-        self._check_device("x", x)
-        data, scale = self._dynamic_quant(x, _DST_TYPE[parsed])
-        return QuantizedTensor(data, parsed, ScaleLayout.PER_TOKEN, scale)
+    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
+                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+        """Symmetric per-token dtypes (int8, fp8 where declared) through `npu_dynamic_quant`; casts and
+        fp32 input through the reference (the op takes fp16/bf16 only)."""
+        spec = dtype.spec
+        native = (spec.codec is Codec.SYMMETRIC and layout is ScaleLayout.PER_TOKEN and global_scale is None
+                  and x.dtype in _NPU_QUANT_INPUTS)
+        if not native:
+            return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
+        data, scale = self._dynamic_quant(x, spec.storage)
+        return QuantizedTensor(data, dtype, ScaleLayout.PER_TOKEN, scale)
 
     def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
         """Per-token int4 through `npu_dynamic_quant(dst_type=torch.quint4x2)`, eight per int32."""
-        caps = self.capabilities()
-        if GemmKind.INT4 not in caps.grouped_matmul:
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not declare the int4 grouped matmul, "
-                "so it does not quantize activations to int4"
-            )
-        if not (isinstance(x, torch.Tensor) and x.dtype in _NPU_QUANT_INPUTS and x.dim() >= 1
-                and x.shape[-1] > 0 and x.shape[-1] % 8 == 0):
-            return super().quantize_int4(x)  # fp32 input and invalid arguments
-        self._check_device("x", x)
+        if x.dtype not in _NPU_QUANT_INPUTS:
+            return super().quantize_int4(x)  # fp32 input
         data, scale = self._dynamic_quant(x, torch.quint4x2)
         return PackedInt4Tensor(data, scale)
 
     def _dynamic_quant(self, x: torch.Tensor, dst_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """npu_dynamic_quant on `[..., H]`; the op wants at least 2 dimensions."""
         rows = x.reshape(-1, x.shape[-1]) if x.dim() < 2 else x
-        data, scale = self.npu_ops().npu_dynamic_quant(rows, dst_type=dst_type)
+        data, scale = self.npu.npu_dynamic_quant(rows, dst_type=dst_type)
         lead = tuple(x.shape[:-1])
         return data.reshape(*lead, data.shape[-1]), scale.reshape(lead)
 
     # -- grouped matmul ---------------------------------------------------------------------------
 
-    def grouped_matmul(
-        self,
-        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
-        weight: QuantizedWeight,
-        groups: Groups,
-        *,
-        out_dtype: torch.dtype | None = None,
-    ) -> torch.Tensor:
+    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` through `npu_grouped_matmul`, scales applied."""
-        kind, m, n, data, out_dtype = self.checked_gemm(x, weight, groups, out_dtype)
+        data = x if isinstance(x, torch.Tensor) else x.data
+        m, n = data.shape[0], weight.out_features
         if m == 0:
             return torch.zeros((0, n), dtype=out_dtype, device=data.device)
         group_list, group_list_type = _group_list(groups, data.device)
         call = {"group_list": group_list, "group_list_type": group_list_type, "split_item": 2, "group_type": 0}
-        npu = self.npu_ops()
-        if kind in _FLOAT_KINDS:
+        npu = self.npu
+        if kind.spec.is_float:
             w = weight.data
             if out_dtype != data.dtype:  # the op returns x's dtype: compute wider, round once
                 data, w = data.to(torch.float32), w.to(torch.float32)
@@ -124,7 +105,7 @@ class AscendOps(TorchReferenceOps):
         if out_dtype in _SCALED_OUTPUTS:
             return npu.npu_grouped_matmul([data], [weight.data], scale=[scale], per_token_scale=[token_scale],
                                           output_dtype=out_dtype, **call)[0]
-        if kind is GemmKind.FP8_ROWWISE:  # no integer accumulator: exact fp32 operands, scales inside
+        if not kind.spec.exact_integer:  # no integer accumulator: exact fp32 operands, scales inside
             a = data.to(torch.float32) * token_scale.unsqueeze(1)
             b = weight.data.to(torch.float32) * scale.unsqueeze(1)
             return npu.npu_grouped_matmul([a], [b], **call)[0]
@@ -132,17 +113,29 @@ class AscendOps(TorchReferenceOps):
         rows_scale = scale.index_select(0, _row_groups(groups, m).to(scale.device))
         return acc.to(torch.float32) * token_scale.unsqueeze(1) * rows_scale
 
-    # -- activation -------------------------------------------------------------------------------
+    # -- activation and the fused op --------------------------------------------------------------
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` through `npu_swiglu` (a, the gate, is the first half)."""
-        if not (isinstance(x, torch.Tensor) and x.dtype in FLOAT_DTYPES and x.dim() >= 1
-                and x.shape[-1] % 2 == 0):
-            return activation.swiglu(x)  # raises the house InvalidInput
-        self._check_device("x", x)
         if x.numel() == 0:
             return torch.empty_like(x[..., : x.shape[-1] // 2])
-        return self.npu_ops().npu_swiglu(x, dim=-1)
+        return self.npu.npu_swiglu(x, dim=-1)
+
+    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,
+                       dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+        """W8A8-INT8 through the Ascend DeepEP port (see `vendors.ascend.fused`)."""
+        check_fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
+        device = self.binding.device
+        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                             ("topk_weights", topk_weights), ("w13.data", w13.data), ("w2.data", w2.data)):
+            given = tensor.device
+            if given.type != device.type or (device.index is not None and given.index != device.index):
+                raise invalid(name, f"a tensor on device {device}", str(given))
+        if self._fused is None:
+            self._fused = DeepEpFusedMoe(self.npu, self.binding.deep_ep)
+        return self._fused(hidden_states, topk_ids, topk_weights, w13, w2, process_group=process_group,
+                           dispatch_dtype=dispatch_dtype, max_tokens_per_rank=max_tokens_per_rank)
 
 
 def _group_list(groups: Groups, device: torch.device) -> tuple[torch.Tensor, int]:

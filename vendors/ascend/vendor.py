@@ -12,15 +12,13 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from hal import Capabilities, DispatchDtype, ProbeResult, QuantizedWeight, Vendor
-from hal.errors import UnsupportedCapability
-from vendors.ascend.binding import BindingUnavailable, NpuBinding, NpuOps, load_torch_npu
+from hal import Capabilities, ProbeResult, UnsupportedCapability, Vendor, VendorOps
+from vendors.ascend.binding import BindingUnavailable, NpuBinding, load_torch_npu
 from vendors.ascend.capabilities import DECLARED_MODELS, ascend_capabilities, generation_of
-from vendors.ascend.fused import DeepEpFusedMoe, check_fused_operands
 from vendors.ascend.ops import AscendOps
 
 
-class AscendVendor(AscendOps, Vendor):
+class AscendVendor(Vendor):
     """Huawei Ascend NPUs (Atlas A2/A3; A5 with fp8) through torch_npu.
 
     `binding` is the runtime to drive: an `NpuBinding`, or a function building one (it may
@@ -38,7 +36,6 @@ class AscendVendor(AscendOps, Vendor):
             binding = load_torch_npu
         self._load: Callable[[], NpuBinding] = binding if callable(binding) else (lambda: binding)
         self._binding: NpuBinding | None = None
-        self._fused: DeepEpFusedMoe | None = None
 
     def _probe_once(self) -> ProbeResult:
         try:
@@ -56,10 +53,6 @@ class AscendVendor(AscendOps, Vendor):
             raise UnsupportedCapability(f"vendor {self.name!r}: no runtime is bound")
         return self._binding
 
-    def npu_ops(self) -> NpuOps:
-        """The bound torch_npu ops."""
-        return self.binding.ops
-
     def devices(self) -> list[torch.device]:
         return [self.binding.device]
 
@@ -76,31 +69,6 @@ class AscendVendor(AscendOps, Vendor):
     def declared_models(self) -> Mapping[str, Capabilities]:
         return DECLARED_MODELS
 
-    def fused_deep_moe(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        w13: QuantizedWeight,
-        w2: QuantizedWeight,
-        *,
-        scheme: str,
-        process_group: object | None = None,
-        dispatch_dtype: DispatchDtype | None = None,
-        max_tokens_per_rank: int | None = None,
-    ) -> torch.Tensor:
-        """W8A8-INT8 through the Ascend DeepEP port (see `vendors.ascend.fused`)."""
-        caps = self.capabilities()
-        if scheme not in caps.fused_deep_moe:
-            return super().fused_deep_moe(hidden_states, topk_ids, topk_weights, w13, w2, scheme=scheme,
-                                          process_group=process_group)
-        check_fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
-        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
-                             ("topk_weights", topk_weights), ("w13.data", w13.data), ("w2.data", w2.data)):
-            self._check_device(name, tensor)
-        if self._fused is None:
-            self._fused = DeepEpFusedMoe(self.binding.ops, self.binding.deep_ep)
-        return self._fused(hidden_states, topk_ids, topk_weights, w13, w2, process_group=process_group,
-                           dispatch_dtype=dispatch_dtype or DispatchDtype.INT8,
-                           max_tokens_per_rank=max_tokens_per_rank)
-
+    def _make_ops(self) -> VendorOps:
+        """The torch_npu ops of the bound runtime."""
+        return AscendOps(self.binding)

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 import torch
 
 from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ProbeResult, ScaleLayout, Vendor
-from vendors.cpu.ops import TorchReferenceOps
 
 _CPU_CAPABILITIES = Capabilities(
     device_name="cpu",
@@ -22,12 +21,12 @@ _CPU_CAPABILITIES = Capabilities(
     int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
     grouped_matmul=frozenset(GemmKind),
     collective_backend="gloo",
-    notes=("reference implementations in plain torch; correct first, not fast",),
+    notes=("reference implementations in plain torch (hal.reference); correct first, not fast",),
 )
 
 
-class CpuVendor(TorchReferenceOps, Vendor):
-    """Reference vendor computing every op with plain torch on the CPU."""
+class CpuVendor(Vendor):
+    """The CPU, computing every op with `hal.reference` (the default `Vendor._make_ops`)."""
 
     name = "cpu"
     priority = 0

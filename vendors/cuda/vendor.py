@@ -6,14 +6,13 @@ from collections.abc import Mapping
 
 import torch
 
-from hal import Capabilities, InvalidInput, ProbeResult, Vendor
+from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, VendorOps
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
-from vendors.cuda.ops import CudaOps
 
 
-class CudaVendor(CudaOps, Vendor):
+class CudaVendor(Vendor):
     """NVIDIA GPUs through Triton kernels and torch's grouped GEMMs; one instance drives one
-    device (default: the current one). Without Triton the ops take the torch reference path."""
+    device (default: the current one). Without Triton every op is the torch reference."""
 
     name = "cuda"
     priority = 100
@@ -25,6 +24,7 @@ class CudaVendor(CudaOps, Vendor):
                                          or device_index < 0):
             raise InvalidInput(f"device_index: expected a non-negative int or None, got {device_index!r}")
         self._device_index = device_index
+        self._triton: str | None = None  #: Triton's version, as the probe found it
 
     def _probe_once(self) -> ProbeResult:
         if torch.version.cuda is None:
@@ -38,9 +38,8 @@ class CudaVendor(CudaOps, Vendor):
         if index >= count:
             return ProbeResult.unavailable(f"device cuda:{index} asked for, but only {count} visible")
         major, minor = torch.cuda.get_device_capability(index)
-        self.kernels_available = _triton_version() is not None
-        self.use_torch_grouped_mm = major >= 9 and hasattr(torch, "_grouped_mm")
-        kernels = f"Triton {_triton_version()}" if self.kernels_available else "no Triton: torch reference ops"
+        self._triton = _triton_version()
+        kernels = f"Triton {self._triton}" if self._triton else "no Triton: torch reference ops"
         return ProbeResult.ok(f"{count} device(s); cuda:{index} is "
                               f"{torch.cuda.get_device_name(index)} (sm{major}{minor}); {kernels}")
 
@@ -54,7 +53,16 @@ class CudaVendor(CudaOps, Vendor):
     def _detect_capabilities(self) -> Capabilities:
         index = self._index()
         return cuda_capabilities(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index),
-                                 kernels=self.kernels_available)
+                                 kernels=self._triton is not None)
+
+    def _make_ops(self) -> VendorOps:
+        """The Triton kernels where the probe found Triton (torch._grouped_mm from sm90), else the reference."""
+        if self._triton is None:
+            return ReferenceOps()
+        from vendors.cuda.ops import CudaOps
+
+        major, _ = torch.cuda.get_device_capability(self.device)
+        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"))
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         return {model: cuda_capabilities(name, cc) for model, (name, cc) in DECLARED_MODELS.items()}

@@ -15,8 +15,6 @@ import triton.language as tl
 
 #: Rows longer than this are quantized per token in a two-pass loop instead of one load.
 MAX_SINGLE_PASS = 16384
-FP8_MAX = 448.0
-INT8_MAX = 127.0
 #: Adding and subtracting 1.5 * 2^23 rounds an fp32 of magnitude below 2^22 to the nearest
 #: integer, ties to even (the fp32 adder's own rounding), without a libdevice call.
 _RNE_SHIFT: tl.constexpr = tl.constexpr(12582912.0)
@@ -60,14 +58,15 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, H, stride_x, stride_q, stride_s, stride_
     tl.store(s_ptr + row.to(tl.int64) * stride_s + group * stride_sg, step)
 
 
-def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric quantization of `x` `[M, H]` (contiguous last dim) to int8 or float8_e4m3fn.
+def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None, *, qmax: float,
+                  rounds: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization of `x` `[M, H]` (contiguous last dim) to a one-byte `target` (int8, float8_e4m3fn).
 
     `group=None`: one fp32 scale per row `[M]`; `group=128`: one per row and 128 channels
-    `[M, ceil(H/128)]`. Returns `(data, scale)`.
+    `[M, ceil(H/128)]`. `scale = amax / qmax`; values rounded half to even when `rounds`.
+    Returns `(data, scale)`.
     """
     m, h = x.shape
-    qmax = INT8_MAX if target == torch.int8 else FP8_MAX
     q = torch.empty((m, h), dtype=target, device=x.device)
     if group is None:
         scale = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -81,6 +80,6 @@ def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None) -> tu
         block, loop, grid, stride_sg = group, False, (m, groups), scale.stride(1) if m else 1
     if m:
         _quantize_rows[grid](x, q, scale, h, x.stride(0), q.stride(0), scale.stride(0), stride_sg,
-                             QMAX=qmax, ROUND=target == torch.int8, BLOCK=block, LOOP=loop,
+                             QMAX=qmax, ROUND=rounds, BLOCK=block, LOOP=loop,
                              num_warps=4 if block <= 2048 else 8)
     return q, scale

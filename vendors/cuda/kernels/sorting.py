@@ -43,7 +43,7 @@ def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, E_PAD: tl.con
 
 
 def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(order, inverse, counts)` as `hal.sorting.sort_by_expert` returns them, in one launch."""
+    """`(order, inverse, counts)` as `hal.reference.sort_by_expert` returns them, in one launch."""
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()

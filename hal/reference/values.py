@@ -1,20 +1,18 @@
 """Float64 values of hal's formats, computed from their definitions in `hal.formats`.
 
-These decoders are the formats' specification in executable form: references (the
-`hal doctor` self-check, the conformance suite) use them to know what quantized operands
-mean, independently of any vendor's dequantize. Everything returns float64 CPU tensors.
+These decoders are the formats' specification in executable form: references (`hal
+doctor`, the conformance suite) use them to know what quantized operands mean,
+independently of any vendor's dequantize (and of the reference quantizers). Everything
+returns float64 CPU tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hal.dtypes import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, ScaleLayout
+from hal.dtypes import E2M1_VALUES, FP8_GROUP_SIZE, INT4_PER_WORD, NVFP4_BLOCK_SIZE, Codec, ScaleLayout
 from hal.errors import invalid
-from hal.formats import INT4_PER_WORD, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
-
-#: e2m1 magnitude of each 3-bit code; bit 3 of an nvfp4 code is the sign.
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 
 
 def decode_int4(words: torch.Tensor) -> torch.Tensor:
@@ -42,7 +40,7 @@ def activation_value(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> to
         return x.detach().cpu().double()
     if not isinstance(x, QuantizedTensor):
         raise invalid("x", "a torch.Tensor, a QuantizedTensor or a PackedInt4Tensor", type(x).__name__)
-    if x.dtype is DispatchDtype.NVFP4:
+    if x.dtype.spec.codec is Codec.E2M1_BLOCKS:
         scale = x.scale.cpu().double().repeat_interleave(NVFP4_BLOCK_SIZE, dim=-1)  # type: ignore[union-attr]
         gs = float(x.global_scale.cpu().double().reshape(()))  # type: ignore[union-attr]
         return decode_e2m1(x.data, -1) * scale / gs
@@ -50,9 +48,10 @@ def activation_value(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> to
     if x.layout is ScaleLayout.NONE:
         return data
     scale = x.scale.cpu().double()  # type: ignore[union-attr]
-    if x.layout is ScaleLayout.PER_TOKEN:
+    group = x.layout.group_size
+    if group is None:
         return data * scale.unsqueeze(-1)
-    return data * scale.repeat_interleave(FP8_GROUP_SIZE, dim=-1)[..., : data.shape[-1]]
+    return data * scale.repeat_interleave(group, dim=-1)[..., : data.shape[-1]]
 
 
 def weight_value(weight: QuantizedWeight) -> torch.Tensor:

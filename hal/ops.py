@@ -1,0 +1,109 @@
+"""`VendorOps`: the computations a vendor implements, behind the checked entry points of `hal.Vendor`.
+
+Callers (the MoE layer, the conformance suite, engines) call `vendor.quantize(...)`,
+`vendor.grouped_matmul(...)` and the other op methods of `hal.Vendor`. Those validate the
+arguments once for every vendor (types, shapes, devices, what the vendor declares, its
+kernel limits) and then call the vendor's `VendorOps` object with arguments already
+parsed: dtypes and layouts resolved, output dtypes decided, the grouped-matmul kind known.
+An implementation only computes.
+
+`hal.reference.ReferenceOps` implements every op in plain, device-agnostic torch. A vendor
+subclasses it and overrides the ops its runtime accelerates; whatever it does not
+override is the reference. The vendor builds its ops object once (`Vendor._make_ops`),
+and `hal caps` shows which ops are native and which are the reference.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from hal.dtypes import DispatchDtype, ScaleLayout
+from hal.gemm_kinds import GemmKind
+
+if TYPE_CHECKING:
+    from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+    from hal.groups import Groups
+
+#: Every op a vendor provides, in the order reports list them.
+OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "swiglu",
+            "sort_by_expert", "weighted_combine", "fused_deep_moe")
+
+
+@dataclass(frozen=True)
+class OpSource:
+    """Where one op of a vendor is computed: natively (the vendor's own code) or by the reference."""
+
+    op: str
+    native: bool
+    detail: str
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for JSON."""
+        return {"op": self.op, "native": self.native, "detail": self.detail}
+
+
+class VendorOps(abc.ABC):
+    """The op implementations of one vendor instance; arguments arrive validated (see the module)."""
+
+    #: op name -> how this class computes it, in a few words (shown by `hal caps`)
+    notes: ClassVar[Mapping[str, str]] = {}
+    #: set on a class whose own op methods are the plain-torch reference
+    reference_implementation: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
+                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+        """Float activations `[..., H]` in `dtype` and `layout` (see `hal.Vendor.quantize`)."""
+
+    @abc.abstractmethod
+    def dequantize(self, q: QuantizedTensor, *, out_dtype: torch.dtype) -> torch.Tensor:
+        """Quantized activations back in `out_dtype`."""
+
+    @abc.abstractmethod
+    def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
+                        dtype: torch.dtype | None) -> QuantizedWeight:
+        """Float expert weights `[E, K, N]` in a weight format (see `hal.Vendor.quantize_weight`)."""
+
+    @abc.abstractmethod
+    def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
+        """Per-token int4 activations, packed eight per int32."""
+
+    @abc.abstractmethod
+    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
+        """`y[rows of g] = x[rows of g] @ weight[g]`, scales applied, `[M, N]` in `out_dtype`."""
+
+    @abc.abstractmethod
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """`silu(first half) * second half` of the last dimension."""
+
+    @abc.abstractmethod
+    def sort_by_expert(self, topk_ids: torch.Tensor, *,
+                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(order, inverse, counts)` of the (token, slot) pairs sorted by expert, without a host sync."""
+
+    @abc.abstractmethod
+    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
+                         out_dtype: torch.dtype) -> torch.Tensor:
+        """Each token's routing-weighted sum of its experts' rows, `[T, H]` in `out_dtype`."""
+
+    @abc.abstractmethod
+    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,
+                       dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+        """Dispatch, both grouped GEMMs with swiglu, and combine as one op (declared schemes only)."""
+
+    def sources(self) -> list[OpSource]:
+        """For every op: computed natively by this object's classes, or by the reference."""
+        found = []
+        for op in OP_NAMES:
+            owner = next(c for c in type(self).__mro__ if op in vars(c))
+            native = not vars(owner).get("reference_implementation", False)
+            detail = vars(owner).get("notes", {}).get(op) or (self.notes.get(op) if native else None)
+            found.append(OpSource(op, native, detail or ("the vendor's own" if native else "hal.reference")))
+        return found

@@ -1,0 +1,189 @@
+"""`Platform`: the questions about a vendor that are not computations.
+
+Whether it can run here (`probe`), which device it drives, what it can do there
+(`capabilities`, resolved once), what it declares for named device models, and which op
+implementations it computes with (`ops`, chosen once). `hal.Vendor` adds the op methods
+on top of this; a vendor plugin subclasses `hal.Vendor`.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from hal.capabilities import Capabilities
+from hal.dtypes import DispatchDtype
+from hal.errors import InvalidInput, VendorUnavailable, names
+
+if TYPE_CHECKING:
+    from hal.ops import VendorOps
+
+
+class DispatchFallbackWarning(UserWarning):
+    """A requested dispatch dtype was replaced by the vendor's declared fallback."""
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Whether a vendor can run here, and if not, why (in words a person can act on)."""
+
+    available: bool
+    reason: str = ""
+
+    @classmethod
+    def ok(cls, detail: str = "") -> ProbeResult:
+        """An available vendor; `detail` may name the device found."""
+        return cls(True, detail)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> ProbeResult:
+        """An unavailable vendor and the reason."""
+        return cls(False, reason)
+
+
+class Platform(abc.ABC):
+    """Probe, device, capabilities, declared tables and the choice of op implementations.
+
+    Subclasses set `name`, `priority` and `description` and implement `_probe_once`,
+    `devices`, `_detect_capabilities` and `declared_models`; `_make_ops` picks the op
+    implementations (default: `hal.reference.ReferenceOps`). Everything is resolved once
+    per instance (one instance drives one device) and never changes afterwards.
+    """
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0
+    description: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self._capabilities: Capabilities | None = None
+        self._probe: ProbeResult | None = None
+        self._ops: VendorOps | None = None
+        self._device: torch.device | None = None
+        self._warned: set[tuple[DispatchDtype, DispatchDtype]] = set()
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _probe_once(self) -> ProbeResult:
+        """Check for hardware and libraries; must not raise for a missing runtime."""
+
+    def probe(self) -> ProbeResult:
+        """Whether this vendor can run here (cached per instance)."""
+        if self._probe is None:
+            try:
+                result = self._probe_once()
+            except Exception as exc:  # a broken runtime must not break discovery
+                result = ProbeResult.unavailable(f"probe failed: {type(exc).__name__}: {exc}")
+            self._probe = result
+        return self._probe
+
+    def require_available(self) -> None:
+        """Raise `VendorUnavailable` with the probe's reason unless the vendor can run here."""
+        result = self.probe()
+        if not result.available:
+            raise VendorUnavailable(f"vendor {self.name!r} is unavailable: {result.reason}")
+
+    @abc.abstractmethod
+    def devices(self) -> list[torch.device]:
+        """The devices this vendor drives (requires availability)."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device this instance computes on (the first of `devices()`, resolved once)."""
+        if self._device is None:
+            self._device = self.devices()[0]
+        return self._device
+
+    # -- capabilities ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _detect_capabilities(self) -> Capabilities:
+        """Read the device and build its capabilities (called once)."""
+
+    def capabilities(self) -> Capabilities:
+        """The capabilities of this instance's device, resolved once."""
+        if self._capabilities is None:
+            self.require_available()
+            with self._lock:
+                if self._capabilities is None:
+                    self._capabilities = self._detect_capabilities()
+        return self._capabilities
+
+    @abc.abstractmethod
+    def declared_models(self) -> Mapping[str, Capabilities]:
+        """Capability tables for named device models, usable without the hardware."""
+
+    @property
+    def default_model(self) -> str:
+        """The declared model shown when the hardware is absent."""
+        return next(iter(self.declared_models()))
+
+    def declared_capabilities(self, model: str | None = None) -> Capabilities:
+        """The declared table of a named device model (case-insensitive)."""
+        models = self.declared_models()
+        if model is None:
+            model = self.default_model
+        for key, caps in models.items():
+            if key.lower() == model.strip().lower():
+                return caps
+        raise InvalidInput(
+            f"device model: expected one of {', '.join(models)} for vendor {self.name!r}, got {model!r}"
+        )
+
+    # -- op implementations ----------------------------------------------------------------------
+
+    def _make_ops(self) -> VendorOps:
+        """Build the op implementations for this instance (called once, after a successful probe).
+
+        The default computes everything with the reference; a vendor returns its own ops
+        object, chosen from what its probe found (kernels present or not, device generation).
+        """
+        from hal.reference import ReferenceOps
+
+        return ReferenceOps()
+
+    @property
+    def ops(self) -> VendorOps:
+        """The op implementations of this instance, built once and never replaced."""
+        if self._ops is None:
+            self.capabilities()  # availability first, and the table the ops may read
+            with self._lock:
+                if self._ops is None:
+                    self._ops = self._make_ops()
+        return self._ops
+
+    # -- fallback warnings (per instance, never global) ------------------------------------------
+
+    def warn_fallback_once(self, source: DispatchDtype, target: DispatchDtype, why: str) -> bool:
+        """Warn that `source` dispatch becomes `target`, once per (this vendor, source, target)."""
+        key = (source, target)
+        with self._lock:
+            if key in self._warned:
+                return False
+            self._warned.add(key)
+        warnings.warn(
+            f"vendor {self.name!r}: dispatch dtype {source} is not supported; using {target} ({why})",
+            DispatchFallbackWarning,
+            stacklevel=4,  # warn_fallback_once <- _validate <- resolve_dispatch_plan <- the caller
+        )
+        return True
+
+
+def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabilities) -> str:
+    """The house message for a rejected dispatch dtype."""
+    reason = caps.fallback_reasons.get(dtype)
+    return (
+        f"vendor {vendor!r} ({caps.device_name}) cannot dispatch {dtype}: it is not supported and "
+        f"has no declared fallback{f' ({reason})' if reason else ''}; "
+        f"supported dispatch dtypes: {names(caps.dispatch_dtypes)}"
+    )

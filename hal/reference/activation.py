@@ -1,0 +1,16 @@
+"""Reference activations of the experts' intermediate result."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hal import checks
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """`silu(x[..., :I]) * x[..., I:]` for `x` of shape `[..., 2I]`, computed in fp32, returned in x.dtype."""
+    checks.swiglu_input(x)
+    half = x.shape[-1] // 2
+    xf = x.to(torch.float32)
+    return (F.silu(xf[..., :half]) * xf[..., half:]).to(x.dtype)

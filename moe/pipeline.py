@@ -1,0 +1,112 @@
+"""The layer's pipeline, chosen once: the fused op, or dispatch -> experts -> combine.
+
+`choose_pipeline` decides at construction, from what the vendor declares, whether the
+layer takes the vendor's `fused_deep_moe` or the unfused path, and for the unfused path
+which expert runner serves (dispatch format, grouped-matmul kind, scheme). `PipelineChoice.build`
+binds the choice to the loaded weights: the dispatch quantizer is made there, once. The
+layer's `forward` routes and calls the built pipeline; it decides nothing per call.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hal import DispatchPlan, UnsupportedCapability, Vendor, invalid
+from moe.dispatch import Dispatcher
+from moe.routing import Routing
+from moe.runners import ExpertRunner, RunnerRegistry
+from moe.schemes import ExpertWeights, QuantScheme, Quantizer
+
+
+class Pipeline(abc.ABC):
+    """What one forward runs after routing: `[T, H]` rows and their routing in, `[T, H]` out in x's dtype."""
+
+    fused: bool
+
+    @abc.abstractmethod
+    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """The MoE output of routed rows."""
+
+
+@dataclass(frozen=True)
+class FusedPipeline(Pipeline):
+    """The vendor's one fused op (dispatch, both GEMMs, combine)."""
+
+    vendor: Vendor
+    scheme: str
+    weights: ExpertWeights
+    plan: DispatchPlan
+    process_group: Any
+    capacity: int | None
+    fused = True
+
+    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        return self.vendor.fused_deep_moe(
+            x, routing.topk_ids, routing.topk_weights, self.weights.w13, self.weights.w2, scheme=self.scheme,
+            process_group=self.process_group, dispatch_dtype=self.plan.resolved, max_tokens_per_rank=self.capacity,
+        ).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class UnfusedPipeline(Pipeline):
+    """route -> `dispatcher.dispatch` (quantized before it travels) -> the runner -> `dispatcher.combine`."""
+
+    vendor: Vendor
+    scheme: QuantScheme
+    weights: ExpertWeights
+    dispatcher: Dispatcher
+    runner: ExpertRunner
+    quantize: Quantizer
+    fused = False
+
+    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        dispatched = self.dispatcher.dispatch(x, routing, self.quantize)
+        expert_output = self.runner(self.vendor, self.scheme, self.weights, dispatched)
+        return self.dispatcher.combine(expert_output, dispatched, x.dtype)
+
+
+@dataclass(frozen=True)
+class PipelineChoice:
+    """The path a layer takes, decided at construction (before its weights exist)."""
+
+    fused: bool
+    runner: ExpertRunner | None  #: None on the fused path
+
+    def build(self, vendor: Vendor, scheme: QuantScheme, plan: DispatchPlan, dispatcher: Dispatcher,
+              weights: ExpertWeights, process_group: Any, capacity: int | None) -> Pipeline:
+        """The pipeline over loaded weights."""
+        if self.fused:
+            return FusedPipeline(vendor, scheme.name, weights, plan, process_group, capacity)
+        quantize = scheme.dispatch_quantizer(vendor, plan, weights)
+        return UnfusedPipeline(vendor, scheme, weights, dispatcher, self.runner, quantize)  # type: ignore[arg-type]
+
+
+def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher, runners: RunnerRegistry | None,
+                    fused: bool | None) -> PipelineChoice:
+    """Fused where the vendor declares `fused_deep_moe` for the scheme (or as `fused` demands),
+    else the unfused path with the runner registered for its key.
+
+    Raises `UnsupportedCapability` for `fused=True` without a declared fused op, and for an
+    unfused path whose grouped-matmul kind the vendor does not declare.
+    """
+    if fused is not None and not isinstance(fused, bool):
+        raise invalid("fused", "True, False or None", fused)
+    caps = vendor.capabilities()
+    declared = scheme.name in caps.fused_deep_moe
+    if fused and not declared:
+        raise UnsupportedCapability(
+            f"fused: vendor {vendor.name!r} does not declare fused_deep_moe for scheme {scheme.name!r} "
+            f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})")
+    if declared if fused is None else fused:
+        return PipelineChoice(True, None)
+    kind = scheme.gemm_kind()
+    if not caps.supports_gemm(kind):
+        raise UnsupportedCapability(
+            f"vendor {vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped matmul that scheme "
+            f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})")
+    registry = runners if runners is not None else RunnerRegistry.with_defaults()
+    return PipelineChoice(False, registry.lookup(vendor.name, dispatcher.format, kind, scheme.name))
