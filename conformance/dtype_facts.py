@@ -49,6 +49,8 @@ class DtypeFacts:
     scale_dtype: torch.dtype | None
     global_scale: bool
     bound: Bound
+    #: `||y - ref|| / ||ref||` an unquantized MoE layer may have with this dtype carried (bf16 outputs included)
+    layer_error: float
     whole_groups: bool = False  #: rows hold whole scale groups (nvfp4 blocks)
 
 
@@ -65,13 +67,14 @@ def _group_amax(ax: torch.Tensor, size: int | None) -> torch.Tensor:
 
 
 FACTS: dict[str, DtypeFacts] = {
-    "bf16": DtypeFacts(torch.bfloat16, 1, None, False, lambda ax, rowmax, layout: ax * BF16_HALF_STEP),
+    "bf16": DtypeFacts(torch.bfloat16, 1, None, False, lambda ax, rowmax, layout: ax * BF16_HALF_STEP, 0.02),
     "fp8": DtypeFacts(torch.float8_e4m3fn, 1, torch.float32, False,
-                      lambda ax, rowmax, layout: ax * FP8_RELATIVE + _group_amax(ax, LAYOUT_GROUP[layout]) * FP8_SUBNORMAL),
-    "int8": DtypeFacts(torch.int8, 1, torch.float32, False, lambda ax, rowmax, layout: rowmax * INT8_HALF_STEP),
+                      lambda ax, rowmax, layout: ax * FP8_RELATIVE + _group_amax(ax, LAYOUT_GROUP[layout]) * FP8_SUBNORMAL,
+                      0.06),
+    "int8": DtypeFacts(torch.int8, 1, torch.float32, False, lambda ax, rowmax, layout: rowmax * INT8_HALF_STEP, 0.03),
     "nvfp4": DtypeFacts(torch.uint8, 2, torch.float8_e4m3fn, True,
                         lambda ax, rowmax, layout: torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING,
-                        whole_groups=True),
+                        0.30, whole_groups=True),
 }
 #: int4 activations: a compute format (never dispatched), with a bound of its own.
 INT4_BOUND: Bound = lambda ax, rowmax, layout: rowmax * INT4_HALF_STEP  # noqa: E731

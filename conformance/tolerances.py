@@ -45,12 +45,9 @@ SLACK = dtype_facts.SLACK
 #: `||y - ref|| / ||ref||` of the MoE layer against the float64 MoE of its float weights,
 #: per (scheme, dispatch dtype). Each bound covers the quantization of the weights, of the
 #: dispatched rows and of the intermediate activation, plus bf16 outputs (the measured
-#: error on the CPU reference is about half of each); int4 is that lossy by nature.
+#: error on the CPU reference is about half of each); int4 is that lossy by nature. A pair
+#: not listed gets `layer_tolerance`'s rule.
 LAYER_TOLERANCE: dict[tuple[str, str], float] = {
-    ("unquantized", "bf16"): 0.02,
-    ("unquantized", "fp8"): 0.06,
-    ("unquantized", "int8"): 0.03,
-    ("unquantized", "nvfp4"): 0.30,
     ("w8a8-int8", "int8"): 0.04,
     ("w8a8-int8", "fp8"): 0.07,
     ("w8a8-int8", "bf16"): 0.04,
@@ -61,6 +58,17 @@ LAYER_TOLERANCE: dict[tuple[str, str], float] = {
     ("nvfp4", "nvfp4"): 0.30,
     ("nvfp4", "bf16"): 0.30,
 }
+LAYER_TOLERANCE.update({("unquantized", name): row.layer_error for name, row in dtype_facts.FACTS.items()})
+
+
+def layer_tolerance(scheme: str, dtype: str) -> float:
+    """The layer bound of (scheme, dispatch dtype): the table's, else the larger of what the scheme
+    allows with bf16 dispatch and what carrying `dtype` costs an unquantized layer."""
+    found = LAYER_TOLERANCE.get((scheme, dtype))
+    if found is not None:
+        return found
+    return max(LAYER_TOLERANCE.get((scheme, "bf16"), 0.0), dtype_facts.facts(dtype).layer_error)
+
 
 #: `||y - ref|| / ||ref||` of integer schemes against `reference.emulated_integer_moe`, which
 #: rounds where the scheme does (checked where the dispatch dtype adds no rounding of its own:

@@ -244,7 +244,7 @@ def test_non_finite_rejected(vendor: CpuVendor, bad: float, dtype: DispatchDtype
         (torch.ones(2, 32, dtype=torch.int32), "int8", None, "x"),
         (torch.ones(2, 32, dtype=torch.float64), "fp8", None, "x"),
         (torch.ones(2, 32), "auto", None, "dtype"),
-        (torch.ones(2, 32), "fp16", None, "dispatch dtype"),
+        (torch.ones(2, 32), "fp12", None, "dispatch dtype"),
         (torch.ones(2, 32), "int8", ScaleLayout.GROUP_128, "layout"),
         (torch.ones(2, 32), "fp8", ScaleLayout.BLOCK_16, "layout"),
         (torch.ones(2, 32), "bf16", ScaleLayout.PER_TOKEN, "layout"),

@@ -10,7 +10,7 @@ import torch
 from conformance.capability import build_scheme, fused_label, layer_label, mark, require_fused, require_scheme
 from conformance.expectations import expected_resolution
 from conformance.reference import emulated_integer_moe, generator, moe as reference_moe, relative_error, softmax_topk
-from conformance.tolerances import EMULATED_LAYER_TOLERANCE, FUSED_TOLERANCE, LAYER_TOLERANCE
+from conformance.tolerances import EMULATED_LAYER_TOLERANCE, FUSED_TOLERANCE, layer_tolerance
 from hal import KNOWN_SCHEMES, DispatchConfig, DispatchDtype, UnsupportedDispatchDtype
 from moe import MoELayer
 
@@ -65,7 +65,7 @@ def test_layer_matches_the_float64_moe(hal_vendor, scheme, requested, dispatcher
     assert tuple(y.shape) == tuple(x.shape) and y.dtype == x.dtype and y.device == hal_vendor.device
     ids, weights = softmax_topk(logits, TOP_K)
     ref = reference_moe(x, ids, weights, w13, w2)
-    bound = LAYER_TOLERANCE[(scheme, str(expected.resolved))]
+    bound = layer_tolerance(scheme, str(expected.resolved))
     error = relative_error(y, ref)
     path = "fused" if layer.fused else "unfused"
     assert error <= bound, (f"relative error {error:.4g} > {bound} for scheme {scheme} carried as "
@@ -97,5 +97,5 @@ def test_fused_deep_moe_equals_the_unfused_path(hal_vendor, scheme):
     assert difference <= FUSED_TOLERANCE, f"fused differs from unfused by {difference:.4g} (> {FUSED_TOLERANCE})"
     ids, weights = softmax_topk(logits, TOP_K)
     error = relative_error(y_fused, reference_moe(x, ids, weights, w13, w2))
-    bound = LAYER_TOLERANCE[(scheme, str(fused.plan.resolved))]
+    bound = layer_tolerance(scheme, str(fused.plan.resolved))
     assert error <= bound, f"fused relative error {error:.4g} > {bound} against the float64 MoE"

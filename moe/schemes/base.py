@@ -21,7 +21,7 @@ import torch
 
 from hal import (
     ActivationFormat,
-    DispatchDtype,
+    Codec,
     DispatchPlan,
     GemmKind,
     PackedInt4Tensor,
@@ -150,8 +150,8 @@ class QuantScheme(abc.ABC):
 
     @staticmethod
     def as_float(vendor: Vendor, x: QuantizedTensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Dispatched rows as floats: bf16 payloads as they are (when bf16 is asked), others dequantized."""
-        if x.dtype is DispatchDtype.BF16 and dtype == torch.bfloat16:
+        """Dispatched rows as floats: a cast payload already in `dtype` as it is, others dequantized."""
+        if x.dtype.spec.codec is Codec.CAST and x.data.dtype == dtype:
             return x.data
         return vendor.dequantize(x, dtype)
 
