@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from hal.cli import main
 from hal import DispatchDtype, VendorRegistry
 from vendors.cpu import CpuVendor
 from tests.plugin_dist import environment_with, write_distribution
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -165,3 +169,16 @@ def test_console_script_and_command_plugins(tmp_path):
     assert "command plugin 'bad' failed to load" in done.stderr
     listed = subprocess.run(["hal", "vendors", "--json"], env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and json.loads(listed.stdout)["selected"] == expected_default()
+
+
+def test_doctor_works_without_pytest_and_conformance_says_what_to_install():
+    """The README's main job (`pip install -e . && hal doctor`) has no test extra: pytest is absent."""
+    code = ("import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
+            "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))")
+    env = environment_with(ROOT)
+    doctor = subprocess.run([sys.executable, "-c", code, "doctor", "--vendor", "cpu"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert doctor.returncode == 0 and "checks passed" in doctor.stdout and "warning" not in doctor.stderr
+    suite = subprocess.run([sys.executable, "-c", code, "conformance", "--vendor", "cpu"], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert suite.returncode == 1 and "pip install 'moe-hal[test]'" in suite.stderr
