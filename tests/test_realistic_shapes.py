@@ -1,0 +1,63 @@
+"""The reference ops and the layer on realistic shapes: many experts, hundreds to thousands of tokens,
+dimensions that are not multiples of 128, top-1 and top-8, against float64 references built here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.operands import random_codes_activation, random_codes_weight
+from conformance.reference import grouped_matmul as reference_grouped_matmul
+from conformance.tolerances import gemm_bound, layer_tolerance
+from hal import GemmKind, Groups
+from moe import MoELayer
+from vendors.cpu import CpuVendor
+
+
+def _counts(experts: int, rows: int, gen: torch.Generator) -> list[int]:
+    """Uneven rows per expert, a quarter of the experts empty, summing to `rows`."""
+    weights = torch.rand(experts, generator=gen) * (torch.rand(experts, generator=gen) > 0.25)
+    counts = (weights / weights.sum() * rows).floor().long()
+    counts[int(weights.argmax())] += rows - int(counts.sum())
+    return counts.tolist()
+
+
+@pytest.mark.parametrize("kind", [GemmKind.BF16, GemmKind.INT8, GemmKind.FP8_BLOCK128, GemmKind.NVFP4], ids=str)
+def test_grouped_matmul_with_128_groups_and_unaligned_dims(kind):
+    gen = torch.Generator().manual_seed(7)
+    experts, k, n = 128, 1008, 200  # neither K nor N a multiple of 128 (K: whole nvfp4 blocks)
+    counts = _counts(experts, 2000, gen)
+    x = random_codes_activation(kind.value, sum(counts), k, gen)
+    w = random_codes_weight(kind.value, experts, k, n, gen)
+    y = CpuVendor().grouped_matmul(x, w, Groups.from_counts(torch.tensor(counts)))
+    ref, magnitude = reference_grouped_matmul(x, w, counts)
+    assert bool(((y.double() - ref).abs() <= gemm_bound(ref, magnitude, y.dtype)).all())
+
+
+def _float64_moe(x, ids, weights, w13, w2):  # type: ignore[no-untyped-def]
+    """The MoE in float64, vectorized per expert: sum_j w[t, j] * (silu(x W_gate) * (x W_up)) W_down."""
+    xd, inter = x.double(), w2.shape[1]
+    out = torch.zeros(x.shape[0], w2.shape[2], dtype=torch.float64)
+    for e in ids.unique().tolist():
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        h = xd[token] @ w13[e].double()
+        y = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].double()
+        out.index_add_(0, token, y * weights[token, slot].double().unsqueeze(1))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["unquantized", "w8a8-int8", "w8a8-fp8-block"])
+@pytest.mark.parametrize("top_k", [1, 8])
+def test_layer_with_128_experts_and_unaligned_dims(scheme, top_k):
+    gen = torch.Generator().manual_seed(top_k)
+    experts, hidden, inter, tokens = 128, 1000, 360, 600  # neither H nor I a multiple of 128
+    w13 = torch.randn(experts, hidden, 2 * inter, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, inter, hidden, generator=gen) / inter**0.5
+    layer = MoELayer.from_float(w13, w2, top_k, scheme=scheme, vendor=CpuVendor(), environ={})
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, generator=gen)
+    routing = layer.router(logits)
+    ref = _float64_moe(x, routing.topk_ids, routing.topk_weights, w13, w2)
+    y = layer(x, logits)
+    error = float((y.double() - ref).norm() / ref.norm())
+    assert error <= layer_tolerance(scheme, layer.plan.resolved.value), f"relative error {error:.4f}"
