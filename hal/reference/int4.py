@@ -13,7 +13,7 @@ from hal import checks
 from hal.dtypes import INT4_MAX, INT4_PER_WORD
 from hal.errors import invalid
 from hal.formats import PackedInt4Tensor
-from hal.reference.quantize import check_finite_rows, symmetric
+from hal.reference.quantize import refuse_non_finite, symmetric
 
 
 def quantize_int4(x: torch.Tensor) -> PackedInt4Tensor:
@@ -22,10 +22,16 @@ def quantize_int4(x: torch.Tensor) -> PackedInt4Tensor:
     Symmetric: `scale = rowmax|x| / 7`, values `round(x / scale)` (half to even) clamped to
     [-7, 7]. H must be a multiple of 8; all-zero rows get scale 0 and data 0.
     """
-    check_finite_rows("x", x)
+    checks.float_rows("x", x)
     h = x.shape[-1]
     if h % INT4_PER_WORD:
         raise invalid("x", f"a last dimension that is a multiple of {INT4_PER_WORD} for int4", h)
+    return encode_int4(x)
+
+
+def encode_int4(x: torch.Tensor) -> PackedInt4Tensor:
+    """`quantize_int4` of arguments already checked; refuses non-finite input."""
+    refuse_non_finite("x", x)
     xf = x.to(torch.float32)
     amax = xf.abs().amax(dim=-1)
     values, scale = symmetric(xf, amax, amax.unsqueeze(-1), qmax=float(INT4_MAX), target=torch.int8, rounds=True)

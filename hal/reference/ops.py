@@ -3,8 +3,9 @@
 The CPU vendor computes with it as it is; other vendors subclass it and override the ops
 their runtime accelerates (calling `super()` for operands their kernels do not take).
 It has no vendor identity: it never asks which vendor or device it serves. Arguments come
-validated by `hal.Vendor`; the value checks only the host can afford (finite inputs,
-group lists covering every row) are made here.
+checked by `hal.Vendor`, so it calls the reference computations directly (not the checked
+public functions of `hal.reference`); the value checks only the host can afford (finite
+inputs, group lists covering every row) are made here.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind
 from hal.groups import Groups
 from hal.ops import VendorOps
-from hal.reference.activation import swiglu
+from hal.reference.activation import silu_glu
 from hal.reference.grouped_matmul import compute
-from hal.reference.int4 import quantize_int4
-from hal.reference.permute import sort_by_expert, weighted_combine
-from hal.reference.quantize import dequantize, quantize
-from hal.reference.weights import quantize_weight
+from hal.reference.int4 import encode_int4
+from hal.reference.permute import combine_rows, sort_pairs
+from hal.reference.quantize import dequantize, encode
+from hal.reference.weights import encode_weight
 
 
 class ReferenceOps(VendorOps):
@@ -34,7 +35,7 @@ class ReferenceOps(VendorOps):
     def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
                  global_scale: torch.Tensor | None) -> QuantizedTensor:
         """See `hal.reference.quantize.quantize`."""
-        return quantize(x, dtype, layout, global_scale)
+        return encode(x, dtype, layout, global_scale)
 
     def dequantize(self, q: QuantizedTensor, *, out_dtype: torch.dtype) -> torch.Tensor:
         """See `hal.reference.quantize.dequantize`."""
@@ -43,11 +44,11 @@ class ReferenceOps(VendorOps):
     def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
                         dtype: torch.dtype | None) -> QuantizedWeight:
         """See `hal.reference.weights.quantize_weight`."""
-        return quantize_weight(weight, layout, dtype)
+        return encode_weight(weight, layout, dtype)
 
     def quantize_int4(self, x: torch.Tensor) -> PackedInt4Tensor:
         """See `hal.reference.int4.quantize_int4`."""
-        return quantize_int4(x)
+        return encode_int4(x)
 
     def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
                        groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
@@ -56,17 +57,17 @@ class ReferenceOps(VendorOps):
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """See `hal.reference.activation.swiglu`."""
-        return swiglu(x)
+        return silu_glu(x)
 
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """See `hal.reference.permute.sort_by_expert`."""
-        return sort_by_expert(topk_ids, num_experts)
+        return sort_pairs(topk_ids, num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
                          out_dtype: torch.dtype) -> torch.Tensor:
         """See `hal.reference.permute.weighted_combine`."""
-        return weighted_combine(rows, index, topk_weights, out_dtype)
+        return combine_rows(rows, index, topk_weights, out_dtype)
 
     def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                        w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,

@@ -15,6 +15,11 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     synchronisation.
     """
     checks.expert_ids(topk_ids, num_experts)
+    return sort_pairs(topk_ids, num_experts)
+
+
+def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sort_by_expert` of checked ids."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)
     inverse = torch.empty_like(order)
@@ -31,8 +36,15 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weight
     `rows` is `[R, H]`; `index` (int64 `[T*k]`) picks the row of each (token, slot) pair, or is
     None when `rows` is already in pair order (`R == T*k`). `topk_weights` is `[T, k]`.
     """
-    t, k = checks.combine_operands(rows, index, topk_weights)
+    checks.combine_operands(rows, index, topk_weights)
     checks.out_dtype("out_dtype", out_dtype)
+    return combine_rows(rows, index, topk_weights, out_dtype)
+
+
+def combine_rows(rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """`weighted_combine` of checked operands."""
+    t, k = topk_weights.shape
     picked = rows if index is None else rows.index_select(0, index)
     weighted = picked.to(torch.float32).reshape(t, k, rows.shape[-1]) * topk_weights.to(torch.float32).unsqueeze(-1)
     return weighted.sum(dim=1).to(out_dtype)

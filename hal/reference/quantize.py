@@ -37,9 +37,18 @@ def quantize(
     parsed = checks.concrete_dtype(dtype)
     spec = parsed.spec
     chosen = checks.activation_layout(layout, parsed, spec.default_layout)
-    check_finite_rows("x", x)
+    checks.float_rows("x", x)
     checks.global_scale_for(parsed, global_scale, x.device)
     spec.check_hidden("x", x.shape[-1], chosen)
+    return encode(x, parsed, chosen, global_scale)
+
+
+def encode(x: torch.Tensor, dtype: DispatchDtype, layout: ScaleLayout,
+           global_scale: torch.Tensor | None) -> QuantizedTensor:
+    """`quantize` of arguments already checked (as `hal.Vendor.quantize` checks them); refuses
+    non-finite input, which only reading the values shows."""
+    refuse_non_finite("x", x)
+    spec, parsed, chosen = dtype.spec, dtype, layout
     if spec.codec is Codec.CAST:
         return QuantizedTensor(x.to(spec.storage), parsed, chosen)
     xf = x.to(torch.float32)
@@ -103,11 +112,9 @@ def expand_groups(scale: torch.Tensor, group: int | None, h: int) -> torch.Tenso
     return scale.repeat_interleave(group, dim=-1)[..., :h]
 
 
-def check_finite_rows(name: str, x: object) -> torch.Tensor:
-    """Float activations `[..., H]` with every value finite (a scale made from inf or NaN poisons its row)."""
-    checks.float_rows(name, x)
-    bad = int((~torch.isfinite(x)).sum())  # type: ignore[arg-type]
+def refuse_non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    """`x` unless a value is inf or NaN (a scale made from one poisons its row); reads the values."""
+    bad = int((~torch.isfinite(x)).sum())
     if bad:
         raise InvalidInput(f"{name}: expected finite values, got {bad} non-finite (inf/NaN) value(s)")
-    return x  # type: ignore[return-value]
-
+    return x

@@ -19,7 +19,7 @@ from hal.errors import invalid
 from hal.formats import QuantizedWeight
 from hal.reference import e2m1
 from hal.reference.int4 import pack_int4, unpack_int4
-from hal.reference.quantize import check_finite_rows, symmetric
+from hal.reference.quantize import refuse_non_finite, symmetric
 
 #: The largest magnitude of each per-channel storage dtype (int4 is asked for as `torch.quint4x2`).
 _QMAX = {torch.int8: INT8_MAX, torch.float8_e4m3fn: FP8_MAX, torch.quint4x2: float(INT4_MAX)}
@@ -28,8 +28,14 @@ _QMAX = {torch.int8: INT8_MAX, torch.float8_e4m3fn: FP8_MAX, torch.quint4x2: flo
 def quantize_weight(w: torch.Tensor, layout: ScaleLayout | str, dtype: torch.dtype | None = None) -> QuantizedWeight:
     """Quantize float expert weights `[E, K, N]` into `layout` (see the module)."""
     parsed = checks.weight_layout(layout)
-    check_finite_rows("weight", w)  # errors name `weight`, the argument of `Vendor.quantize_weight`
     checks.float_weights(w, parsed, dtype)
+    return encode_weight(w, parsed, dtype)
+
+
+def encode_weight(w: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | None) -> QuantizedWeight:
+    """`quantize_weight` of arguments already checked; refuses non-finite weights."""
+    refuse_non_finite("weight", w)  # errors name `weight`, the argument of `Vendor.quantize_weight`
+    parsed = layout
     if parsed is ScaleLayout.NONE:
         return QuantizedWeight(w.to(w.dtype if dtype is None else dtype), parsed)
     wf = w.to(torch.float32)
