@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 
 from conformance.plugin import MARKER
-from hal import KNOWN_SCHEMES, Capabilities, DispatchDtype, GemmKind, Vendor, parse_scheme
+from hal import KNOWN_SCHEMES, ActivationKind, Capabilities, DispatchDtype, GemmKind, Vendor, parse_scheme
 from moe import NvFp4, QuantScheme, make_scheme, nvfp4_global_scale
 
 DECLARATIONS = "declarations"
 SWIGLU = "swiglu"
+EXPERT_BIAS = "expert bias"
+MODEL_FEATURES = "model features"  #: activations, biases, shared experts, precomputed routing in the layer
 SORT_AND_COMBINE = "sort and combine"
 BAD_INPUT = "bad input"
 
@@ -28,6 +30,11 @@ def dispatch_label(dtype: DispatchDtype | str) -> str:
 def gemm_label(kind: GemmKind | str) -> str:
     """`grouped_matmul int8`: one grouped-matmul kind (and, for int4, its activation quantizer)."""
     return f"grouped_matmul {GemmKind(kind)}"
+
+
+def activation_label(kind: ActivationKind | str) -> str:
+    """`activation gelu-glu`: one activation kind of `Vendor.activate`."""
+    return f"activation {ActivationKind(kind)}"
 
 
 def layer_label(scheme: str) -> str:
@@ -52,9 +59,12 @@ def all_labels() -> list[str]:
         *(dispatch_label(d) for d in DispatchDtype.concrete()),
         *(gemm_label(k) for k in GemmKind),
         SWIGLU,
+        *(activation_label(k) for k in ActivationKind),
+        EXPERT_BIAS,
         SORT_AND_COMBINE,
         *(layer_label(s) for s in KNOWN_SCHEMES),
         *(fused_label(s) for s in KNOWN_SCHEMES),
+        MODEL_FEATURES,
         BAD_INPUT,
     ]
 
@@ -94,6 +104,10 @@ def declared_status(caps: Capabilities, label: str) -> str:
         return "supported" if caps.supports_gemm(gemm) else f"not supported (no {gemm} grouped matmul)"
     if kind == "fused_deep_moe":
         return "declared" if name in caps.fused_deep_moe else "not declared"
+    if kind == "activation":
+        return "declared" if ActivationKind(name) in caps.activations else "not declared"
+    if label == EXPERT_BIAS:
+        return "declared" if caps.expert_bias else "not declared"
     return "required"
 
 
@@ -112,6 +126,18 @@ def require_gemm(vendor: Vendor, kind: GemmKind) -> None:
     """Skip unless the vendor declares the grouped-matmul kind."""
     if not vendor.capabilities().supports_gemm(kind):
         _skip(vendor, f"{kind} grouped matmul")
+
+
+def require_activation(vendor: Vendor, kind: ActivationKind) -> None:
+    """Skip unless the vendor declares the activation kind."""
+    if kind not in vendor.capabilities().activations:
+        _skip(vendor, f"{kind} activation")
+
+
+def require_expert_bias(vendor: Vendor) -> None:
+    """Skip unless the vendor declares per-expert biases of the grouped matmul."""
+    if not vendor.capabilities().expert_bias:
+        _skip(vendor, "expert_bias")
 
 
 def require_scheme(vendor: Vendor, scheme: str) -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight, to_device
-from conformance.reference import grouped_matmul, swiglu
+from conformance.reference import activation, grouped_matmul, swiglu
 from conformance.tolerances import gemm_bound, quantize_bound, swiglu_bound
-from hal import GemmKind, Groups, Vendor
+from hal import ActivationKind, GemmKind, Groups, Vendor
 from hal.reference import activation_value
 
 
@@ -52,6 +52,8 @@ def run_doctor(vendor: Vendor, seed: int = 0) -> list[CheckResult]:
     for kind in sorted(caps.grouped_matmul, key=lambda k: k.value):
         checks.append((f"grouped_matmul {kind}", lambda k=kind: _gemm(vendor, k, gen)))
     checks.append(("swiglu", lambda: _swiglu(vendor, gen)))
+    for act in (k for k in ActivationKind if k in caps.activations and k is not ActivationKind.SILU_GLU):
+        checks.append((f"activate {act}", lambda a=act: _activate(vendor, a, gen)))
     return [_run(name, check) for name, check in checks]
 
 
@@ -99,6 +101,13 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator) -> tuple[torch.T
     out = vendor.grouped_matmul(to_device(x, vendor.device), to_device(w, vendor.device),
                                 Groups.from_counts(torch.tensor(counts, device=vendor.device)))
     return (out.double().cpu() - ref).abs(), gemm_bound(ref, magnitude, out.dtype)
+
+
+def _activate(vendor: Vendor, kind: ActivationKind, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = (torch.randn(32, 2 * 96, generator=gen, dtype=torch.float64) * 4).to(torch.bfloat16)
+    expected, magnitude = activation(x, kind.value)
+    out = vendor.activate(x.to(vendor.device), kind).double().cpu()
+    return (out - expected).abs(), swiglu_bound(expected, magnitude, torch.bfloat16)
 
 
 def _swiglu(vendor: Vendor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,8 @@ the suite's tests are parametrized over `hal.DispatchDtype` and pick it up from 
 | dtype | bound on `|dequantize(quantize(x)) - x|` per element |
 |---|---|
 | bf16 | `2^-8 * |x|` (half a bf16 step; 0 for bf16 input) |
+| fp16 | `2^-11 * |x| + 2^-25` (round to nearest: half an fp16 step; half the smallest subnormal) |
+| fp32 | `2^-24 * |x|` (half an fp32 step; 0 for fp32, fp16 or bf16 input) |
 | int8, per token | `rowmax|x| / 254` (half a step of `rowmax/127`) |
 | fp8 e4m3 (per token or per 128 channels) | `2^-4 * |x| + 2^-16 * amax` of the scale group (half an e4m3 step; subnormals) |
 | nvfp4 (16-value blocks) | `1.13 * max(|x|, amax_block / 6) / 4` (half an e2m1 step at \\|x\\|, e4m3-rounded block scale) |
@@ -30,6 +32,9 @@ SLACK = 2.0**-20
 INT8_HALF_STEP = 1 / 254
 INT4_HALF_STEP = 1 / 14
 BF16_HALF_STEP = 2.0**-8
+FP16_HALF_STEP = 2.0**-11
+FP16_SUBNORMAL = 2.0**-25
+FP32_HALF_STEP = 2.0**-24
 FP8_RELATIVE = 2.0**-4
 FP8_SUBNORMAL = 2.0**-16
 NVFP4_SCALE_ROUNDING = 1.13
@@ -75,6 +80,10 @@ FACTS: dict[str, DtypeFacts] = {
     "nvfp4": DtypeFacts(torch.uint8, 2, torch.float8_e4m3fn, True,
                         lambda ax, rowmax, layout: torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING,
                         0.30, whole_groups=True),
+    # The suite's layer has bf16 weights and bf16 outputs: an exact carrier still errs like bf16 there.
+    "fp16": DtypeFacts(torch.float16, 1, None, False,
+                       lambda ax, rowmax, layout: ax * FP16_HALF_STEP + FP16_SUBNORMAL, 0.02),
+    "fp32": DtypeFacts(torch.float32, 1, None, False, lambda ax, rowmax, layout: ax * FP32_HALF_STEP, 0.02),
 }
 #: int4 activations: a compute format (never dispatched), with a bound of its own.
 INT4_BOUND: Bound = lambda ax, rowmax, layout: rowmax * INT4_HALF_STEP  # noqa: E731

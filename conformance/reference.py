@@ -7,6 +7,7 @@ that makes the reference obviously right.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
@@ -45,6 +46,63 @@ def swiglu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     v = x.detach().cpu().double()
     gate, up = v.chunk(2, dim=-1)
     return gate / (1 + torch.exp(-gate)) * up, (gate * up).abs()
+
+
+def activation(x: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 7.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(act(x), magnitude)` in float64 for an activation kind (`[gate | up]` halves for gated
+    kinds), straight from the formulas; `magnitude` bounds the terms' size for tolerances."""
+    v = x.detach().cpu().double()
+    gated = kind in ("silu-glu", "gelu-glu", "gelu-tanh-glu", "swiglu-oai")
+    gate, up = v.chunk(2, dim=-1) if gated else (v, None)
+    if kind == "swiglu-oai":
+        gate = torch.minimum(gate, torch.tensor(limit, dtype=torch.float64))
+        up = torch.maximum(torch.minimum(up, torch.tensor(limit, dtype=torch.float64)),  # type: ignore[arg-type]
+                           torch.tensor(-limit, dtype=torch.float64))
+        out = (up + 1) * gate / (1 + torch.exp(-alpha * gate))
+        return out, ((up.abs() + 1) * gate.abs())
+    base = kind.removesuffix("-glu")
+    if base == "silu":
+        act = gate / (1 + torch.exp(-gate))
+    elif base == "gelu":
+        act = 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2.0)))
+    elif base == "gelu-tanh":
+        act = 0.5 * gate * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate**3)))
+    elif base == "relu":
+        act = gate.clamp_min(0)
+    else:
+        raise ValueError(f"unknown activation kind {kind!r}")
+    if up is None:
+        return act, gate.abs()
+    return act * up, (gate * up).abs()
+
+
+def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, kind: str = "silu-glu",
+               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None) -> torch.Tensor:
+    """One expert's output in float64 for rows `x` `[M, H]`: `act(x w13 + b13) w2 + b2`."""
+    h = x.double().cpu() @ w13.double().cpu()
+    if b13 is not None:
+        h = h + b13.double().cpu()
+    out = activation(h, kind)[0] @ w2.double().cpu()
+    return out if b2 is None else out + b2.double().cpu()
+
+
+def moe_features(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *,
+                 kind: str = "silu-glu", b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+                 shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+    """The float64 MoE with an activation kind, biases and shared experts `(w13 [H, Ws], w2 [Is, H], gate [H])`."""
+    xd = x.double().cpu()
+    out = torch.zeros(xd.shape[0], w2.shape[-1], dtype=torch.float64)
+    for e in torch.unique(ids).tolist():
+        rows, slots = (ids.cpu() == e).nonzero(as_tuple=True)
+        y = expert_mlp(xd[rows], w13[e], w2[e], kind, None if b13 is None else b13[e], None if b2 is None else b2[e])
+        out.index_add_(0, rows, weights.cpu().double()[rows, slots, None] * y)
+    if shared is not None:
+        s13, s2, gate = shared
+        y = expert_mlp(xd, s13, s2, kind)
+        if gate is not None:
+            y = y / (1 + torch.exp(-(xd @ gate.double().cpu())))[:, None]
+        out = out + y
+    return out
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

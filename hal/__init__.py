@@ -10,6 +10,7 @@ Engine code asks `hal` every device question; vendors answer through the `Vendor
 interface and register themselves as plugins in the `hal.vendors` entry-point group.
 """
 
+from hal.activations import Activation, ActivationKind
 from hal.capabilities import Capabilities, Int8QuantMode, KernelLimits
 from hal.discovery import (
     ENTRY_POINT_GROUP,
@@ -69,7 +70,7 @@ from hal.vendor import Vendor
 
 __all__ = [
     # capabilities and the tables of dtypes and grouped-matmul kinds
-    "Capabilities", "Int8QuantMode", "KernelLimits",
+    "Capabilities", "Int8QuantMode", "KernelLimits", "Activation", "ActivationKind",
     "DTYPES", "DtypeSpec", "Codec", "DispatchDtype", "ScaleLayout", "WEIGHT_LAYOUTS",
     "GEMM_KINDS", "GemmSpec", "GemmKind", "ActivationFormat", "gemm_kind_of", "gemm_kinds_consuming",
     "FLOAT_DTYPES", "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "INT8_MAX", "FP8_MAX", "FP4_MAX", "INT4_MAX",

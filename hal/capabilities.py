@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from hal.activations import ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput
 from hal.gemm_kinds import GemmKind, gemm_kinds_consuming
@@ -62,6 +63,10 @@ class Capabilities:
     int8_quant_mode: Int8QuantMode = Int8QuantMode.NONE
     grouped_matmul: frozenset[GemmKind] = frozenset()
     fused_deep_moe: frozenset[str] = frozenset()
+    activations: frozenset[ActivationKind] = frozenset(ActivationKind)  #: kinds `Vendor.activate` computes
+    expert_bias: bool = True  #: `grouped_matmul(..., bias=)` (per-expert output bias) is computed
+    #: ops run in step with the host, so reading a value back costs no stall (value checks are cheap)
+    host_synchronous: bool = False
     limits: KernelLimits = KernelLimits()
     collective_backend: str = "gloo"
     notes: tuple[str, ...] = ()
@@ -93,6 +98,9 @@ class Capabilities:
         object.__setattr__(self, "int8_quant_mode", Int8QuantMode(self.int8_quant_mode))
         object.__setattr__(self, "grouped_matmul", frozenset(GemmKind(k) for k in self.grouped_matmul))
         object.__setattr__(self, "fused_deep_moe", frozenset(self.fused_deep_moe))
+        object.__setattr__(self, "activations", frozenset(ActivationKind(a) for a in self.activations))
+        object.__setattr__(self, "expert_bias", bool(self.expert_bias))
+        object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def __hash__(self) -> int:
@@ -116,6 +124,12 @@ class Capabilities:
     def supports_gemm(self, kind: GemmKind | str) -> bool:
         """Whether a grouped-matmul kind is declared."""
         return GemmKind(kind) in self.grouped_matmul
+
+    def supports_activation(self, activation: object) -> bool:
+        """Whether an activation kind (an `Activation`, kind or name) is declared."""
+        from hal.activations import Activation
+
+        return Activation.parse(activation).kind in self.activations  # type: ignore[arg-type]
 
     def layout_for(self, dtype: DispatchDtype | str) -> ScaleLayout:
         """The activation scale layout `dtype` is carried and quantized with unless told otherwise."""
@@ -171,6 +185,9 @@ class Capabilities:
             "int8_quant_mode": self.int8_quant_mode.value,
             "grouped_matmul": _sorted_values(self.grouped_matmul),
             "fused_deep_moe": sorted(self.fused_deep_moe),
+            "activations": _sorted_values(self.activations),
+            "expert_bias": self.expert_bias,
+            "host_synchronous": self.host_synchronous,
             "limits": self.limits.as_dict(),
             "collective_backend": self.collective_backend,
             "notes": list(self.notes),

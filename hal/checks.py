@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from hal.activations import Activation
 from hal.capabilities import KernelLimits
 from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
 from hal.errors import invalid
@@ -167,6 +168,31 @@ def swiglu_input(x: object) -> torch.Tensor:
     if x.dim() < 1 or x.shape[-1] % 2:
         raise invalid("x", "a last dimension of even size [..., 2I]", tuple(x.shape))
     return x
+
+
+def activation_input(x: object, activation: Activation) -> torch.Tensor:
+    """A float tensor `[..., 2I]` for a gated activation, `[..., I]` for a plain one."""
+    if not isinstance(x, torch.Tensor):
+        raise invalid("x", "a torch.Tensor", type(x).__name__)
+    if x.dtype not in FLOAT_DTYPES:
+        raise invalid("x", "a bf16, fp16 or fp32 tensor", x.dtype)
+    if x.dim() < 1 or (activation.gated and x.shape[-1] % 2):
+        raise invalid("x", f"a last dimension of even size [..., 2I] for {activation}", tuple(x.shape))
+    return x
+
+
+def expert_bias_operands(y: object, bias: object, groups: Groups) -> None:
+    """`y` float `[M, N]`, `bias` float `[G, N]` with one row per group."""
+    if not isinstance(y, torch.Tensor) or y.dim() != 2 or y.dtype not in FLOAT_DTYPES:
+        raise invalid("y", "a 2-D bf16/fp16/fp32 tensor [M, N]", _describe(y))
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 2 or bias.dtype not in FLOAT_DTYPES:
+        raise invalid("bias", "a 2-D bf16/fp16/fp32 tensor [groups, N]", _describe(bias))
+    if tuple(bias.shape) != (groups.num_groups, y.shape[1]):
+        raise invalid("bias", f"shape ({groups.num_groups}, {y.shape[1]}) (one row per group)", tuple(bias.shape))
+
+
+def _describe(t: object) -> str:
+    return f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def expert_ids(topk_ids: object, num_experts: object) -> torch.Tensor:

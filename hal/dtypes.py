@@ -43,7 +43,7 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 class ScaleLayout(str, enum.Enum):
     """How scales are laid out beside quantized data."""
 
-    NONE = "none"  #: unquantized (bf16): no scales
+    NONE = "none"  #: unquantized (bf16, fp16, fp32): no scales
     PER_TOKEN = "per-token"  #: one fp32 scale per row
     GROUP_128 = "per-token-group-128"  #: one fp32 scale per row and 128 channels
     BLOCK_16 = "block-16"  #: nvfp4: one e4m3 scale per 16 values plus a per-tensor fp32 scale
@@ -97,6 +97,8 @@ class DispatchDtype(str, enum.Enum):
     FP8 = "fp8"  #: float8 e4m3
     INT8 = "int8"
     NVFP4 = "nvfp4"
+    FP16 = "fp16"  #: float16, a plain cast (fp16 models)
+    FP32 = "fp32"  #: float32, a plain cast (fp32 models)
     AUTO = "auto"
 
     def __str__(self) -> str:
@@ -124,6 +126,12 @@ class DispatchDtype(str, enum.Enum):
     def concrete(cls) -> list[DispatchDtype]:
         """Every dtype a dispatcher can actually carry (all but `AUTO`)."""
         return [d for d in cls if d is not cls.AUTO]
+
+    @classmethod
+    def cast_of(cls, dtype: torch.dtype) -> DispatchDtype | None:
+        """The dtype whose rows are a plain cast to the torch float `dtype` (`torch.float32` -> fp32),
+        read from the table; None when no cast row stores that dtype."""
+        return next((s.dtype for s in DTYPES.values() if s.codec is Codec.CAST and s.storage == dtype), None)
 
     @property
     def spec(self) -> DtypeSpec:
@@ -236,6 +244,11 @@ DTYPES: dict[DispatchDtype, DtypeSpec] = {
         DtypeSpec(DispatchDtype.NVFP4, torch.uint8, (ScaleLayout.BLOCK_16,), Codec.E2M1_BLOCKS,
                   "e2m1 two per byte, an e4m3 scale per 16 values, an fp32 scale per tensor",
                   values_per_element=2, scale_dtype=torch.float8_e4m3fn, qmax=FP4_MAX, global_scale=True),
+        DtypeSpec(DispatchDtype.FP16, torch.float16, (ScaleLayout.NONE,), Codec.CAST,
+                  "fp16, a plain cast (values beyond +-65504 become inf, as any fp16 cast)",
+                  aliases=("float16", "half")),
+        DtypeSpec(DispatchDtype.FP32, torch.float32, (ScaleLayout.NONE,), Codec.CAST,
+                  "fp32, a plain cast", aliases=("float32", "float")),
     )
 }
 

@@ -25,9 +25,11 @@ Expert weights are `[E, K, N]` (the activation `[M, K]` times one expert's `[K, 
 | per-channel | `[E, K, N]` int8 or float8_e4m3fn | `[E, N]` fp32 |
 | per-channel (int4) | `[E, K, N/8]` int32, eight int4 per word along N (as activations) | `[E, N]` fp32 |
 | block-128x128 | `[E, K, N]` float8_e4m3fn | `[E, ceil(K/128), ceil(N/128)]` fp32 |
-| block-16 (nvfp4) | `[E, K/2, N]` uint8, two e2m1 codes along K (k even in the low nibble) | `[E, K/16, N]` float8_e4m3fn, plus `global_scale` fp32 `[E]` |
+| block-16 (nvfp4) | `[E, K/2, N]` uint8, two e2m1 codes along K (k even in the low nibble) | `[E, K/16, N]` float8_e4m3fn, plus `global_scale` fp32 `[E]` or `[E, N]` |
 
-Dequantized weights: `w = data * scale`; nvfp4: `w = e2m1(code) * scale / global_scale[e]`.
+Dequantized weights: `w = data * scale`; nvfp4: `w = e2m1(code) * scale / global_scale[e]`, or
+`/ global_scale[e, n]` where the global scale is per output channel (a checkpoint whose gate and
+up projections have different global scales keeps both, exactly).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class QuantizedWeight:
     data: torch.Tensor
     layout: ScaleLayout = ScaleLayout.NONE
     scale: torch.Tensor | None = None
-    global_scale: torch.Tensor | None = None  #: nvfp4 only: fp32 `[E]`
+    global_scale: torch.Tensor | None = None  #: nvfp4 only: fp32 `[E]`, or `[E, N]` per output channel
 
     def __post_init__(self) -> None:
         layout = ScaleLayout(self.layout)
@@ -216,11 +218,12 @@ class QuantizedWeight:
                     f"QuantizedWeight.data: expected K a multiple of {NVFP4_BLOCK_SIZE} for nvfp4, got K={k}"
                 )
             gs = self.global_scale
-            if gs is None or gs.dtype != torch.float32 or tuple(gs.shape) != (e,) or gs.device != self.data.device:
+            if (gs is None or gs.dtype != torch.float32 or tuple(gs.shape) not in ((e,), (e, n))
+                    or gs.device != self.data.device):
                 got = None if gs is None else f"{gs.dtype} {tuple(gs.shape)} on {gs.device}"
                 raise InvalidInput(
-                    f"QuantizedWeight.global_scale: expected float32 of shape {(e,)} on {self.data.device} "
-                    f"for nvfp4 weights, got {got}"
+                    f"QuantizedWeight.global_scale: expected float32 of shape {(e,)} or {(e, n)} on "
+                    f"{self.data.device} for nvfp4 weights, got {got}"
                 )
         else:
             raise InvalidInput(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.gemm_kinds import GemmKind
 
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
     from hal.groups import Groups
 
 #: Every op a vendor provides, in the order reports list them.
-OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "swiglu",
-            "sort_by_expert", "weighted_combine", "fused_deep_moe")
+OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
+            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "fused_deep_moe")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,26 @@ class VendorOps(abc.ABC):
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(first half) * second half` of the last dimension."""
 
+    def activate(self, x: torch.Tensor, *, activation: Activation) -> torch.Tensor:
+        """The experts' activation of `x`; SiLU-GLU goes to `swiglu`, the other kinds to the reference
+        unless a subclass overrides this."""
+        if activation.kind is ActivationKind.SILU_GLU:
+            return self.swiglu(x)
+        from hal.reference.activation import apply_activation
+
+        return apply_activation(x, activation)
+
+    def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
+        """`y` `[M, N]` plus the bias row `[N]` of each row's group (the reference unless overridden)."""
+        from hal.reference.bias import add_group_bias
+
+        return add_group_bias(y, bias, groups)
+
+    def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
+        """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,
+        once, at load (a layout change, a tile permutation...). The reference keeps it as it is."""
+        return weight
+
     @abc.abstractmethod
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,7 +124,7 @@ class VendorOps(abc.ABC):
         found = []
         for op in OP_NAMES:
             owner = next(c for c in type(self).__mro__ if op in vars(c))
-            native = not vars(owner).get("reference_implementation", False)
+            native = owner is not VendorOps and not vars(owner).get("reference_implementation", False)
             detail = vars(owner).get("notes", {}).get(op) or (self.notes.get(op) if native else None)
             found.append(OpSource(op, native, detail or ("the vendor's own" if native else "hal.reference")))
         return found

@@ -1,9 +1,12 @@
 """Dispatch-dtype resolution (design.md section 4): one function, a plan with provenance.
 
 Precedence, highest first: explicit setting > `HAL_DISPATCH_DTYPE` > legacy variables
-(deprecated) > the quant scheme > the expert runner's requirement > the vendor default.
-The vendor then validates: a supported dtype is kept, an unsupported one follows the
-declared fallback (one warning per vendor instance and pair) or is rejected.
+(deprecated) > the model dtype (a scheme that computes in it, the unquantized one, over
+fp16 or fp32 weights) > the quant scheme > the expert runner's requirement > the vendor
+default. The vendor then validates: a supported dtype is kept, an unsupported one follows
+the declared fallback (one warning per vendor instance and pair) or is rejected. A model
+dtype the vendor neither carries nor falls back from is not rejected: nobody asked for it
+explicitly, so it yields to the scheme's declared dtype, recorded as a fallback.
 
 Nothing here writes `os.environ` or any global; the environment is only read, and
 can be passed in as a mapping.
@@ -46,6 +49,7 @@ class PlanSource(str, enum.Enum):
     EXPLICIT = "explicit"
     ENVIRONMENT = "environment"
     LEGACY_ENVIRONMENT = "legacy-environment"
+    MODEL_DTYPE = "model-dtype"
     SCHEME = "scheme"
     RUNNER = "runner"
     VENDOR_DEFAULT = "vendor-default"
@@ -101,6 +105,7 @@ class DispatchPlan:
     fallback: Fallback | None = None
     scheme: str | None = None
     trace: tuple[TraceStep, ...] = field(default_factory=tuple)
+    model_dtype: DispatchDtype | None = None  #: the scheme's model dtype, where it asked for one
 
     def buffer_bytes(self, tokens: int) -> int:
         """Bytes a dispatch buffer needs for `tokens` tokens (never 2 bytes per element blindly)."""
@@ -114,6 +119,7 @@ class DispatchPlan:
             "vendor": self.vendor,
             "device_name": self.device_name,
             "scheme": self.scheme,
+            "model_dtype": self.model_dtype.value if self.model_dtype else None,
             "hidden_size": self.hidden_size,
             "requested": self.requested.value,
             "source": self.source.value,
@@ -171,7 +177,8 @@ def resolve_dispatch_plan(
             f"{names(traits.accepts)}, got {requested}"
         )
 
-    resolved, fallback = _validate(vendor, caps, requested, traits)
+    yields_to = traits.dispatch_dtype if traits is not None and decided.source is PlanSource.MODEL_DTYPE else None
+    resolved, fallback = _validate(vendor, caps, requested, traits, yields_to)
     layout = _scale_layout(resolved, traits, caps)
     return DispatchPlan(
         vendor=vendor.name,
@@ -185,6 +192,7 @@ def resolve_dispatch_plan(
         fallback=fallback,
         scheme=traits.name if traits else None,
         trace=trace,
+        model_dtype=traits.model_dtype if traits else None,
     )
 
 
@@ -227,6 +235,7 @@ def _consult_sources(
                 legacy, legacy_detail = dtype, f"{variable}={value!r} (deprecated)"
     steps.append(TraceStep(PlanSource.LEGACY_ENVIRONMENT, legacy, legacy_detail))
 
+    steps.append(_model_dtype_step(traits))
     if traits is None:
         steps.append(TraceStep(PlanSource.SCHEME, None, "no scheme given"))
     elif traits.input_global_scale:
@@ -243,14 +252,37 @@ def _consult_sources(
     return steps
 
 
+def _model_dtype_step(traits: SchemeTraits | None) -> TraceStep:
+    """What the model dtype says: the dtype of a scheme that computes in it, where it is not the
+    scheme's declared one."""
+    if traits is None:
+        return TraceStep(PlanSource.MODEL_DTYPE, None, "no scheme given")
+    if traits.model_dtype is not None:
+        return TraceStep(PlanSource.MODEL_DTYPE, traits.model_dtype,
+                         f"scheme {traits.name!r} computes in its {traits.model_dtype} weights' dtype")
+    if traits.follows_model_dtype:
+        return TraceStep(PlanSource.MODEL_DTYPE, None,
+                         f"scheme {traits.name!r}: weights in its own {traits.dispatch_dtype} (no other model dtype)")
+    return TraceStep(PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} quantizes its activations")
+
+
 def _validate(
-    vendor: Platform, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None
+    vendor: Platform, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None,
+    yields_to: DispatchDtype | None = None,
 ) -> tuple[DispatchDtype, Fallback | None]:
-    """Keep a supported dtype, apply the declared fallback, or raise."""
+    """Keep a supported dtype, apply the declared fallback, or raise; a model-dtype request
+    (`yields_to`: the scheme's declared dtype) that would be rejected yields to that dtype."""
     if caps.supports_dispatch(requested):
         return requested, None
     target = caps.fallback_for(requested)
     scheme_note = f" (scheme {traits.name!r})" if traits else ""
+    usable = target is not None and caps.supports_dispatch(target)
+    if traits is not None and yields_to is not None and not usable and caps.supports_dispatch(yields_to):
+        declared = caps.fallback_reasons.get(requested) or f"{caps.device_name} declares no {requested} dispatch"
+        reason = (f"{declared}; the model dtype {requested} yields to the {yields_to} of scheme "
+                  f"{traits.name!r} (its experts still compute in {requested} after dispatch)")
+        vendor.warn_fallback_once(requested, yields_to, reason)
+        return yields_to, Fallback(requested, yields_to, reason)
     if target is None:
         raise UnsupportedDispatchDtype(unsupported_dispatch_message(vendor.name, requested, caps) + scheme_note)
     if not caps.supports_dispatch(target):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hal import checks
+from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
@@ -99,12 +100,14 @@ class Vendor(Platform):
     # -- experts ---------------------------------------------------------------------------------
 
     def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, scales applied.
+                       groups: Groups, *, out_dtype: torch.dtype | None = None,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`y[rows of g] = x[rows of g] @ weight[g] (+ bias[g])` for every group g, scales applied.
 
         x is `[M, K]` with rows sorted by group; the result is `[M, N]` in `out_dtype`
         (default: the activation dtype for float kinds, bf16 for quantized kinds). The kind
-        must be declared and the vendor's kernel limits hold.
+        must be declared and the vendor's kernel limits hold; `bias` (`[groups, N]`, float)
+        needs `capabilities().expert_bias`.
         """
         checks.gemm_operands(x, weight, groups)
         device = self.device
@@ -124,13 +127,50 @@ class Vendor(Platform):
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}")
         checks.gemm_shapes(x, weight, groups, caps.limits)
-        return self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=checks.gemm_out_dtype(kind, out_dtype))
+        if bias is not None:
+            if not caps.expert_bias:
+                raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare "
+                                            "expert_bias (grouped_matmul with a per-expert bias)")
+            checks.on_device("bias", bias, device)
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (groups.num_groups, weight.out_features):
+                raise invalid("bias", f"a tensor of shape ({groups.num_groups}, {weight.out_features})",
+                              tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__)
+        y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=checks.gemm_out_dtype(kind, out_dtype))
+        if bias is None:
+            return y
+        checks.expert_bias_operands(y, bias, groups)
+        return self.ops.add_expert_bias(y, bias, groups=groups)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
         checks.swiglu_input(x)
         checks.on_device("x", x, self.device)
         return self.ops.swiglu(x)
+
+    def activate(self, x: torch.Tensor, activation: Activation | ActivationKind | str) -> torch.Tensor:
+        """The experts' activation (see `hal.ActivationKind`): `[..., 2I]` as `[gate | up]` to `[..., I]`
+        for gated kinds, elementwise for plain ones; the kind must be declared."""
+        parsed = Activation.parse(activation)
+        caps = self.capabilities()
+        if parsed.kind not in caps.activations:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the activation {parsed.kind} "
+                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})")
+        checks.activation_input(x, parsed)
+        checks.on_device("x", x, self.device)
+        return self.ops.activate(x, activation=parsed)
+
+    def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
+        """A weight in hal's reference format (as a checkpoint loader builds it) in the form this
+        vendor's grouped matmul reads, prepared once at load; the result is what the layer stores."""
+        if not isinstance(weight, QuantizedWeight):
+            raise invalid("weight", "a hal.QuantizedWeight", type(weight).__name__)
+        for field, tensor in weight.tensors().items():
+            checks.on_device(f"weight.{field}", tensor, self.device)
+        prepared = self.ops.prepare_weight(weight)
+        if not isinstance(prepared, QuantizedWeight):
+            raise invalid(f"{self.name} prepare_weight result", "a hal.QuantizedWeight", type(prepared).__name__)
+        return prepared
 
     # -- routing permutation and combine ---------------------------------------------------------
 
@@ -190,7 +230,7 @@ class Vendor(Platform):
         """
         found = []
         for source in self.ops.sources():
-            owner = next(c for c in type(self).__mro__ if source.op in vars(c))
+            owner = next((c for c in type(self).__mro__ if source.op in vars(c)), Vendor)
             if owner is not Vendor:
                 source = OpSource(source.op, True, f"{owner.__qualname__}.{source.op} (vendor method)")
             found.append(source)

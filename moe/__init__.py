@@ -13,7 +13,9 @@ from moe.dispatch import (
     LowLatencyDispatcher,
 )
 from moe.layer import MoELayer
-from moe.routing import GroupedSigmoidTopK, Router, Routing, SoftmaxTopK
+from moe.shared import SharedExperts
+from moe.sharding import TensorShard
+from moe.routing import GroupedSigmoidTopK, GroupedTopK, Router, Routing, SigmoidTopK, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerKey, RunnerRegistry, run_grouped_experts
 from moe.schemes import (
     ExpertWeights,
@@ -21,16 +23,21 @@ from moe.schemes import (
     QuantScheme,
     Unquantized,
     W4A4Int4,
+    W8A8Fp8,
     W8A8Fp8Block,
     W8A8Int8,
     make_scheme,
     nvfp4_global_scale,
 )
+from moe.checkpoint import CheckpointFormat, ExpertCheckpointLoader, load_safetensors, parse_expert_name
 
 __all__ = [
     "AllToAllDispatcher", "DispatchFormat", "DispatchOutput", "Dispatcher", "LocalDispatcher",
-    "LowLatencyDispatcher", "MoELayer", "GroupedSigmoidTopK", "Router", "Routing", "SoftmaxTopK",
+    "LowLatencyDispatcher", "MoELayer", "GroupedSigmoidTopK", "GroupedTopK", "Router", "Routing", "SigmoidTopK",
+    "SoftmaxTopK",
     "ExpertRunner", "RunnerKey", "RunnerRegistry", "run_grouped_experts",
     "ExpertWeights", "NvFp4", "QuantScheme", "Unquantized", "W4A4Int4", "W8A8Fp8Block", "W8A8Int8",
     "make_scheme", "nvfp4_global_scale",
+    "SharedExperts", "TensorShard",
+    "W8A8Fp8", "CheckpointFormat", "ExpertCheckpointLoader", "load_safetensors", "parse_expert_name",
 ]

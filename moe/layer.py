@@ -1,10 +1,11 @@
 """`MoELayer`: route -> dispatch -> experts -> combine, the same code on every vendor.
 
 Every device question goes to `hal`: the dispatch dtype comes from the layer's plan
-(`hal.resolve_dispatch_plan`), what the experts can compute from the vendor's declared
-capabilities, the fused path from `capabilities().fused_deep_moe`. The layer never looks
-at a device type. The path is chosen once (`moe.pipeline`): at construction (fused or not,
-the runner) and at weight load (the dispatch quantizer); `forward` routes and runs it.
+(`hal.resolve_dispatch_plan`), what the experts can compute (activation, biases, grouped
+matmul kind) from the vendor's declared capabilities, the fused path from
+`capabilities().fused_deep_moe`. The layer never looks at a device type. The path is chosen
+once (`moe.pipeline`): at construction (fused or not, the runner) and whenever the weights
+change (the dispatch quantizer); `forward` routes and runs it.
 """
 
 from __future__ import annotations
@@ -15,44 +16,60 @@ from typing import Any
 import torch
 
 from hal import (
+    Activation,
+    ActivationKind,
     DispatchConfig,
     DispatchPlan,
     InvalidInput,
+    UnsupportedCapability,
     Vendor,
     get_vendor,
     invalid,
     positive_int,
     resolve_dispatch_plan,
 )
+from moe.compiled import moe_forward, register_layer
 from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher
 from moe.dispatch.base import group_size_and_rank
+from moe.layer_inputs import check_hidden_states, route
+from moe.loading import ExpertLoading
 from moe.pipeline import Pipeline, choose_pipeline
-from moe.routing import Router, SoftmaxTopK
+from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
+from moe.shared import SharedExperts, SharedExpertsBlock
+from moe.sharding import TensorShard
+from moe.weight_store import WeightStore
 
-_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-
-class MoELayer(torch.nn.Module):
+class MoELayer(ExpertLoading, torch.nn.Module):
     """A Mixture-of-Experts feed-forward layer computed through `hal`.
 
-    Expert e computes `swiglu(x @ w13[e]) @ w2[e]` with `w13` `[E, H, 2I]` (gate
-    projection first, then up) and `w2` `[E, I, H]`; the layer returns each token's
-    routing-weighted sum over its top-k experts, in the input's dtype and shape.
+    Expert e computes `act(x @ w13[e] + b13[e]) @ w2[e] + b2[e]` with `w13` `[E, H, 2I]`
+    (gate projection first, then up; `[E, H, I]` for a plain activation), `w2` `[E, I, H]`,
+    the optional biases `b13` `[E, 2I]`, `b2` `[E, H]` and `activation` (SiLU-GLU by default,
+    see `hal.ActivationKind`). The layer returns each token's routing-weighted sum over its
+    top-k experts plus the shared experts' output, in the input's dtype and shape.
 
-    With a `process_group` the experts are split evenly over its ranks (expert
-    parallelism): every rank builds the layer with the same global weights (or calls
-    `load_weights` with them) and keeps its own experts. `dispatch.max_dispatch_tokens_per_rank`
-    selects the low-latency dispatcher (fixed capacity per rank); otherwise one rank uses
-    the local dispatcher and several use all-to-all.
+    - `process_group`: expert parallelism; the experts are split evenly over its ranks
+      (every rank loads the same global weights and keeps its own experts).
+      `dispatch.max_dispatch_tokens_per_rank` selects the low-latency dispatcher.
+    - `tp_group`: tensor parallelism of the experts; each rank keeps `I / tp` of every local
+      expert's intermediate dimension and the partial outputs are summed by one all-reduce
+      (`moe.sharding`). Composes with `process_group` (ep x tp ranks).
+    - `shared_experts`: always-on experts (`moe.SharedExperts`), loaded with `load_shared_experts`.
+    - `fused`: None takes the vendor's `fused_deep_moe` where it declares one for the scheme
+      (and the experts are plain SiLU-GLU without biases), False always takes the unfused
+      path, True requires the fused op.
+    - `check_routing`: whether each forward checks that router logits (and precomputed
+      weights) are finite and precomputed ids in range, raising `InvalidInput`; None checks
+      where the vendor declares `host_synchronous` (reading values back costs no stall).
+      Unchecked, a token with non-finite logits gets a non-finite output row; no other row
+      changes.
 
-    `fused` chooses the path: None (the default) takes the vendor's `fused_deep_moe` where it
-    declares one for the scheme, False always takes the unfused path (to compare, or to
-    debug), True requires the fused op and raises `UnsupportedCapability` without it.
-
-    The quantized expert weights (`expert_weights`) live on the vendor's device; they are
-    inference weights, not `nn.Parameter`s, so `.to()` and `state_dict()` do not cover them.
+    Weights and scales are registered buffers (`experts.*`, `shared_experts.*`): `state_dict()`
+    and `load_state_dict()` round-trip them, `.to(device)` moves them, and loading copies the
+    caller's tensors. Under `torch.compile` the layer is one custom op (`moe.compiled`).
     """
 
     def __init__(
@@ -70,6 +87,11 @@ class MoELayer(torch.nn.Module):
         runners: RunnerRegistry | None = None,
         environ: Mapping[str, str] | None = None,
         fused: bool | None = None,
+        activation: Activation | ActivationKind | str = ActivationKind.SILU_GLU,
+        bias: bool = False,
+        shared_experts: SharedExperts | None = None,
+        tp_group: Any = None,
+        check_routing: bool | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = positive_int("hidden_size", hidden_size)
@@ -80,9 +102,25 @@ class MoELayer(torch.nn.Module):
             raise InvalidInput(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
         if dispatch is not None and not isinstance(dispatch, DispatchConfig):
             raise invalid("dispatch", "a hal.DispatchConfig or None", type(dispatch).__name__)
+        for name, flag in (("bias", bias), ("check_routing", check_routing)):
+            if flag is not None and not isinstance(flag, bool):
+                raise invalid(name, "True or False" + (" or None" if name == "check_routing" else ""), flag)
+        if shared_experts is not None and not isinstance(shared_experts, SharedExperts):
+            raise invalid("shared_experts", "a moe.SharedExperts or None", type(shared_experts).__name__)
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = vendor if isinstance(vendor, Vendor) else get_vendor(vendor)
         self.scheme = make_scheme(scheme)
+        self.activation = Activation.parse(activation)
+        self.bias = bias
+        caps = self.vendor.capabilities()
+        if not caps.supports_activation(self.activation):
+            raise UnsupportedCapability(
+                f"activation: vendor {self.vendor.name!r} ({caps.device_name}) does not declare {self.activation.kind} "
+                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})")
+        if bias and not caps.expert_bias:
+            raise UnsupportedCapability(f"bias: vendor {self.vendor.name!r} ({caps.device_name}) does not declare "
+                                        "expert_bias")
+        self.check_routing = caps.host_synchronous if check_routing is None else check_routing
         self.router = router if router is not None else SoftmaxTopK(num_experts, top_k)
         if not isinstance(self.router, Router):
             raise invalid("router", "a moe.Router", type(self.router).__name__)
@@ -91,23 +129,36 @@ class MoELayer(torch.nn.Module):
                 f"router: expected one for {num_experts} experts and top-{top_k}, "
                 f"got {self.router.num_experts} experts and top-{self.router.top_k}"
             )
+        self.router.to(self.vendor.device)  # its tensors (a correction bias) live beside the weights
         self.process_group = process_group
         world, _ = group_size_and_rank(process_group)
         if num_experts % world:
             raise InvalidInput(
                 f"num_experts: expected a multiple of the expert-parallel ranks ({world}), got {num_experts}"
             )
+        self.tp_group = tp_group
+        self.tensor_shard = TensorShard(*reversed(group_size_and_rank(tp_group)))
+        self.local_intermediate_size = self.tensor_shard.local_size(intermediate_size)
 
         self.plan: DispatchPlan = resolve_dispatch_plan(
             self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
         )
         self.dispatcher = self._make_dispatcher()
-        choice = choose_pipeline(self.vendor, self.scheme, self.dispatcher, runners, fused)
+        choice = choose_pipeline(self.vendor, self.scheme, self.dispatcher, runners, fused,
+                                 activation=self.activation, bias=bias)
         self._choice = choice
         self.fused: bool = choice.fused
         self.runner: ExpertRunner | None = choice.runner
-        self.expert_weights: ExpertWeights | None = None
+        layout = self.scheme.gemm_kind().spec.weight_layout
+        self.experts = WeightStore((layout, layout), self.activation, self.vendor.device)
+        self.experts.on_change = self._rebuild
+        self.experts.prepare = self.vendor.prepare_weight
+        self.shared_experts = None if shared_experts is None else \
+            SharedExpertsBlock(shared_experts, (layout, layout), self.activation, self.vendor.device)
+        if self.shared_experts is not None:
+            self.shared_experts.store.prepare = self.vendor.prepare_weight
         self._pipeline: Pipeline | None = None
+        self._handle = register_layer(self)
 
     def _make_dispatcher(self) -> Dispatcher:
         capacity = self.dispatch_config.max_dispatch_tokens_per_rank
@@ -118,12 +169,17 @@ class MoELayer(torch.nn.Module):
         return LocalDispatcher(self.plan, self.num_experts, vendor=self.vendor)
 
     @classmethod
-    def from_float(cls, w13: torch.Tensor, w2: torch.Tensor, top_k: int, **kwargs: Any) -> MoELayer:
-        """A layer sized from float weights (`w13` `[E, H, 2I]`, `w2` `[E, I, H]`, all experts),
-        quantized through the scheme; keyword arguments are those of the constructor."""
-        check_float_weights(w13, w2)
-        e, h, two_i = w13.shape
-        return cls(h, two_i // 2, e, top_k, **kwargs).load_weights(w13, w2)
+    def from_float(cls, w13: torch.Tensor, w2: torch.Tensor, top_k: int, *, w13_bias: torch.Tensor | None = None,
+                   w2_bias: torch.Tensor | None = None, **kwargs: Any) -> MoELayer:
+        """A layer sized from float weights of all experts (`w13` `[E, H, 2I]`, or `[E, H, I]` for a
+        plain activation; `w2` `[E, I, H]`; optional biases), quantized through the scheme;
+        other keyword arguments are those of the constructor (`bias` follows the biases given)."""
+        gated = Activation.parse(kwargs.get("activation", ActivationKind.SILU_GLU)).gated
+        check_float_weights(w13, w2, gated=gated)
+        e, h, _ = w13.shape
+        kwargs.setdefault("bias", w13_bias is not None or w2_bias is not None)
+        layer = cls(h, w2.shape[1], e, top_k, **kwargs)
+        return layer.load_weights(w13, w2, w13_bias=w13_bias, w2_bias=w2_bias)
 
     @property
     def local_experts(self) -> range:
@@ -131,49 +187,70 @@ class MoELayer(torch.nn.Module):
         first = self.dispatcher.first_expert
         return range(first, first + self.dispatcher.num_local_experts)
 
-    def load_weights(self, w13: torch.Tensor, w2: torch.Tensor) -> MoELayer:
-        """Quantize float weights of all experts through the scheme; keep this rank's experts."""
-        check_float_weights(w13, w2)
-        want = ((self.num_experts, self.hidden_size, 2 * self.intermediate_size),
-                (self.num_experts, self.intermediate_size, self.hidden_size))
-        if (tuple(w13.shape), tuple(w2.shape)) != want:
-            raise invalid("w13, w2", f"shapes {want[0]} and {want[1]}",
-                          f"{tuple(w13.shape)} and {tuple(w2.shape)}")
-        mine = slice(self.local_experts.start, self.local_experts.stop)
-        device = self.vendor.device
-        weights = self.scheme.quantize_weights(self.vendor, w13[mine].to(device), w2[mine].to(device))
-        self._pipeline = self._choice.build(self.vendor, self.scheme, self.plan, self.dispatcher, weights,
-                                            self.process_group, self.dispatch_config.max_dispatch_tokens_per_rank)
-        self.expert_weights = weights
-        return self
+    @property
+    def expert_weights(self) -> ExpertWeights | None:
+        """This rank's expert weights as stored (None before loading)."""
+        return self.experts.weights
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """The MoE output for `hidden_states` `[..., H]` routed by `router_logits` `[..., E]`."""
-        x, logits = self._check_inputs(hidden_states, router_logits)
+    def _rebuild(self) -> None:
+        weights = self.experts.weights
+        self._pipeline = None if weights is None else self._choice.build(
+            self.vendor, self.scheme, self.plan, self.dispatcher, weights, self.process_group,
+            self.dispatch_config.max_dispatch_tokens_per_rank)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None, *,
+                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The MoE output for `hidden_states` `[..., H]`, routed by `router_logits` `[..., E]` through the
+        layer's router, or by precomputed `topk_ids` / `topk_weights` `[..., k]` (engines that route
+        elsewhere; the weights are used as given)."""
+        x = check_hidden_states(hidden_states, self.hidden_size)
+        routing = route(self, hidden_states, router_logits, topk_ids, topk_weights)
+        if torch.compiler.is_compiling():
+            out = moe_forward(x, routing.topk_ids, routing.topk_weights, routing.weights_on_input, self._handle)
+        else:
+            out = self._run(x, routing.topk_ids, routing.topk_weights, routing.weights_on_input)
+        return out.view(hidden_states.shape)
+
+    def _run(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+             weights_on_input: bool = False) -> torch.Tensor:
+        """Dispatch, experts, combine, shared experts and the tensor-parallel sum for routed rows `[T, H]`.
+
+        With `weights_on_input` (Llama-4) the routed experts take each row scaled by its (top-1)
+        weight and are combined with weight 1; the shared experts take the rows as they are.
+        """
         pipeline = self._pipeline
         if pipeline is None:
             raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
-        return pipeline(x, self.router(logits)).view(hidden_states.shape)
+        routed_x = x
+        if weights_on_input:
+            routed_x = (x.to(torch.float32) * topk_weights).to(x.dtype)
+            topk_weights = torch.ones_like(topk_weights)
+        routing = Routing(topk_ids, topk_weights)
+        partial = self.tensor_shard.size > 1
+        if self.shared_experts is None and not partial:
+            return pipeline(routed_x, routing)
+        out = pipeline(routed_x, routing, torch.float32)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(self.vendor, self.scheme, x)
+        if partial:
+            import torch.distributed as dist
 
-    def _check_inputs(self, hidden_states: object, router_logits: object) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(hidden_states, torch.Tensor):
-            raise invalid("hidden_states", "a torch.Tensor", type(hidden_states).__name__)
-        if not isinstance(router_logits, torch.Tensor):
-            raise invalid("router_logits", "a torch.Tensor", type(router_logits).__name__)
-        if hidden_states.dim() < 1 or hidden_states.shape[-1] != self.hidden_size:
-            raise invalid("hidden_states", f"shape [..., {self.hidden_size}]", tuple(hidden_states.shape))
-        if hidden_states.dtype not in _INPUT_DTYPES:
-            raise invalid("hidden_states", "a bf16, fp16 or fp32 tensor", hidden_states.dtype)
-        lead = tuple(hidden_states.shape[:-1])
-        if tuple(router_logits.shape) != (*lead, self.num_experts):
-            raise invalid("router_logits", f"shape {(*lead, self.num_experts)}", tuple(router_logits.shape))
-        x = hidden_states.reshape(-1, self.hidden_size)
-        return x, router_logits.reshape(-1, self.num_experts)
+            dist.all_reduce(out, group=self.tp_group)
+        return out.to(x.dtype)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MoELayer:
+        super()._apply(fn, recurse)
+        stored = self.experts.weights
+        if stored is not None:  # the router follows the weights (moved, never cast)
+            self.router.to(stored.w13.data.device)
+        return self
 
     def extra_repr(self) -> str:
+        shared = "" if self.shared_experts is None else f", shared={self.shared_experts.config}"
+        tp = "" if self.tensor_shard.size == 1 else f", tp={self.tensor_shard.rank}/{self.tensor_shard.size}"
         return (
             f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, experts={self.num_experts}, "
-            f"top_k={self.top_k}, scheme={self.scheme!r}, vendor={self.vendor.name!r}, "
-            f"dispatch={self.plan.resolved} ({self.plan.source}), dispatcher={self.dispatcher!r}, "
-            f"fused={self.fused}"
+            f"top_k={self.top_k}, scheme={self.scheme!r}, activation={self.activation}, bias={self.bias}, "
+            f"vendor={self.vendor.name!r}, dispatch={self.plan.resolved} ({self.plan.source}), "
+            f"dispatcher={self.dispatcher!r}, fused={self.fused}{tp}{shared}"
         )

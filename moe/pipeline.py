@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hal import DispatchPlan, UnsupportedCapability, Vendor, invalid
+from hal import Activation, ActivationKind, DispatchPlan, UnsupportedCapability, Vendor, invalid
 from moe.dispatch import Dispatcher
 from moe.routing import Routing
 from moe.runners import ExpertRunner, RunnerRegistry
@@ -28,8 +28,8 @@ class Pipeline(abc.ABC):
     fused: bool
 
     @abc.abstractmethod
-    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """The MoE output of routed rows."""
+    def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The MoE output of routed rows, in `out_dtype` (default: x's dtype)."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,11 @@ class FusedPipeline(Pipeline):
     capacity: int | None
     fused = True
 
-    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.vendor.fused_deep_moe(
             x, routing.topk_ids, routing.topk_weights, self.weights.w13, self.weights.w2, scheme=self.scheme,
             process_group=self.process_group, dispatch_dtype=self.plan.resolved, max_tokens_per_rank=self.capacity,
-        ).to(x.dtype)
+        ).to(out_dtype or x.dtype)
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,10 @@ class UnfusedPipeline(Pipeline):
     quantize: Quantizer
     fused = False
 
-    def __call__(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(x, routing, self.quantize)
         expert_output = self.runner(self.vendor, self.scheme, self.weights, dispatched)
-        return self.dispatcher.combine(expert_output, dispatched, x.dtype)
+        return self.dispatcher.combine(expert_output, dispatched, out_dtype or x.dtype)
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,14 @@ class PipelineChoice:
 
 
 def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher, runners: RunnerRegistry | None,
-                    fused: bool | None) -> PipelineChoice:
+                    fused: bool | None, *, activation: Activation = Activation(), bias: bool = False) -> PipelineChoice:
     """Fused where the vendor declares `fused_deep_moe` for the scheme (or as `fused` demands),
-    else the unfused path with the runner registered for its key.
+    else the unfused path with the runner registered for its key. The fused op computes
+    SiLU-GLU experts without biases; other experts take the unfused path.
 
-    Raises `UnsupportedCapability` for `fused=True` without a declared fused op, and for an
-    unfused path whose grouped-matmul kind the vendor does not declare.
+    Raises `UnsupportedCapability` for `fused=True` without a declared fused op (or with
+    experts it does not compute), and for an unfused path whose grouped-matmul kind the
+    vendor does not declare.
     """
     if fused is not None and not isinstance(fused, bool):
         raise invalid("fused", "True, False or None", fused)
@@ -101,6 +103,12 @@ def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher,
         raise UnsupportedCapability(
             f"fused: vendor {vendor.name!r} does not declare fused_deep_moe for scheme {scheme.name!r} "
             f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})")
+    plain_experts = activation.kind is ActivationKind.SILU_GLU and not bias
+    if fused and not plain_experts:
+        raise UnsupportedCapability(
+            f"fused: the fused_deep_moe op computes SiLU-GLU experts without biases; this layer has "
+            f"activation {activation} and {'biases' if bias else 'no biases'}")
+    declared = declared and plain_experts
     if declared if fused is None else fused:
         return PipelineChoice(True, None)
     kind = scheme.gemm_kind()

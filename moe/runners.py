@@ -107,7 +107,8 @@ class RunnerRegistry:
 
 def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
                         dispatched: DispatchOutput) -> torch.Tensor:
-    """gate/up grouped GEMM -> swiglu -> down grouped GEMM, one `hal` call per projection.
+    """gate/up grouped GEMM -> the experts' activation -> down grouped GEMM, one `hal` call per
+    projection (the experts' biases added by the same call).
 
     The masked low-latency payload is computed slot by slot (empty slots hold zeros), so
     the shapes never depend on the counts.
@@ -118,11 +119,17 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
     groups = dispatched.groups()
     out_dtype = scheme.output_dtype()
     gate_up = vendor.grouped_matmul(scheme.first_operand(vendor, rows, weights), weights.w13, groups,
-                                    out_dtype=out_dtype)
-    activated = vendor.swiglu(gate_up)
+                                    out_dtype=out_dtype, **_bias(weights.w13_bias))
+    activated = vendor.activate(gate_up, weights.activation)
     down = vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
-                                 out_dtype=out_dtype)
+                                 out_dtype=out_dtype, **_bias(weights.w2_bias))
     return down.view(*lead, down.shape[-1])
+
+
+def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The bias keyword only where there is one (vendors that override `grouped_matmul` without it still serve
+    bias-free experts)."""
+    return {} if bias is None else {"bias": bias}
 
 
 def _flatten_rows(q: QuantizedTensor) -> QuantizedTensor:

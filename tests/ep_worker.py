@@ -34,7 +34,7 @@ OVERFLOW_CAPACITY = 4
 COLLECTIVE_TIMEOUT_S = 30
 
 SCHEMES = ("unquantized", "w8a8-int8", "w8a8-fp8-block")
-DTYPES = ("bf16", "fp8", "int8")  # every dispatch dtype the CPU vendor carries
+DTYPES = ("bf16", "fp8", "int8")  # the CPU vendor's dispatch dtypes every scheme here accepts
 #: One (scheme, dispatch dtype) pair per wire format family, for the variant cases.
 NATIVE = (("unquantized", "bf16"), ("w8a8-int8", "int8"), ("w8a8-fp8-block", "fp8"))
 
@@ -73,6 +73,8 @@ def _equal_cases() -> list[Case]:
             cases.append(Case(f"{mode}-{scheme}-{dt}-bf16-input", "equal", scheme, dt, ll, x_dtype="bf16"))
         for scheme in ("unquantized", "w8a8-fp8-block"):
             cases.append(Case(f"{mode}-{scheme}-fp8-h200", "equal", scheme, "fp8", ll, tokens="uneven", hidden=200))
+        for model in ("fp16", "fp32"):  # unquantized models, dispatched in their own dtype (2H / 4H records)
+            cases.append(Case(f"{mode}-{model}-model", "equal", model, "auto", ll, tokens="uneven"))
     return cases
 
 

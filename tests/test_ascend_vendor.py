@@ -111,7 +111,7 @@ def test_hal_vendors_lists_ascend_unavailable_and_the_emulation_available():
 def test_emulated_a2_table_matches_the_design():
     caps = EmulatedAscendVendor().capabilities()
     assert "EMULATED" in caps.device_name and caps.device_name.startswith("Ascend910B3")
-    assert caps.dispatch_dtypes == {DispatchDtype.BF16, DispatchDtype.INT8}
+    assert caps.dispatch_dtypes == {DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32, DispatchDtype.INT8}
     assert caps.fallback_for("fp8") is DispatchDtype.INT8 and caps.fallback_for("nvfp4") is None
     assert caps.fused_deep_moe == {"w8a8-int8"} and caps.collective_backend == "hccl"
     assert {GemmKind.INT8, GemmKind.INT4, GemmKind.BF16} <= caps.grouped_matmul

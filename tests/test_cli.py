@@ -74,7 +74,7 @@ def test_caps_of_absent_hardware_uses_a_declared_table_and_says_so(capsys):
     assert status == 0 and "declared table for device model A3" in words and "fp8 -> int8" in words
     data = run_json(capsys, "caps", "--vendor", "cuda", "--device-model", "a100")
     assert data["source"] == "declared" and data["device_model"] == "a100"
-    assert data["capabilities"]["dispatch_dtypes"] == ["bf16"]
+    assert data["capabilities"]["dispatch_dtypes"] == ["bf16", "fp16", "fp32"]
 
 
 def test_explain_ascend_fp8_shows_the_fallback_and_why(capsys):
@@ -87,7 +87,7 @@ def test_explain_ascend_fp8_shows_the_fallback_and_why(capsys):
 def test_explain_ascend_nvfp4_fails_with_one_clear_line(capsys):
     status, out, err = run(capsys, "explain", "--vendor", "ascend", "--dispatch-dtype", "nvfp4")
     assert status == 1
-    assert err.count("\n") == 1 and "cannot dispatch nvfp4" in err and "bf16, int8" in err
+    assert err.count("\n") == 1 and "cannot dispatch nvfp4" in err and "bf16, fp16, fp32, int8" in err
     assert "Traceback" not in err
 
 

@@ -15,7 +15,9 @@ from vendors.cuda.capabilities import cuda_capabilities
 @pytest.mark.parametrize("text, dtype", [
     ("bf16", DispatchDtype.BF16), ("BF16", DispatchDtype.BF16), (" BFloat16 ", DispatchDtype.BF16),
     ("FP8", DispatchDtype.FP8), ("fp8-e4m3", DispatchDtype.FP8), ("Int8", DispatchDtype.INT8),
-    ("NVFP4", DispatchDtype.NVFP4), ("Auto", DispatchDtype.AUTO),
+    ("NVFP4", DispatchDtype.NVFP4), ("Auto", DispatchDtype.AUTO), ("FP16", DispatchDtype.FP16),
+    ("float16", DispatchDtype.FP16), ("Half", DispatchDtype.FP16), ("fp32", DispatchDtype.FP32),
+    ("float32", DispatchDtype.FP32), ("float", DispatchDtype.FP32),
 ])
 def test_parse_is_case_insensitive(text, dtype):
     assert DispatchDtype.parse(text) is dtype
@@ -32,6 +34,8 @@ def test_unknown_names_list_the_valid_ones(bad):
 @pytest.mark.parametrize("hidden", [128, 2048, 4096, 7168, 200])
 def test_bytes_per_token_formulas(hidden):
     assert DispatchDtype.BF16.bytes_per_token(hidden) == 2 * hidden
+    assert DispatchDtype.FP16.bytes_per_token(hidden) == 2 * hidden
+    assert DispatchDtype.FP32.bytes_per_token(hidden) == 4 * hidden
     assert DispatchDtype.INT8.bytes_per_token(hidden) == hidden + 4
     assert DispatchDtype.FP8.bytes_per_token(hidden, ScaleLayout.PER_TOKEN) == hidden + 4
     groups = -(-hidden // 128)
@@ -105,10 +109,10 @@ def test_cuda_tables_follow_the_compute_capability():
     assert hopper.collective_backend == "nccl"
 
 
-def test_ascend_tables_carry_bf16_and_int8_only(ascend):
+def test_ascend_tables_carry_the_float_casts_and_int8(ascend):
     for model in ("A2", "A3"):
         caps = ascend.declared_capabilities(model.lower())
-        assert caps.dispatch_dtypes == {DispatchDtype.BF16, DispatchDtype.INT8}
+        assert caps.dispatch_dtypes == {DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32, DispatchDtype.INT8}
         assert caps.fallback_for("fp8") is DispatchDtype.INT8 and caps.fallback_for("nvfp4") is None
         assert caps.int8_quant_mode is Int8QuantMode.PER_TOKEN_DYNAMIC
         assert caps.collective_backend == "hccl" and caps.limits.max_inner_dim == 65535

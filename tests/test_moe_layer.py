@@ -177,7 +177,8 @@ def test_integer_schemes_match_an_emulated_reference(cpu, scheme, qmax, tokens_c
 def test_unquantized_weight_dtypes_and_input_dtypes(cpu, weight_dtype):
     w13, w2 = random_weights(E, H, I, 11)
     layer = moe.MoELayer.from_float(w13, w2, K, scheme=moe.Unquantized(weight_dtype), vendor=cpu)
-    assert layer.plan.resolved is DispatchDtype.BF16  # unquantized dispatches bf16 unless configured
+    # unquantized layers dispatch in their weights' dtype (the model-dtype rule) unless configured
+    assert layer.plan.resolved is DispatchDtype.cast_of(weight_dtype)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         x, logits = _inputs(9, 12, dtype=dtype)
         _check_against_reference(layer, x, logits, w13, w2, TOLERANCE[("unquantized", "bf16")])
@@ -328,7 +329,7 @@ def test_default_registry_covers_every_format_and_scheme():
     keys = moe.RunnerRegistry.with_defaults(plugins=False).keys()
     covered = {(k.format, k.scheme) for k in keys}
     assert covered == {(f, s) for f in moe.DispatchFormat
-                       for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block", "w4a4-int4", "nvfp4")}
+                       for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block", "w8a8-fp8", "w4a4-int4", "nvfp4")}
 
 
 def test_draft_and_target_models_keep_their_own_plans(cpu):

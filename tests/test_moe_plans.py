@@ -84,6 +84,26 @@ def test_explicit_and_environment_requests_beat_the_scheme(cpu):
     assert (env.plan.resolved.value, env.plan.source.value) == ("fp8", "environment")
 
 
-def test_unquantized_fp32_models_still_dispatch_bf16(cpu):
+@pytest.mark.parametrize(("vendor_name", "model"), list(EXPECTED))
+@pytest.mark.parametrize("weights", [torch.float16, torch.float32], ids=str)
+def test_fp16_and_fp32_models_dispatch_in_their_own_dtype_on_declared_tables(request, vendor_name, model, weights):
+    """Every shipped table carries fp16 and fp32: the model dtype decides, without a fallback."""
+    vendor = request.getfixturevalue(vendor_name)
+    traits = moe.Unquantized(weights).traits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = resolve_dispatch_plan(vendor, H, scheme=traits, capabilities=vendor.declared_capabilities(model),
+                                     environ={})
+    wanted = DispatchDtype.cast_of(weights)
+    assert (plan.source.value, plan.requested, plan.resolved, plan.fallback) == ("model-dtype", wanted, wanted, None)
+    assert plan.scheme == "unquantized" and plan.model_dtype is wanted
+    assert plan.bytes_per_token == H * weights.itemsize
+
+
+def test_unquantized_fp32_models_dispatch_fp32(cpu):
     layer = moe.MoELayer(256, 64, 8, 2, scheme=moe.Unquantized(torch.float32), vendor=cpu, environ={})
-    assert layer.plan.resolved is DispatchDtype.BF16 and layer.plan.bytes_per_token == 512
+    assert layer.plan.resolved is DispatchDtype.FP32 and layer.plan.bytes_per_token == 1024
+    assert layer.plan == resolve_dispatch_plan(cpu, 256, scheme="fp32", environ={})
+    bf16 = moe.MoELayer(256, 64, 8, 2, scheme=moe.Unquantized(torch.bfloat16), vendor=cpu, environ={})
+    plan = bf16.plan
+    assert (plan.resolved, plan.source.value, plan.bytes_per_token) == (DispatchDtype.BF16, "scheme", 512)

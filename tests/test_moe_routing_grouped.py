@@ -8,8 +8,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from moe.routing import GroupedSigmoidTopK
-from tests.routing_reference import _rows, _top, _sigmoid, ref_grouped_detail, ref_grouped, as_dicts, assert_matches, distinct_logits, randn_logits, logit
-
+from tests.routing_reference import (
+    _rows,
+    _sigmoid,
+    _top,
+    as_dicts,
+    assert_matches,
+    distinct_logits,
+    logit,
+    randn_logits,
+    ref_grouped,
+    ref_grouped_detail,
+)
 
 # -- GroupedSigmoidTopK --------------------------------------------------------------------------
 

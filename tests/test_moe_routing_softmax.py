@@ -11,8 +11,16 @@ from hypothesis import strategies as st
 
 from hal import InvalidInput
 from moe.routing import GroupedSigmoidTopK, SoftmaxTopK
-from tests.routing_reference import ref_softmax_topk, ref_grouped, as_dicts, assert_matches, distinct_logits, randn_logits
-
+from tests.routing_reference import (
+    as_dicts,
+    assert_matches,
+    assert_matches_where_decided,
+    distinct_logits,
+    randn_logits,
+    ref_grouped,
+    ref_softmax_topk,
+    ref_softmax_topk_detail,
+)
 
 # -- SoftmaxTopK ---------------------------------------------------------------------------------
 
@@ -130,6 +138,34 @@ def test_softmax_topk_hand_example():
     assert raw[3] == pytest.approx(0.4, abs=1e-6) and raw[2] == pytest.approx(0.3, abs=1e-6)
     norm = as_dicts(SoftmaxTopK(4, 2)(x))[0]
     assert norm[3] == pytest.approx(4 / 7, abs=1e-6) and norm[2] == pytest.approx(3 / 7, abs=1e-6)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("scale", [2.5, 0.5, 16])
+def test_softmax_topk_routed_scaling_factor_multiplies_after_renormalization(scale, renormalize):
+    x = randn_logits(20, 16, seed=11)
+    base = SoftmaxTopK(16, 4, renormalize=renormalize)(x)
+    scaled = SoftmaxTopK(16, 4, renormalize=renormalize, routed_scaling_factor=scale)(x)
+    assert torch.equal(base.topk_ids, scaled.topk_ids)
+    assert torch.allclose(scaled.topk_weights, base.topk_weights * scale, rtol=1e-6, atol=0)
+    if renormalize:  # scaled after renormalizing: the weights sum to the factor, not to one
+        assert torch.allclose(scaled.topk_weights.sum(-1), torch.full((20,), float(scale)), rtol=1e-5)
+    assert_matches(scaled, ref_softmax_topk(x, 4, renormalize, scale), 4, tol=1e-5)
+
+
+def test_softmax_topk_default_scaling_factor_is_one_and_exact():
+    x = randn_logits(8, 16, seed=12)
+    assert SoftmaxTopK(16, 2).routed_scaling_factor == 1.0
+    assert torch.equal(SoftmaxTopK(16, 2)(x).topk_weights, SoftmaxTopK(16, 2, routed_scaling_factor=1)(x).topk_weights)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_softmax_topk_realistic_shape_256_experts_2000_tokens(k, renormalize):
+    x = randn_logits(2000, 256, seed=100 + k)
+    detail = ref_softmax_topk_detail(x, k, renormalize, 2.5)
+    r = SoftmaxTopK(256, k, renormalize=renormalize, routed_scaling_factor=2.5)(x)
+    assert_matches_where_decided(r, [d for d, _ in detail], [m for _, m in detail], k, tol=1e-5)
 
 
 @settings(max_examples=40, deadline=None)

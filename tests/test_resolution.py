@@ -59,7 +59,7 @@ def test_scheme_declared_dtype_decides(cpu):
 def test_input_global_scale_means_nvfp4(cuda):
     p = plan(cuda, cuda.declared_capabilities("B200"), scheme="nvfp4")
     assert (p.source, p.resolved, p.scale_layout) == (PlanSource.SCHEME, NVFP4, ScaleLayout.BLOCK_16)
-    assert "input global scale" in p.trace[3].detail
+    assert "input global scale" in p.trace[4].detail and p.trace[4].source is PlanSource.SCHEME
 
 
 def test_runner_requirement_decides_without_scheme(cpu):
@@ -119,8 +119,8 @@ def test_request_the_scheme_cannot_consume_is_invalid_input(cpu):
 def test_trace_records_every_source_and_marks_the_decider(cpu):
     p = plan(cpu, dtype="fp8", env={ENV_DISPATCH_DTYPE: "int8"}, scheme="unquantized")
     assert [s.source for s in p.trace] == list(PlanSource)
-    assert [s.decided for s in p.trace] == [True, False, False, False, False, False]
-    assert p.trace[1].says is INT8 and p.trace[3].says is BF16
+    assert [s.decided for s in p.trace] == [True, False, False, False, False, False, False]
+    assert p.trace[1].says is INT8 and p.trace[3].says is None and p.trace[4].says is BF16
 
 
 # -- declared fallbacks on the real vendor classes ---------------------------------------------
@@ -164,7 +164,7 @@ def test_int8_scheme_on_cuda_dispatches_fp8_per_token(cuda):
 
 
 def test_ascend_rejects_nvfp4_naming_vendor_and_supported_dtypes(ascend):
-    with pytest.raises(UnsupportedDispatchDtype, match=r"'ascend'.*nvfp4.*supported dispatch dtypes: bf16, int8"):
+    with pytest.raises(UnsupportedDispatchDtype, match=r"'ascend'.*nvfp4.*supported dispatch dtypes: bf16, fp16, fp32, int8"):
         plan(ascend, ascend.declared_capabilities("A3"), dtype="nvfp4")
 
 

@@ -72,7 +72,11 @@ def build_parser() -> OneLineParser:
     explain.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
     explain.add_argument("--device-model", help="plan for a named device model's declared table")
     explain.add_argument("--scheme", type=_converter(parse_scheme, "scheme"),
-                         help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}")
+                         help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}; fp16 / fp32: unquantized over "
+                              "weights of that dtype")
+    explain.add_argument("--model-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
+                         help="the model's float dtype (bf16, fp16, fp32): an unquantized model asks to dispatch "
+                              "in it (--scheme defaults to unquantized)")
     explain.add_argument("--dispatch-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
                          default=DispatchDtype.AUTO, help=f"requested dtype: {', '.join(DispatchDtype.names())}")
     explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),

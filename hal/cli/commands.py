@@ -12,11 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hal.activations import ActivationKind
 from hal.capabilities import Capabilities
 from hal.discovery import VendorRegistry
 from hal.ops import OpSource
 from hal.platform import DispatchFallbackWarning
 from hal.resolution import DispatchConfig, resolve_dispatch_plan
+from hal.schemes import parse_scheme
 from hal.vendor import Vendor
 
 
@@ -130,6 +132,9 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("int8_quant_mode", c.int8_quant_mode.value),
         ("grouped_matmul", ", ".join(sorted(k.value for k in c.grouped_matmul)) or "none"),
         ("fused_deep_moe", ", ".join(sorted(c.fused_deep_moe)) or "none"),
+        ("activations", ", ".join(k.value for k in ActivationKind if k in c.activations) or "none"),
+        ("expert_bias", "yes" if c.expert_bias else "no"),
+        ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
         ("limits", limits),
         ("collective_backend", c.collective_backend),
     ):
@@ -148,11 +153,14 @@ def caps(args: argparse.Namespace, console: Console) -> int:
 def explain(args: argparse.Namespace, console: Console) -> int:
     """`hal explain`: the dispatch-dtype resolution trace, the decision and bytes per token."""
     target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
+    scheme = args.scheme
+    if getattr(args, "model_dtype", None) is not None:  # the scheme over weights of that dtype
+        scheme = parse_scheme(scheme or "unquantized").with_model_dtype(args.model_dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = resolve_dispatch_plan(
             target.vendor, args.hidden, config=DispatchConfig(dtype=args.dispatch_dtype),
-            scheme=args.scheme, runner_dtype=args.runner_dtype, capabilities=target.capabilities)
+            scheme=scheme, runner_dtype=args.runner_dtype, capabilities=target.capabilities)
     messages = [str(w.message) for w in caught]
     # The fallback line below says what a DispatchFallbackWarning says; show only the others.
     others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]

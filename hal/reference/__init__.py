@@ -5,14 +5,15 @@
 - The functions behind it, usable on their own: `quantize` / `dequantize` (activations,
   every dispatch dtype of `hal.DTYPES`), `quantize_weight` / `dequantize_weight`,
   `quantize_int4` / `dequantize_int4` / `pack_int4` / `unpack_int4`, `grouped_matmul`,
-  `swiglu`, `sort_by_expert`, `weighted_combine`.
+  `add_expert_bias`, `swiglu`, `activate` (every `hal.ActivationKind`), `sort_by_expert`, `weighted_combine`.
 - `activation_value` / `weight_value`: the float64 value of any operand, straight from the
   formats' definitions (what references and the conformance suite compare against).
 
 Importing this package is allowed from every layer (it is named in the import contracts).
 """
 
-from hal.reference.activation import swiglu
+from hal.reference.activation import activate, swiglu
+from hal.reference.bias import add_expert_bias
 from hal.reference.grouped_matmul import grouped_matmul
 from hal.reference.int4 import dequantize_int4, pack_int4, quantize_int4, unpack_int4
 from hal.reference.ops import ReferenceOps
@@ -25,6 +26,6 @@ __all__ = [
     "ReferenceOps",
     "quantize", "dequantize", "quantize_weight", "dequantize_weight",
     "quantize_int4", "dequantize_int4", "pack_int4", "unpack_int4",
-    "grouped_matmul", "swiglu", "sort_by_expert", "weighted_combine",
+    "grouped_matmul", "add_expert_bias", "swiglu", "activate", "sort_by_expert", "weighted_combine",
     "activation_value", "weight_value", "decode_e2m1", "decode_int4",
 ]

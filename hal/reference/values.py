@@ -55,7 +55,7 @@ def activation_value(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> to
 
 
 def weight_value(weight: QuantizedWeight) -> torch.Tensor:
-    """The float64 value of expert weights `[E, K, N]`."""
+    """The float64 value of expert weights `[E, K, N]` (nvfp4: a global scale per expert or per channel)."""
     if not isinstance(weight, QuantizedWeight):
         raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
     if weight.layout is ScaleLayout.NONE:
@@ -63,8 +63,9 @@ def weight_value(weight: QuantizedWeight) -> torch.Tensor:
     scale = weight.scale.cpu().double()  # type: ignore[union-attr]
     if weight.layout is ScaleLayout.BLOCK_16:
         gs = weight.global_scale.cpu().double()  # type: ignore[union-attr]
+        gs = gs[:, None, :] if gs.dim() == 2 else gs[:, None, None]  # per output channel, or per expert
         values = decode_e2m1(weight.data, 1)
-        return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, 1) / gs[:, None, None]
+        return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, 1) / gs
     data = decode_int4(weight.data) if weight.is_int4 else weight.data.cpu().double()
     if weight.layout is ScaleLayout.PER_CHANNEL:
         return data * scale[:, None, :]

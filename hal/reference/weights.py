@@ -55,7 +55,8 @@ def encode_weight(w: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | Non
 
 
 def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
-    """Invert `quantize_weight`: fp32 `[E, K, N]` (`data * scale`; nvfp4: `e2m1 * scale / global_scale[e]`)."""
+    """Invert `quantize_weight`: fp32 `[E, K, N]` (`data * scale`; nvfp4: `e2m1 * scale / global_scale[e]`,
+    or `/ global_scale[e, n]` for a per-channel global scale)."""
     if not isinstance(weight, QuantizedWeight):
         raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
     if weight.layout is ScaleLayout.NONE:
@@ -68,7 +69,8 @@ def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
         _, k, n = weight.data.shape
         return weight.data.to(torch.float32) * expand_tiles(scale, k, n)
     values = e2m1.decode(weight.data, dim=1)  # [E, K, N]
-    gs = weight.global_scale.to(torch.float32).reshape(-1, 1, 1)  # type: ignore[union-attr]
+    gs = weight.global_scale.to(torch.float32)  # type: ignore[union-attr]
+    gs = gs.unsqueeze(1) if gs.dim() == 2 else gs.reshape(-1, 1, 1)  # per channel [E, 1, N] or per expert
     return values * scale.repeat_interleave(NVFP4_BLOCK_SIZE, dim=1) / gs
 
 

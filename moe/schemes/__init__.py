@@ -9,12 +9,13 @@ from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer,
 from moe.schemes.nvfp4 import NvFp4, nvfp4_global_scale
 from moe.schemes.unquantized import Unquantized
 from moe.schemes.w4a4_int4 import W4A4Int4
+from moe.schemes.w8a8_fp8 import W8A8Fp8
 from moe.schemes.w8a8_fp8_block import W8A8Fp8Block
 from moe.schemes.w8a8_int8 import W8A8Int8
 
 #: Every scheme class, by the name `hal` knows it under (`hal.KNOWN_SCHEMES`).
 SCHEMES: dict[str, type[QuantScheme]] = {
-    cls.traits.name: cls for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W4A4Int4, NvFp4)
+    cls.traits.name: cls for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W8A8Fp8, W4A4Int4, NvFp4)
 }
 
 
@@ -32,6 +33,8 @@ def make_scheme(spec: QuantScheme | str) -> QuantScheme:
     if float_dtype is not None:
         return Unquantized(float_dtype)
     traits = parse_scheme(spec)
+    if traits.model_dtype is not None:  # a float dtype's other names ("float32", "half", ...)
+        return Unquantized(traits.model_dtype.spec.storage)
     if traits.name == NvFp4.traits.name:
         raise InvalidInput(
             "scheme: 'nvfp4' needs the checkpoint's global scales; pass "
@@ -42,6 +45,6 @@ def make_scheme(spec: QuantScheme | str) -> QuantScheme:
 
 __all__ = [
     "ExpertWeights", "GemmOperand", "QuantScheme", "Quantizer", "check_float_weights",
-    "NvFp4", "nvfp4_global_scale", "Unquantized", "W4A4Int4", "W8A8Fp8Block", "W8A8Int8",
+    "NvFp4", "nvfp4_global_scale", "Unquantized", "W4A4Int4", "W8A8Fp8", "W8A8Fp8Block", "W8A8Int8",
     "make_scheme", "SCHEMES",
 ]

@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from hal import (
+    Activation,
     ActivationFormat,
     Codec,
     DispatchPlan,
@@ -41,17 +42,48 @@ Quantizer = Callable[[torch.Tensor], QuantizedTensor]
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """One rank's expert weights in a scheme's format.
+    """One rank's experts in a scheme's format: weights, optional biases, and their activation.
 
-    `w13` is `[E, H, 2I]` (gate projection first, then up), `w2` is `[E, I, H]`. NVFP4
-    checkpoints also carry the fp32 global scales of the layer input and of the
-    intermediate activation (one-element tensors).
+    `w13` is `[E, H, 2I]` (gate projection first, then up; `[E, H, I]` for a plain
+    activation), `w2` is `[E, I, H]`. `w13_bias` `[E, 2I]` and `w2_bias` `[E, H]` (fp32) are
+    added to each projection's output. NVFP4 checkpoints also carry the fp32 global scales
+    of the layer input and of the intermediate activation (one-element tensors).
     """
 
     w13: QuantizedWeight
     w2: QuantizedWeight
     input_global_scale: torch.Tensor | None = None
     intermediate_global_scale: torch.Tensor | None = None
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    activation: Activation = Activation()
+
+    def __post_init__(self) -> None:
+        for name in ("w13", "w2"):
+            if not isinstance(getattr(self, name), QuantizedWeight):
+                raise invalid(f"ExpertWeights.{name}", "a hal.QuantizedWeight", type(getattr(self, name)).__name__)
+        object.__setattr__(self, "activation", Activation.parse(self.activation))
+        e, h = self.w13.num_experts, self.w13.in_features
+        width = self.w13.out_features
+        if self.activation.gated and width % 2:
+            raise invalid("ExpertWeights.w13", f"an even number of output channels [gate | up] for {self.activation}",
+                          width)
+        i = self.activation_width()
+        if (self.w2.num_experts, self.w2.in_features, self.w2.out_features) != (e, i, h):
+            raise invalid("ExpertWeights.w2", f"[{e}, {i}, {h}] to match w13 [{e}, {h}, {width}]",
+                          f"[{self.w2.num_experts}, {self.w2.in_features}, {self.w2.out_features}]")
+        for name, shape in (("w13_bias", (e, width)), ("w2_bias", (e, h))):
+            bias = getattr(self, name)
+            if bias is None:
+                continue
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != shape or not torch.is_floating_point(bias):
+                got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+                raise invalid(f"ExpertWeights.{name}", f"a float tensor of shape {shape}", got)
+
+    def activation_width(self) -> int:
+        """I: the activation's output width (half of w13's outputs when gated)."""
+        width = self.w13.out_features
+        return width // 2 if self.activation.gated else width
 
     @property
     def num_experts(self) -> int:
@@ -65,8 +97,13 @@ class ExpertWeights:
 
     @property
     def intermediate_size(self) -> int:
-        """I (half the output channels of `w13`)."""
+        """I (the input channels of `w2`)."""
         return self.w2.in_features
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether either projection carries a bias."""
+        return self.w13_bias is not None or self.w2_bias is not None
 
 
 class QuantScheme(abc.ABC):
@@ -105,8 +142,11 @@ class QuantScheme(abc.ABC):
     @staticmethod
     def quantize_both(vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, layout: ScaleLayout,
                       dtype: torch.dtype | None = None) -> ExpertWeights:
-        """Both projections through `vendor.quantize_weight` with one layout and storage dtype."""
-        return ExpertWeights(vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype))
+        """Both projections through `vendor.quantize_weight` with one layout and storage dtype
+        (a plain activation's `w13` `[E, H, I]` is sized like `w2`'s transpose)."""
+        w13q, w2q = vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype)
+        gated = w13q.out_features != w2q.in_features
+        return ExpertWeights(w13q, w2q, activation=Activation() if gated else Activation("silu"))
 
     # -- activations -----------------------------------------------------------------------------
 
@@ -156,16 +196,16 @@ class QuantScheme(abc.ABC):
         return vendor.dequantize(x, dtype)
 
 
-def check_float_weights(w13: torch.Tensor, w2: torch.Tensor) -> None:
-    """Raise `InvalidInput` unless `w13` `[E, H, 2I]` and `w2` `[E, I, H]` are float and agree."""
+def check_float_weights(w13: torch.Tensor, w2: torch.Tensor, *, gated: bool = True) -> None:
+    """Raise `InvalidInput` unless `w13` `[E, H, 2I]` (`[E, H, I]` when not `gated`) and `w2` `[E, I, H]`
+    are float and agree."""
     for name, w in (("w13", w13), ("w2", w2)):
         if not isinstance(w, torch.Tensor):
             raise invalid(name, "a torch.Tensor", type(w).__name__)
         if w.dim() != 3 or not torch.is_floating_point(w) or w.dtype == torch.float64:
             raise invalid(name, "a 3-D bf16/fp16/fp32 tensor [experts, K, N]", f"{w.dtype} {tuple(w.shape)}")
-    e, h, two_i = w13.shape
-    if two_i % 2 or tuple(w2.shape) != (e, two_i // 2, h):
-        raise invalid(
-            "w13, w2", "w13 [E, H, 2I] (gate then up) and w2 [E, I, H]",
-            f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)}",
-        )
+    e, h, width = w13.shape
+    i = width // 2 if gated else width
+    if (gated and width % 2) or tuple(w2.shape) != (e, i, h):
+        want = "w13 [E, H, 2I] (gate then up) and w2 [E, I, H]" if gated else "w13 [E, H, I] and w2 [E, I, H]"
+        raise invalid("w13, w2", want, f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, GemmKind, Vendor, invalid
@@ -44,9 +46,9 @@ class NvFp4(QuantScheme):
         """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
         device = w13.device
         weights = super().quantize_weights(vendor, w13, w2)
-        return ExpertWeights(
-            weights.w13,
-            weights.w2,
-            torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
-            torch.tensor([self.intermediate_global_scale], dtype=torch.float32, device=device),
+        return dataclasses.replace(
+            weights,
+            input_global_scale=torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
+            intermediate_global_scale=torch.tensor([self.intermediate_global_scale], dtype=torch.float32,
+                                                   device=device),
         )

@@ -14,18 +14,22 @@ MAX_GROUPS = 1024
 FUSED_SCHEME = "w8a8-int8"
 
 _BASE_GEMMS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.INT4})
+#: Float dispatch dtypes of the unfused path: a cast, then npu_grouped_matmul (its non-quantized
+#: dtype table lists fp16 x fp16 and fp32 x fp32, fp32 in the single-tensor form hal calls: one x,
+#: one [E, K, N] weight, one output) and npu_swiglu (fp32/fp16/bf16); sorting and combine are torch.
+_FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32})
 _FP8_GENERATIONS = frozenset({"A5"})
 
 
 def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = (),
                         *, fused: bool = True) -> Capabilities:
-    """The table of one generation: bf16 and int8 dispatch everywhere; fp8 only where the
-    chip computes it (A5), otherwise fp8 falls back to int8; nvfp4 is rejected.
+    """The table of one generation: bf16, fp16, fp32 and int8 dispatch everywhere; fp8 only where
+    the chip computes it (A5), otherwise fp8 falls back to int8; nvfp4 is rejected.
 
     `fused` declares `fused_deep_moe` for W8A8-INT8 (the Ascend DeepEP port is installed).
     """
     fp8 = generation in _FP8_GENERATIONS
-    dispatch = {DispatchDtype.BF16, DispatchDtype.INT8} | ({DispatchDtype.FP8} if fp8 else set())
+    dispatch = {*_FLOAT_DISPATCH, DispatchDtype.INT8} | ({DispatchDtype.FP8} if fp8 else set())
     fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.NVFP4: None}
     reasons = {DispatchDtype.NVFP4: f"Atlas {generation} has no fp4 support"}
     if not fp8:

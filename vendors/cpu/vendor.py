@@ -10,10 +10,11 @@ from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ProbeResul
 
 _CPU_CAPABILITIES = Capabilities(
     device_name="cpu",
-    dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8}),
+    dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.FP16,
+                               DispatchDtype.FP32}),
     dispatch_fallbacks={DispatchDtype.NVFP4: None},
     fallback_reasons={
-        DispatchDtype.NVFP4: "the CPU reference dispatcher carries bf16, fp8 and int8 only; its nvfp4 "
+        DispatchDtype.NVFP4: "the CPU reference dispatcher carries bf16, fp16, fp32, fp8 and int8 only; its nvfp4 "
         "grouped matmul takes rows dispatched as bf16 and quantized to nvfp4 after dispatch",
     },
     default_dispatch_dtype=DispatchDtype.BF16,
@@ -21,6 +22,7 @@ _CPU_CAPABILITIES = Capabilities(
     int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
     grouped_matmul=frozenset(GemmKind),
     collective_backend="gloo",
+    host_synchronous=True,
     notes=("reference implementations in plain torch (hal.reference); correct first, not fast",),
 )
 

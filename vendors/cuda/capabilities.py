@@ -8,11 +8,15 @@ from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimi
 MAX_GROUPS = 1024
 
 _FLOAT_KINDS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32})
+#: Float dispatch dtypes every sm carries: a cast, then the Triton grouped GEMM of the same dtype
+#: (fp32 with IEEE products, no TF32), swiglu and combine in any float dtype.
+_FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32})
 _INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per channel and feeds the tensor cores"
 
 
 def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True) -> Capabilities:
-    """The capabilities of a CUDA device: fp8 from sm89, nvfp4 from sm100; int8 falls back.
+    """The capabilities of a CUDA device: bf16, fp16 and fp32 everywhere, fp8 from sm89, nvfp4 from
+    sm100; int8 falls back.
 
     `kernels`: Triton is installed (the grouped GEMM then limits a call to `MAX_GROUPS` groups).
     """
@@ -23,12 +27,12 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
         "Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
     notes = [f"compute capability sm{sm}", path]
     if sm >= 89:
-        dispatch = {DispatchDtype.BF16, DispatchDtype.FP8}
+        dispatch = {*_FLOAT_DISPATCH, DispatchDtype.FP8}
         fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.INT8: DispatchDtype.FP8}
         reasons = {DispatchDtype.INT8: _INT8_REASON}
         kinds = _FLOAT_KINDS | {GemmKind.INT8, GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128}
     else:
-        dispatch = {DispatchDtype.BF16}
+        dispatch = set(_FLOAT_DISPATCH)
         fallbacks = {DispatchDtype.INT8: DispatchDtype.BF16, DispatchDtype.FP8: DispatchDtype.BF16}
         reasons = {
             DispatchDtype.INT8: f"sm{sm} has no fp8; int8 dispatch is carried as bf16",

@@ -52,7 +52,8 @@ class CudaOps(ReferenceOps):
 
     notes = {
         "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels); a cast for bf16",
-        "quantize_weight": "the reference, then one-byte weights stored K-major",
+        "quantize_weight": "the reference, then prepare_weight",
+        "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 at "
                           f">= {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group (sm90+)",
         "swiglu": "Triton, one pass",
@@ -102,12 +103,15 @@ class CudaOps(ReferenceOps):
 
     def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
                         dtype: torch.dtype | None) -> QuantizedWeight:
-        """The reference quantization; one-byte weights are then stored K-major (same values, same shape)."""
-        q = super().quantize_weight(weight, layout=layout, dtype=dtype)
-        if q.data.dtype not in (torch.int8, torch.float8_e4m3fn):
-            return q
-        k_major = q.data.transpose(1, 2).contiguous().transpose(1, 2)
-        return QuantizedWeight(k_major, q.layout, q.scale, q.global_scale)
+        """The reference quantization, then `prepare_weight` (one-byte weights stored K-major)."""
+        return self.prepare_weight(super().quantize_weight(weight, layout=layout, dtype=dtype))
+
+    def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
+        """One-byte weights stored K-major (same values, same shape), as the Triton GEMMs read them best."""
+        if weight.data.dtype not in (torch.int8, torch.float8_e4m3fn) or weight.data.stride(1) == 1:
+            return weight
+        k_major = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
+        return QuantizedWeight(k_major, weight.layout, weight.scale, weight.global_scale)
 
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

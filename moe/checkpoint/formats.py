@@ -1,0 +1,147 @@
+"""The checkpoint formats the loader reads, one row each: what every tensor of a projection must be.
+
+A projection's weight is stored `[N, K]` (out, in), as `torch.nn.Linear` keeps it:
+
+| format | `weight` | scales | hal weights built |
+|---|---|---|---|
+| `bf16`, `fp16`, `fp32` | that dtype `[N, K]` | none | none, same dtype |
+| `fp8-block128` | e4m3 `[N, K]` | `weight_scale_inv` fp32 `[ceil(N/128), ceil(K/128)]` | block-128x128 |
+| `fp8` | e4m3 `[N, K]` | `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]`; optional `input_scale` `[]` | per-channel fp8 |
+| `int8` | int8 `[N, K]` | `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]` | per-channel int8 |
+| `nvfp4` | uint8 `[N, K/2]` | `weight_scale` e4m3 `[N, K/16]`, `weight_scale_2` fp32 `[]`, `input_scale` fp32 `[]` | block-16 |
+
+Scales may also come in bf16 or fp16 (widened to fp32, exactly). Every format takes an
+optional fp32/bf16/fp16 `bias` `[N]` per projection.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hal import FLOAT_DTYPES, FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout, invalid
+from moe.checkpoint.names import TensorKind
+
+
+class CheckpointFormat(str, enum.Enum):
+    """How a checkpoint stores its expert weights."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP8_BLOCK128 = "fp8-block128"  #: DeepSeek-V3 / Qwen3-FP8: e4m3 with 128x128 block `weight_scale_inv`
+    FP8 = "fp8"  #: e4m3 with a per-tensor or per-channel `weight_scale`, optional static `input_scale`
+    INT8 = "int8"  #: W8A8-INT8: int8 with a per-channel `weight_scale`, dynamic per-token activations
+    NVFP4 = "nvfp4"  #: NVIDIA ModelOpt NVFP4
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def spec(self) -> FormatSpec:
+        """This format's row of `FORMATS`."""
+        return FORMATS[self]
+
+    @staticmethod
+    def parse(value: CheckpointFormat | str) -> CheckpointFormat:
+        """A format by name or alias (`"w8a8-fp8-block"`, `"modelopt-nvfp4"`, `"bfloat16"`, ...)."""
+        if isinstance(value, CheckpointFormat):
+            return value
+        key = str(value).strip().lower().replace("_", "-")
+        found = _ALIASES.get(key)
+        if found is None:
+            raise invalid("format", f"one of {', '.join(f.value for f in CheckpointFormat)}", value)
+        return found
+
+
+class FusedLayout(str, enum.Enum):
+    """How fused (all-experts) weight tensors are oriented.
+
+    `out-in`: `gate_up_proj` `[E, 2I, H]`, `down_proj` `[E, H, I]` (transformers 5's
+    Qwen3-MoE, Mixtral, DeepSeek, OLMoE modules); `in-out`: `gate_up_proj` `[E, H, 2I]`,
+    `down_proj` `[E, I, H]` (Llama-4 and gpt-oss checkpoints).
+    """
+
+    OUT_IN = "out-in"
+    IN_OUT = "in-out"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One checkpoint format: weight storage, the tensor kinds it has, the hal weights it becomes."""
+
+    format: CheckpointFormat
+    storage: torch.dtype
+    layout: ScaleLayout
+    required: tuple[TensorKind, ...]
+    optional: tuple[TensorKind, ...] = ()
+    values_per_byte: int = 1  #: weight values per stored element along K (nvfp4: two)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether weights come with scales."""
+        return self.layout is not ScaleLayout.NONE
+
+    def kinds(self) -> tuple[TensorKind, ...]:
+        """Every tensor kind this format may have per projection (bias included)."""
+        return (*self.required, *self.optional, TensorKind.BIAS)
+
+
+_W, _S, _INV, _S2, _IN = (TensorKind.WEIGHT, TensorKind.WEIGHT_SCALE, TensorKind.WEIGHT_SCALE_INV,
+                          TensorKind.WEIGHT_SCALE_2, TensorKind.INPUT_SCALE)
+
+#: The checkpoint formats, one row each.
+FORMATS: dict[CheckpointFormat, FormatSpec] = {
+    spec.format: spec for spec in (
+        FormatSpec(CheckpointFormat.BF16, torch.bfloat16, ScaleLayout.NONE, (_W,)),
+        FormatSpec(CheckpointFormat.FP16, torch.float16, ScaleLayout.NONE, (_W,)),
+        FormatSpec(CheckpointFormat.FP32, torch.float32, ScaleLayout.NONE, (_W,)),
+        FormatSpec(CheckpointFormat.FP8_BLOCK128, torch.float8_e4m3fn, ScaleLayout.BLOCK_128X128, (_W, _INV)),
+        FormatSpec(CheckpointFormat.FP8, torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL, (_W, _S), (_IN,)),
+        FormatSpec(CheckpointFormat.INT8, torch.int8, ScaleLayout.PER_CHANNEL, (_W, _S)),
+        FormatSpec(CheckpointFormat.NVFP4, torch.uint8, ScaleLayout.BLOCK_16, (_W, _S, _S2, _IN),
+                   values_per_byte=2),
+    )
+}
+
+_ALIASES: dict[str, CheckpointFormat] = {
+    **{f.value: f for f in CheckpointFormat},
+    "bfloat16": CheckpointFormat.BF16, "float16": CheckpointFormat.FP16, "half": CheckpointFormat.FP16,
+    "float32": CheckpointFormat.FP32, "float": CheckpointFormat.FP32,
+    "fp8-block": CheckpointFormat.FP8_BLOCK128, "w8a8-fp8-block": CheckpointFormat.FP8_BLOCK128,
+    "w8a8-fp8": CheckpointFormat.FP8, "fp8-per-tensor": CheckpointFormat.FP8,
+    "fp8-per-channel": CheckpointFormat.FP8, "w8a8-int8": CheckpointFormat.INT8,
+    "modelopt-nvfp4": CheckpointFormat.NVFP4,
+}
+
+#: Dtypes a scale may be stored in (all widen to fp32 exactly).
+SCALE_DTYPES = FLOAT_DTYPES
+#: Shapes of a one-value (per-tensor) scale.
+SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
+
+
+def expected_tensor(spec: FormatSpec, kind: TensorKind, n: int,
+                    k: int) -> tuple[list[tuple[int, ...]], tuple[torch.dtype, ...]]:
+    """The shapes and dtypes a tensor of `kind` may have for a projection of `[N, K]` (out, in)."""
+    if kind is TensorKind.WEIGHT:
+        return [(n, k // spec.values_per_byte)], (spec.storage,)
+    if kind is TensorKind.BIAS:
+        return [(n,)], FLOAT_DTYPES
+    if kind is TensorKind.WEIGHT_SCALE_INV:
+        return [(math.ceil(n / FP8_GROUP_SIZE), math.ceil(k / FP8_GROUP_SIZE))], SCALE_DTYPES
+    if kind is TensorKind.WEIGHT_SCALE and spec.layout is ScaleLayout.BLOCK_16:
+        return [(n, k // NVFP4_BLOCK_SIZE)], (torch.float8_e4m3fn,)
+    if kind is TensorKind.WEIGHT_SCALE:
+        return [*SCALAR_SHAPES, (n,), (n, 1)], SCALE_DTYPES
+    return list(SCALAR_SHAPES), SCALE_DTYPES  # weight_scale_2, input_scale
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`float8_e4m3fn` for `torch.float8_e4m3fn` (messages)."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,312 @@
+"""`ExpertCheckpointLoader`: feed a checkpoint's expert tensors one at a time, get `moe.ExpertWeights`.
+
+Tensors are taken as stored (no dequantize / requantize): the loader checks each one as it
+arrives (an `InvalidInput` naming the tensor), keeps only this rank's experts (expert
+parallelism) and its shard of the intermediate dimension (tensor parallelism), and
+`build()` transposes and concatenates them into hal's formats (`moe.checkpoint.assemble`).
+Static activation scales (`input_scale`) are read for every expert, not only the local
+ones: the layer quantizes its input with the largest of them, which every rank must agree on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hal import FP8_GROUP_SIZE, Activation, InvalidInput, invalid, positive_int
+from moe.checkpoint.assemble import assemble
+from moe.checkpoint.formats import CheckpointFormat, FusedLayout, dtype_name, expected_tensor
+from moe.checkpoint.names import (
+    ExpertTensorName,
+    NameStyle,
+    Projection,
+    TensorKind,
+    expert_tensor_name,
+    normalize_prefix,
+    parse_expert_name,
+)
+from moe.checkpoint.shard import shard, split_gate_up
+from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W8A8Fp8, W8A8Fp8Block, W8A8Int8
+
+_FLOAT_SCHEMES = {CheckpointFormat.BF16: torch.bfloat16, CheckpointFormat.FP16: torch.float16,
+                  CheckpointFormat.FP32: torch.float32}
+_SCALAR_VALUED = (TensorKind.WEIGHT_SCALE_2, TensorKind.INPUT_SCALE)
+
+
+class ExpertCheckpointLoader:
+    """Collects one MoE layer's expert tensors and builds this rank's `ExpertWeights`.
+
+    `format`: a `CheckpointFormat` (or its name); `local_experts`: the contiguous expert ids
+    this rank holds (default: all); `tp_rank` / `tp_size`: this rank's shard of the
+    intermediate dimension (`I / tp_size` channels from `tp_rank * I / tp_size`);
+    `activation` (a `hal.Activation` or its name, carried by the weights built) or
+    `activation_gated`: gate and up projections, or (False) a plain activation with up and
+    down only; `bias`: the projections have biases (the down bias is rank 0's under
+    tensor parallelism, zeros elsewhere); `prefix`: the MoE block's module path (names
+    elsewhere are ignored; without one, the first name fixes it); `fused_layout`: how fused
+    all-experts weights are oriented; `gate_up_interleaved`: gate and up rows alternate in
+    `gate_up` tensors (gpt-oss); `static_input_scale`: use the checkpoint's `input_scale`
+    (fp8 only; None: where the checkpoint has them, False: ignore them; nvfp4 always does).
+    """
+
+    def __init__(self, format: CheckpointFormat | str, num_experts: int, hidden_size: int, intermediate_size: int,
+                 *, local_experts: range | None = None, tp_rank: int = 0, tp_size: int = 1,
+                 activation_gated: bool | None = None, activation: Activation | str | None = None,
+                 bias: bool = False, prefix: str | None = None,
+                 fused_layout: FusedLayout | str = FusedLayout.OUT_IN, gate_up_interleaved: bool = False,
+                 static_input_scale: bool | None = None) -> None:
+        self.format = CheckpointFormat.parse(format)
+        self.spec = self.format.spec
+        self.num_experts = positive_int("num_experts", num_experts)
+        self.hidden_size = positive_int("hidden_size", hidden_size)
+        self.intermediate_size = positive_int("intermediate_size", intermediate_size)
+        self.local_experts = range(num_experts) if local_experts is None else local_experts
+        if (not isinstance(self.local_experts, range) or self.local_experts.step != 1 or not self.local_experts
+                or self.local_experts.start < 0 or self.local_experts.stop > num_experts):
+            raise invalid("local_experts", f"a non-empty range(start, stop) within range({num_experts})",
+                          local_experts)
+        positive_int("tp_size", tp_size)
+        if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+            raise invalid("tp_rank", f"an int in [0, {tp_size})", tp_rank)
+        if intermediate_size % tp_size:
+            raise invalid("tp_size", f"a divisor of intermediate_size={intermediate_size}", tp_size)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.activation = self._activation(activation, activation_gated)
+        self.gated, self.bias = self.activation.gated, bool(bias)
+        self.fused_layout = FusedLayout(fused_layout)
+        self.interleaved = bool(gate_up_interleaved)
+        if static_input_scale is not None and self.format is not CheckpointFormat.FP8:
+            raise invalid("static_input_scale", f"None for a {self.format} checkpoint (only fp8 has a choice)",
+                          static_input_scale)
+        self.static_input_scale = True if self.format is CheckpointFormat.NVFP4 else static_input_scale
+        if self.format is CheckpointFormat.NVFP4:
+            for name, size in (("hidden_size", hidden_size), ("intermediate_size / tp_size", self.local_intermediate)):
+                if size % 16:
+                    raise invalid(name, "a multiple of 16 for nvfp4 (its block scales cover 16 channels)", size)
+        self.prefix = None if prefix is None else normalize_prefix(prefix)
+        self._style: NameStyle | None = None
+        self._prefix = ""
+        self._parts: dict[tuple[int, Projection, TensorKind], torch.Tensor] = {}
+        self._sources: dict[tuple[int, Projection, TensorKind], str] = {}
+        self._input_scales: dict[tuple[int, Projection], float] = {}
+
+    @staticmethod
+    def _activation(activation: Activation | str | None, gated: bool | None) -> Activation:
+        """The experts' activation: as given, else SiLU-GLU (gated) or SiLU (`activation_gated=False`)."""
+        if activation is None:
+            return Activation.parse("silu-glu" if gated is None or gated else "silu")
+        parsed = Activation.parse(activation)
+        if gated is not None and bool(gated) != parsed.gated:
+            raise invalid("activation_gated", f"{parsed.gated} for activation {parsed.kind.value!r} (or None)", gated)
+        return parsed
+
+    # -- shape of this rank's part ---------------------------------------------------------------
+
+    @property
+    def local_intermediate(self) -> int:
+        """I of this rank: `intermediate_size / tp_size`."""
+        return self.intermediate_size // self.tp_size
+
+    @property
+    def projections(self) -> tuple[Projection, ...]:
+        """The projections every expert has."""
+        return (Projection.GATE, Projection.UP, Projection.DOWN) if self.gated else (Projection.UP, Projection.DOWN)
+
+    def _dims(self, projection: Projection) -> tuple[int, int]:
+        """(N, K) of a projection at the full intermediate size."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {Projection.GATE: (i, h), Projection.UP: (i, h), Projection.DOWN: (h, i),
+                Projection.GATE_UP: (2 * i, h)}[projection]
+
+    # -- feeding tensors -------------------------------------------------------------------------
+
+    def wants(self, name: str) -> bool:
+        """Whether `add(name, ...)` would keep (or read) this tensor; reads nothing."""
+        parsed = parse_expert_name(name, self.prefix)
+        if parsed is None or (self.prefix is None and self._style is not None and parsed.prefix != self._prefix):
+            return False
+        if parsed.kind is TensorKind.INPUT_SCALE:
+            return self.static_input_scale is not False
+        return parsed.fused or parsed.expert in self.local_experts
+
+    def add(self, name: str, tensor: torch.Tensor) -> bool:
+        """Take one checkpoint tensor; True if kept, False if it is not this rank's (or no expert tensor).
+
+        Raises `InvalidInput` naming the tensor when its shape, dtype or kind does not fit.
+        """
+        parsed = parse_expert_name(name, self.prefix)
+        if parsed is None:
+            return False
+        self._check_layer(name, parsed)
+        if not isinstance(tensor, torch.Tensor):
+            raise invalid(name, "a torch.Tensor", type(tensor).__name__)
+        self._check_kind(name, parsed)
+        if parsed.kind is TensorKind.INPUT_SCALE and self.static_input_scale is False:
+            return False
+        if parsed.fused:
+            return self._add_fused(name, parsed, tensor)
+        if parsed.expert >= self.num_experts:  # type: ignore[operator]
+            raise invalid(name, f"an expert id below num_experts={self.num_experts}", parsed.expert)
+        return self._add_expert(name, parsed.projection, parsed.kind, parsed.expert, tensor,  # type: ignore[arg-type]
+                                view_ok=self.tp_size == 1)
+
+    def _check_layer(self, name: str, parsed: ExpertTensorName) -> None:
+        """One loader, one layer: the first name fixes the prefix and the naming family."""
+        if self._style is None:
+            self._prefix, self._style = parsed.prefix, parsed.style
+        elif self.prefix is None and parsed.prefix != self._prefix:
+            raise InvalidInput(f"{name}: a tensor of another layer ({parsed.prefix!r}) than the first one loaded "
+                               f"({self._prefix!r}); pass prefix= to load one layer")
+
+    def _check_kind(self, name: str, parsed: ExpertTensorName) -> None:
+        if parsed.kind not in self.spec.kinds():
+            raise invalid(name, f"one of the {self.format} tensors "
+                                f"({', '.join(k.value for k in self.spec.kinds())})", parsed.kind.value)
+        if parsed.kind is TensorKind.BIAS and not self.bias:
+            raise invalid(name, "no bias tensors (the loader was built with bias=False)", "a bias")
+        if not self.gated and parsed.projection in (Projection.GATE, Projection.GATE_UP):
+            raise invalid(name, "up and down projections only (activation_gated=False)", str(parsed.projection))
+
+    def _add_fused(self, name: str, parsed: ExpertTensorName, t: torch.Tensor) -> bool:
+        """A tensor of every expert (leading dimension E), or of the local experts only (E_local)."""
+        n, k = self._dims(parsed.projection)
+        lead = [self.num_experts]
+        if parsed.kind is not TensorKind.INPUT_SCALE and len(self.local_experts) != self.num_experts:
+            lead.append(len(self.local_experts))
+        transposed = parsed.kind is TensorKind.WEIGHT and self.fused_layout is FusedLayout.IN_OUT
+        if transposed and self.spec.quantized:
+            raise invalid(name, f"fused {self.format} weights in the out-in layout [E, N, K]", "fused_layout='in-out'")
+        shapes, dtypes = expected_tensor(self.spec, parsed.kind, n, k)
+        if transposed:
+            shapes = [s[::-1] for s in shapes]
+        if parsed.kind in _SCALAR_VALUED:
+            shapes = [()]
+        wanted = [(e, *s) for e in lead for s in shapes]
+        self._check_tensor(name, t, wanted, dtypes)
+        experts = range(self.num_experts) if parsed.kind is TensorKind.INPUT_SCALE else self.local_experts
+        base = self.local_experts.start if t.shape[0] != self.num_experts else 0
+        whole = self.tp_size == 1 and t.shape[0] == len(self.local_experts)  # every byte given is kept
+        for e in experts:
+            one = t[e - base].t() if transposed else t[e - base]
+            self._add_expert(name, parsed.projection, parsed.kind, e, one, checked=True, view_ok=whole)
+        return True
+
+    def _add_expert(self, name: str, projection: Projection, kind: TensorKind, expert: int, t: torch.Tensor,
+                    checked: bool = False, view_ok: bool = True) -> bool:
+        """One expert's tensor `[N, K]`: checked, split (gate_up), sharded (TP) and kept if local."""
+        n, k = self._dims(projection)
+        if not checked:
+            self._check_tensor(name, t, *expected_tensor(self.spec, kind, n, k))
+        if kind in _SCALAR_VALUED:
+            value = float(t.reshape(()))
+            if not 0 < value < float("inf"):
+                raise invalid(name, "a finite positive scale", value)
+            if kind is TensorKind.INPUT_SCALE:
+                for p in self._split_projections(projection):
+                    self._input_scales[(expert, p)] = value
+                return True
+        if expert not in self.local_experts:
+            return False
+        if projection is Projection.GATE_UP:
+            pieces = zip((Projection.GATE, Projection.UP),
+                         split_gate_up(name, self.spec, kind, t, self.intermediate_size, self.interleaved))
+        else:
+            pieces = zip((projection,), (t,))
+        for p, piece in pieces:
+            if kind is TensorKind.WEIGHT_SCALE_INV and p is not Projection.DOWN and self.gated \
+                    and self.local_intermediate % FP8_GROUP_SIZE:
+                raise InvalidInput(
+                    f"{name}: gate and up concatenated along N need 128x128 blocks that do not straddle "
+                    f"them: expected I per rank (intermediate_size / tp_size) a multiple of {FP8_GROUP_SIZE}, "
+                    f"got {self.local_intermediate}"
+                )
+            local = shard(name, self.spec, p, kind, piece, self.tp_rank * self.local_intermediate,
+                          self.local_intermediate, self.intermediate_size)
+            self._store(name, expert - self.local_experts.start, p, kind, local, view_ok and local is piece)
+        return True
+
+    def _split_projections(self, projection: Projection) -> tuple[Projection, ...]:
+        return (Projection.GATE, Projection.UP) if projection is Projection.GATE_UP else (projection,)
+
+    def _store(self, name: str, expert: int, projection: Projection, kind: TensorKind, t: torch.Tensor,
+               view_ok: bool) -> None:
+        key = (expert, projection, kind)
+        if key in self._sources:
+            raise InvalidInput(f"{name}: expert {expert + self.local_experts.start}'s {projection} {kind} was "
+                               f"already loaded from {self._sources[key]}")
+        if not view_ok and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            t = t.clone()  # a view of a larger tensor: keep only this rank's part, not the rest
+        self._parts[key], self._sources[key] = t, name
+
+    @staticmethod
+    def _check_tensor(name: str, t: torch.Tensor, shapes: list[tuple[int, ...]],
+                      dtypes: tuple[torch.dtype, ...]) -> None:
+        if tuple(t.shape) not in shapes or t.dtype not in dtypes:
+            want = " or ".join(str(list(s)) for s in shapes)
+            kinds = "/".join(dtype_name(d) for d in dtypes)
+            raise InvalidInput(f"{name}: expected {kinds} of shape {want}, got {dtype_name(t.dtype)} "
+                               f"of shape {list(t.shape)}")
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def _uses_input_scales(self) -> bool:
+        return bool(self.static_input_scale) or (self.static_input_scale is None and bool(self._input_scales))
+
+    def missing(self) -> list[str]:
+        """The names of the tensors `build()` still needs (this rank's, and every expert's input scales)."""
+        kinds = [k for k in self.spec.required if k is not TensorKind.INPUT_SCALE]
+        kinds += [TensorKind.BIAS] if self.bias else []
+        names: list[str] = []
+        for e in self.local_experts:
+            names += [self._name(e, p, k) for p in self.projections for k in kinds
+                      if (e - self.local_experts.start, p, k) not in self._parts]
+        return list(dict.fromkeys(names + self._missing_input_scales()))
+
+    def _missing_input_scales(self) -> list[str]:
+        if not self._uses_input_scales():
+            return []
+        return list(dict.fromkeys(self._name(e, p, TensorKind.INPUT_SCALE) for e in range(self.num_experts)
+                                  for p in self.projections if (e, p) not in self._input_scales))
+
+    def _name(self, expert: int, projection: Projection, kind: TensorKind) -> str:
+        style = self._style or NameStyle.HF
+        prefix = self.prefix if self.prefix is not None else getattr(self, "_prefix", "")
+        if style is NameStyle.FUSED and projection is not Projection.DOWN and self.gated:
+            projection = Projection.GATE_UP
+        return expert_tensor_name(prefix, expert, projection, kind, style)
+
+    def _require_complete(self, input_scales_only: bool = False) -> None:
+        missing = self._missing_input_scales() if input_scales_only else self.missing()
+        if missing:
+            raise InvalidInput(f"checkpoint: expected every expert tensor of this rank, got {len(missing)} "
+                               f"missing: {', '.join(missing)}")
+
+    def _max_input_scale(self, down: bool) -> float:
+        return max(v for (_, p), v in self._input_scales.items() if (p is Projection.DOWN) == down)
+
+    def scheme(self) -> QuantScheme:
+        """The `moe` scheme these weights run under; fp8 (static) and nvfp4 take the checkpoint's
+        activation scales, so every expert's `input_scale` must have been added (the weights need not)."""
+        if self.format in _FLOAT_SCHEMES:
+            return Unquantized(_FLOAT_SCHEMES[self.format])
+        if self.format is CheckpointFormat.FP8_BLOCK128:
+            return W8A8Fp8Block()
+        if self.format is CheckpointFormat.INT8:
+            return W8A8Int8()
+        if not self._uses_input_scales():
+            return W8A8Fp8()
+        self._require_complete(input_scales_only=True)
+        scale_in, scale_down = self._max_input_scale(False), self._max_input_scale(True)
+        if self.format is CheckpointFormat.FP8:
+            return W8A8Fp8(input_scale=scale_in, intermediate_scale=scale_down)
+        return NvFp4(input_global_scale=1.0 / scale_in, intermediate_global_scale=1.0 / scale_down)
+
+    def build(self, device: torch.device | None = None) -> ExpertWeights:
+        """This rank's `ExpertWeights` (copies, never views of the tensors given); raises `InvalidInput`
+        naming every missing tensor."""
+        self._require_complete()
+        scheme = self.scheme()
+        global_scales = (None, None)
+        if isinstance(scheme, NvFp4):
+            global_scales = (scheme.input_global_scale, scheme.intermediate_global_scale)
+        return assemble(self.spec, lambda e, p, k: self._parts[(e, p, k)], len(self.local_experts), self.activation,
+                        self.bias, *global_scales, device=device, down_bias_here=self.tp_rank == 0)

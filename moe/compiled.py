@@ -1,0 +1,46 @@
+"""The layer as one custom op, so `torch.compile(fullgraph=True)` traces a model through it.
+
+Under compilation the layer routes in traced torch code and hands the rest (dispatch,
+grouped matmuls whose group sizes depend on the data, combine, shared experts, the
+tensor-parallel all-reduce) to `torch.ops.moe_hal.moe_forward`, whose fake implementation
+only states the output's shape and dtype. The op finds its layer through an integer handle:
+torch custom ops take tensors and plain values, not Python objects. The handle table holds
+weak references only (a layer that is gone is gone from it); it is an identity table, not
+configuration, and nothing reads it but the op.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+from hal import InvalidInput
+
+_LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+
+
+def register_layer(layer: Any) -> int:
+    """A new handle for `layer` (which must have `_run(x, topk_ids, topk_weights, weights_on_input)`)."""
+    handle = next(_HANDLES)
+    _LAYERS[handle] = layer
+    return handle
+
+
+@torch.library.custom_op("moe_hal::moe_forward", mutates_args=())
+def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights_on_input: bool,
+                handle: int) -> torch.Tensor:
+    """The MoE output `[T, H]` (x's dtype) of routed rows `x` `[T, H]`, computed by layer `handle`."""
+    layer = _LAYERS.get(handle)
+    if layer is None:
+        raise InvalidInput(f"moe_hal::moe_forward: expected a live MoELayer for handle {handle}, got none")
+    return layer._run(x, topk_ids, topk_weights, weights_on_input)
+
+
+@moe_forward.register_fake
+def _moe_forward_fake(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights_on_input: bool,
+                      handle: int) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -1,0 +1,74 @@
+"""The checks of a forward's inputs and its routing: by the layer's router, or precomputed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hal import InvalidInput, invalid
+from moe.routing import Routing
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_WEIGHT_DTYPES = (*_INPUT_DTYPES, torch.float64)
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def check_hidden_states(hidden_states: object, hidden_size: int) -> torch.Tensor:
+    """`hidden_states` `[..., H]` (bf16, fp16 or fp32) as `[T, H]` rows."""
+    if not isinstance(hidden_states, torch.Tensor):
+        raise invalid("hidden_states", "a torch.Tensor", type(hidden_states).__name__)
+    if hidden_states.dim() < 1 or hidden_states.shape[-1] != hidden_size:
+        raise invalid("hidden_states", f"shape [..., {hidden_size}]", tuple(hidden_states.shape))
+    if hidden_states.dtype not in _INPUT_DTYPES:
+        raise invalid("hidden_states", "a bf16, fp16 or fp32 tensor", hidden_states.dtype)
+    return hidden_states.reshape(-1, hidden_size)
+
+
+def route(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
+          topk_weights: object) -> Routing:
+    """The routing of a forward: `layer.router` over `router_logits`, or the precomputed ids and weights.
+
+    With `layer.check_routing` (and outside compilation, where values cannot be read), non-finite
+    logits or weights and out-of-range ids raise `InvalidInput`.
+    """
+    lead = tuple(hidden_states.shape[:-1])
+    check = layer.check_routing and not torch.compiler.is_compiling()
+    if router_logits is not None:
+        if topk_ids is not None or topk_weights is not None:
+            raise InvalidInput("forward: expected router_logits or precomputed topk_ids/topk_weights, got both")
+        if not isinstance(router_logits, torch.Tensor):
+            raise invalid("router_logits", "a torch.Tensor", type(router_logits).__name__)
+        if tuple(router_logits.shape) != (*lead, layer.num_experts):
+            raise invalid("router_logits", f"shape {(*lead, layer.num_experts)}", tuple(router_logits.shape))
+        logits = router_logits.reshape(-1, layer.num_experts)
+        if check and torch.is_floating_point(logits):
+            _require_finite("router_logits", logits)
+        return layer.router(logits)
+    if topk_ids is None or topk_weights is None:
+        raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got "
+                           + ("neither" if topk_ids is None and topk_weights is None else "only one of the two"))
+    want = (*lead, layer.top_k)
+    for name, t, kinds, what in (("topk_ids", topk_ids, _INT_DTYPES, "int32/int64"),
+                                 ("topk_weights", topk_weights, _WEIGHT_DTYPES, "floating-point")):
+        if not isinstance(t, torch.Tensor):
+            raise invalid(name, "a torch.Tensor", type(t).__name__)
+        if tuple(t.shape) != want or t.dtype not in kinds:
+            raise invalid(name, f"a {what} tensor of shape {want}", f"{t.dtype} of shape {tuple(t.shape)}")
+    ids = topk_ids.reshape(-1, layer.top_k).to(torch.int64)  # type: ignore[union-attr]
+    weights = topk_weights.reshape(-1, layer.top_k).to(torch.float32)  # type: ignore[union-attr]
+    if check:
+        _require_finite("topk_weights", weights)
+        if ids.numel() and bool(((ids < 0) | (ids >= layer.num_experts)).any()):
+            bad = ids[(ids < 0) | (ids >= layer.num_experts)]
+            raise InvalidInput(f"topk_ids: expected expert ids in [0, {layer.num_experts}), "
+                               f"got {bad.numel()} outside (e.g. {int(bad[0])})")
+    return Routing(ids, weights)
+
+
+def _require_finite(name: str, t: torch.Tensor) -> None:
+    bad_rows = ~torch.isfinite(t).all(dim=-1)
+    if bool(bad_rows.any()):
+        rows = bad_rows.nonzero().flatten()
+        raise InvalidInput(f"{name}: expected finite values, got non-finite values in {rows.numel()} token(s) "
+                           f"(first: token {int(rows[0])})")

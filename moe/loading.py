@@ -1,0 +1,154 @@
+"""How a `MoELayer` takes its weights: float weights it quantizes, or weights already in hal's formats.
+
+Both paths keep this rank's experts (expert parallelism) and its share of the intermediate
+dimension (tensor parallelism, `moe.sharding`), hand the weights to the vendor to prepare
+once (`hal.Vendor.prepare_weight`) and copy them into the layer's buffers; the caller's
+tensors are never aliased. Checkpoint loaders (`moe.checkpoint`) build the `ExpertWeights`
+that `load_expert_weights` takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hal import InvalidInput, QuantizedWeight, invalid
+from moe.schemes import ExpertWeights, check_float_weights
+
+if TYPE_CHECKING:
+    from moe.layer import MoELayer
+
+
+class ExpertLoading:
+    """The weight-loading methods of `MoELayer`."""
+
+    def load_weights(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor, *, w13_bias: torch.Tensor | None = None,
+                     w2_bias: torch.Tensor | None = None) -> MoELayer:
+        """Float weights of all experts and the full intermediate size, quantized through the scheme:
+        `w13` `[E, H, 2I]` (`[gate | up]`; `[E, H, I]` for a plain activation), `w2` `[E, I, H]`, biases
+        `[E, 2I]` / `[E, H]` (required when the layer has `bias=True`, refused otherwise)."""
+        gated = self.activation.gated
+        check_float_weights(w13, w2, gated=gated)
+        i, h, e = self.intermediate_size, self.hidden_size, self.num_experts
+        width = self.activation.input_width(i)
+        if (tuple(w13.shape), tuple(w2.shape)) != ((e, h, width), (e, i, h)):
+            raise invalid("w13, w2", f"shapes {(e, h, width)} and {(e, i, h)}", f"{tuple(w13.shape)} and {tuple(w2.shape)}")
+        b13, b2 = _check_biases(self.bias, w13_bias, w2_bias, (e, width), (e, h))
+        mine = slice(self.local_experts.start, self.local_experts.stop)
+        shard, device = self.tensor_shard, self.vendor.device
+        w13_local = shard.first_projection(w13[mine], i, gated).to(device)
+        w2_local = shard.second_projection(w2[mine], i).to(device)
+        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local)
+        if b13 is not None:
+            b13 = shard.first_projection(b13[mine], i, gated)
+            b2 = shard.down_bias(b2[mine])  # type: ignore[index]
+        weights = dataclasses.replace(weights, activation=self.activation, w13_bias=_fp32(b13, device),
+                                      w2_bias=_fp32(b2, device))
+        self.experts.store(weights)
+        return self
+
+    def load_expert_weights(self: MoELayer, weights: ExpertWeights) -> MoELayer:
+        """Weights already in hal's formats (`hal.QuantizedWeight`, e.g. from `moe.checkpoint`) for this
+        rank's experts and intermediate shard only; the vendor prepares them once, the layer copies them."""
+        if not isinstance(weights, ExpertWeights):
+            raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
+        weights = self._checked_weights(weights, "expert weights", self.dispatcher.num_local_experts,
+                                        self.local_intermediate_size, routed=True)
+        self.experts.store(weights)
+        return self
+
+    def load_shared_experts(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor,
+                            gate: torch.Tensor | None = None) -> MoELayer:
+        """The shared experts' float weights, full size: `w13` `[H, 2Is]` (`[gate | up]`; `[H, Is]` plain),
+        `w2` `[Is, H]`, and the `[H]` gate weight when they are gated; quantized through the scheme."""
+        block = self._shared_block()
+        size = block.config.intermediate_size
+        h, gated = self.hidden_size, self.activation.gated
+        want = ((h, self.activation.input_width(size)), (size, h))
+        got = tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (w13, w2))
+        if got != want:
+            raise invalid("shared expert w13, w2", f"shapes {want[0]} and {want[1]}", f"{got[0]} and {got[1]}")
+        check_float_weights(w13[None], w2[None], gated=gated)
+        shard, device = self.tensor_shard, self.vendor.device
+        w13_local = shard.first_projection(w13, size, gated)[None].to(device)
+        w2_local = shard.second_projection(w2, size)[None].to(device)
+        weights = dataclasses.replace(self.scheme.quantize_weights(self.vendor, w13_local, w2_local),
+                                      activation=self.activation)
+        block.load(weights, gate, h)
+        return self
+
+    def load_shared_expert_weights(self: MoELayer, weights: ExpertWeights,
+                                   gate: torch.Tensor | None = None) -> MoELayer:
+        """The shared experts in hal's formats (one expert, this rank's intermediate shard) and their gate."""
+        block = self._shared_block()
+        if not isinstance(weights, ExpertWeights):
+            raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
+        size = self.tensor_shard.local_size(block.config.intermediate_size, "shared_experts.intermediate_size")
+        block.load(self._checked_weights(weights, "shared expert weights", 1, size, routed=False), gate,
+                   self.hidden_size)
+        return self
+
+    def _shared_block(self: MoELayer) -> Any:
+        if self.shared_experts is None:
+            raise InvalidInput("shared experts: expected a layer built with shared_experts=moe.SharedExperts(...), "
+                               "got one without")
+        return self.shared_experts
+
+    def _checked_weights(self: MoELayer, weights: ExpertWeights, what: str, experts: int,
+                         intermediate: int, *, routed: bool) -> ExpertWeights:
+        layout = self.scheme.gemm_kind().spec.weight_layout
+        for name in ("w13", "w2"):
+            w: QuantizedWeight = getattr(weights, name)
+            if w.layout is not layout:
+                raise invalid(f"{what}.{name}", f"{layout} weights (scheme {self.scheme.name})", str(w.layout))
+        width = self.activation.input_width(intermediate)
+        shape = (weights.num_experts, weights.hidden_size, weights.w13.out_features, weights.intermediate_size)
+        if shape != (experts, self.hidden_size, width, intermediate):
+            raise invalid(what, f"[E, H, W, I] = {[experts, self.hidden_size, width, intermediate]} "
+                          "(this rank's experts and intermediate shard)", list(shape))
+        if routed and weights.has_bias and not self.bias:
+            raise InvalidInput(f"{what}: expected no biases (the layer was built with bias=False), got biases")
+        if routed and self.bias and (weights.w13_bias is None or weights.w2_bias is None):
+            raise InvalidInput(f"{what}: expected w13_bias and w2_bias (the layer was built with bias=True), "
+                               "got " + ("none" if not weights.has_bias else "only one"))
+        device, vendor = self.vendor.device, self.vendor
+        moved = dataclasses.replace(
+            weights,
+            w13=vendor.prepare_weight(_to(weights.w13, device)),
+            w2=vendor.prepare_weight(_to(weights.w2, device)),
+            w13_bias=_fp32(weights.w13_bias, device), w2_bias=_fp32(weights.w2_bias, device),
+            input_global_scale=_on(weights.input_global_scale, device),
+            intermediate_global_scale=_on(weights.intermediate_global_scale, device),
+            activation=self.activation)
+        return moved
+
+
+def _check_biases(expected: bool, b13: object, b2: object, shape13: tuple[int, ...],
+                  shape2: tuple[int, ...]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    given = (b13 is not None, b2 is not None)
+    if not expected:
+        if any(given):
+            raise InvalidInput("w13_bias, w2_bias: expected none (the layer was built with bias=False), got biases")
+        return None, None
+    if not all(given):
+        raise InvalidInput("w13_bias, w2_bias: expected both (the layer was built with bias=True), got "
+                           + ("neither" if not any(given) else "only one"))
+    for name, t, shape in (("w13_bias", b13, shape13), ("w2_bias", b2, shape2)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not torch.is_floating_point(t):
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise invalid(name, f"a float tensor of shape {shape}", got)
+    return b13, b2  # type: ignore[return-value]
+
+
+def _fp32(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.detach().to(device=device, dtype=torch.float32)
+
+
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
+def _to(w: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    return QuantizedWeight(w.data.to(device), w.layout, _on(w.scale, device), _on(w.global_scale, device))

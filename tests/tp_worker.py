@@ -1,0 +1,115 @@
+"""One rank of a gloo world for `tests/test_moe_tensor_parallel.py`: tensor parallelism of the experts.
+
+Run as `python tests/tp_worker.py --rank R --world W --init file://... --out DIR`. Rank r is
+expert-parallel rank r // tp and tensor-parallel rank r % tp of each case's `ep x tp`
+split. Every rank builds the parallel layer and, beside it, the single-process layer from
+the same global weights, runs both on its tokens and writes the largest relative
+difference per case to `<out>/rank<R>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+HIDDEN, INTERMEDIATE, SHARED, EXPERTS, TOP_K, TOKENS = 160, 256, 384, 8, 3, 37
+
+
+@dataclass(frozen=True)
+class Case:
+    """One parallel split and the experts' features."""
+
+    name: str
+    ep: int
+    tp: int
+    scheme: str = "fp32"
+    activation: str = "silu-glu"
+    bias: bool = False
+    shared: bool = False
+    #: (routed, shared) intermediate sizes; block-quantized cases keep every shard on 128-column blocks
+    sizes: tuple[int, int] = (INTERMEDIATE, SHARED)
+
+
+def cases(world: int) -> list[Case]:
+    """The cases a world of `world` ranks runs."""
+    found = [Case("tp-fp32", 1, world), Case("tp-fp32-bias-gelu-shared", 1, world, activation="gelu-tanh-glu",
+                                             bias=True, shared=True),
+             Case("tp-oai-bias", 1, world, activation="swiglu-oai", bias=True),
+             Case("tp-fp8-block", 1, world, scheme="w8a8-fp8-block", shared=True, sizes=(512, 512)),
+             Case("tp-bf16", 1, world, scheme="bf16", bias=True)]
+    if world == 4:
+        found += [Case("ep2xtp2-fp32", 2, 2, bias=True, shared=True),
+                  Case("ep2xtp2-int8", 2, 2, scheme="w8a8-int8")]
+    return found
+
+
+def build(case: Case, ep_group: object, tp_group: object) -> torch.nn.Module:
+    """The layer of `case`, with deterministic global weights (the same on every rank)."""
+    import moe
+
+    g = torch.Generator().manual_seed(7)
+    inter, shared = case.sizes
+    width = 2 * inter
+    w13 = torch.randn(EXPERTS, HIDDEN, width, generator=g) / HIDDEN ** 0.5
+    w2 = torch.randn(EXPERTS, inter, HIDDEN, generator=g) / inter ** 0.5
+    b13 = torch.randn(EXPERTS, width, generator=g) * 0.1 if case.bias else None
+    b2 = torch.randn(EXPERTS, HIDDEN, generator=g) * 0.1 if case.bias else None
+    scheme = {"fp32": moe.Unquantized(torch.float32), "bf16": moe.Unquantized(torch.bfloat16)}.get(case.scheme,
+                                                                                                    case.scheme)
+    layer = moe.MoELayer(HIDDEN, inter, EXPERTS, TOP_K, scheme=scheme, vendor="cpu", activation=case.activation,
+                         bias=case.bias, process_group=ep_group, tp_group=tp_group,
+                         shared_experts=moe.SharedExperts(shared, gated=True) if case.shared else None)
+    layer.load_weights(w13, w2, w13_bias=b13, w2_bias=b2)
+    if case.shared:
+        s13 = torch.randn(HIDDEN, 2 * shared, generator=g) / HIDDEN ** 0.5
+        s2 = torch.randn(shared, HIDDEN, generator=g) / shared ** 0.5
+        layer.load_shared_experts(s13, s2, torch.randn(HIDDEN, generator=g) / HIDDEN ** 0.5)
+    return layer
+
+
+def run(case: Case, rank: int) -> float:
+    """Largest |parallel - single| / max |single| over this rank's tokens."""
+    ep_rank, tp_rank = divmod(rank, case.tp)
+    tp_groups = [dist.new_group([e * case.tp + t for t in range(case.tp)]) for e in range(case.ep)]
+    ep_groups = [dist.new_group([e * case.tp + t for e in range(case.ep)]) for t in range(case.tp)]
+    layer = build(case, ep_groups[tp_rank] if case.ep > 1 else None, tp_groups[ep_rank] if case.tp > 1 else None)
+    single = build(case, None, None)
+    g = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if case.scheme == "bf16" else torch.float32
+    x = torch.randn(case.ep * TOKENS, HIDDEN, generator=g).to(dtype)
+    logits = torch.randn(case.ep * TOKENS, EXPERTS, generator=g)
+    mine = slice(ep_rank * TOKENS, (ep_rank + 1) * TOKENS - ep_rank * 5)  # uneven tokens per ep rank
+    got, want = layer(x[mine], logits[mine]).double(), single(x[mine], logits[mine]).double()
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def main() -> int:
+    """Join the world, run every case, write the results."""
+    parser = argparse.ArgumentParser()
+    for name in ("--rank", "--world"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--init", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
+                            timeout=timedelta(seconds=60))
+    results: dict[str, object] = {}
+    for case in cases(args.world):
+        try:
+            results[case.name] = run(case, args.rank)
+        except Exception:  # recorded for the test to show
+            results[case.name] = traceback.format_exc()
+    (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
