@@ -1,9 +1,10 @@
 """The layer as one custom op, so `torch.compile(fullgraph=True)` traces a model through it.
 
-Under compilation the layer routes in traced torch code and hands the rest (dispatch,
-grouped matmuls whose group sizes depend on the data, combine, shared experts, the
-tensor-parallel all-reduce) to `torch.ops.moe_hal.moe_forward`, whose fake implementation
-only states the output's shape and dtype. The op finds its layer through an integer handle:
+Under compilation the layer checks its inputs' shapes in traced code and hands the rest
+(routing and its value checks, dispatch, grouped matmuls whose group sizes depend on the
+data, combine, shared experts, the tensor-parallel all-reduce) to
+`torch.ops.moe_hal.moe_forward`, whose fake implementation only states the output's shape
+and dtype. Compiled and eager layers therefore compute bit for bit alike. The op finds its layer through an integer handle:
 torch custom ops take tensors and plain values, not Python objects. The handle table holds
 weak references only (a layer that is gone is gone from it); it is an identity table, not
 configuration, and nothing reads it but the op.
@@ -24,23 +25,24 @@ _HANDLES = itertools.count(1)
 
 
 def register_layer(layer: Any) -> int:
-    """A new handle for `layer` (which must have `_run(x, topk_ids, topk_weights, weights_on_input)`)."""
+    """A new handle for `layer` (which must have `_run(x, router_logits, topk_ids, topk_weights)`)."""
     handle = next(_HANDLES)
     _LAYERS[handle] = layer
     return handle
 
 
 @torch.library.custom_op("moe_hal::moe_forward", mutates_args=())
-def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights_on_input: bool,
-                handle: int) -> torch.Tensor:
-    """The MoE output `[T, H]` (x's dtype) of routed rows `x` `[T, H]`, computed by layer `handle`."""
+def moe_forward(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
+                topk_weights: torch.Tensor | None, handle: int) -> torch.Tensor:
+    """The MoE output `[T, H]` (x's dtype) of rows `x` `[T, H]`, routed by `router_logits` `[T, E]` or by
+    precomputed `topk_ids` / `topk_weights` `[T, k]`, computed by layer `handle`."""
     layer = _LAYERS.get(handle)
     if layer is None:
         raise InvalidInput(f"moe_hal::moe_forward: expected a live MoELayer for handle {handle}, got none")
-    return layer._run(x, topk_ids, topk_weights, weights_on_input)
+    return layer._run(x, router_logits, topk_ids, topk_weights)
 
 
 @moe_forward.register_fake
-def _moe_forward_fake(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights_on_input: bool,
-                      handle: int) -> torch.Tensor:
+def _moe_forward_fake(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
+                      topk_weights: torch.Tensor | None, handle: int) -> torch.Tensor:
     return torch.empty_like(x)

@@ -31,7 +31,7 @@ from hal import (
 from moe.compiled import moe_forward, register_layer
 from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher
 from moe.dispatch.base import group_size_and_rank
-from moe.layer_inputs import check_hidden_states, route
+from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
 from moe.pipeline import Pipeline, choose_pipeline
 from moe.routing import Router, Routing, SoftmaxTopK
@@ -204,24 +204,29 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         layer's router, or by precomputed `topk_ids` / `topk_weights` `[..., k]` (engines that route
         elsewhere; the weights are used as given)."""
         x = check_hidden_states(hidden_states, self.hidden_size)
-        routing = route(self, hidden_states, router_logits, topk_ids, topk_weights)
-        if torch.compiler.is_compiling():
-            out = moe_forward(x, routing.topk_ids, routing.topk_weights, routing.weights_on_input, self._handle)
+        logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights)
+        if torch.compiler.is_compiling():  # one opaque op: compiled and eager compute the same way
+            out = moe_forward(x, logits, ids, weights, self._handle)
         else:
-            out = self._run(x, routing.topk_ids, routing.topk_weights, routing.weights_on_input)
+            out = self._run(x, logits, ids, weights)
         return out.view(hidden_states.shape)
 
-    def _run(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-             weights_on_input: bool = False) -> torch.Tensor:
-        """Dispatch, experts, combine, shared experts and the tensor-parallel sum for routed rows `[T, H]`.
+    def _run(self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None,
+             weights: torch.Tensor | None) -> torch.Tensor:
+        """Routing, dispatch, experts, combine, shared experts and the tensor-parallel sum for rows `[T, H]`
+        (checked inputs: `routing_inputs`).
 
-        With `weights_on_input` (Llama-4) the routed experts take each row scaled by its (top-1)
-        weight and are combined with weight 1; the shared experts take the rows as they are.
+        With a routing whose `weights_on_input` is set (Llama-4) the routed experts take each row
+        scaled by its (top-1) weight and are combined with weight 1; the shared experts take the
+        rows as they are.
         """
         pipeline = self._pipeline
         if pipeline is None:
             raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
+        routed = route(self, logits, ids, weights)
+        topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
         routed_x = x
+        weights_on_input = routed.weights_on_input
         if weights_on_input:
             routed_x = (x.to(torch.float32) * topk_weights).to(x.dtype)
             topk_weights = torch.ones_like(topk_weights)

@@ -25,15 +25,11 @@ def check_hidden_states(hidden_states: object, hidden_size: int) -> torch.Tensor
     return hidden_states.reshape(-1, hidden_size)
 
 
-def route(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
-          topk_weights: object) -> Routing:
-    """The routing of a forward: `layer.router` over `router_logits`, or the precomputed ids and weights.
-
-    With `layer.check_routing` (and outside compilation, where values cannot be read), non-finite
-    logits or weights and out-of-range ids raise `InvalidInput`.
-    """
+def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
+                   topk_weights: object) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """A forward's routing inputs checked (types, shapes, dtypes: nothing read from the device) and
+    flattened: `(logits [T, E], None, None)` or `(None, ids int64 [T, k], weights fp32 [T, k])`."""
     lead = tuple(hidden_states.shape[:-1])
-    check = layer.check_routing and not torch.compiler.is_compiling()
     if router_logits is not None:
         if topk_ids is not None or topk_weights is not None:
             raise InvalidInput("forward: expected router_logits or precomputed topk_ids/topk_weights, got both")
@@ -41,10 +37,7 @@ def route(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_i
             raise invalid("router_logits", "a torch.Tensor", type(router_logits).__name__)
         if tuple(router_logits.shape) != (*lead, layer.num_experts):
             raise invalid("router_logits", f"shape {(*lead, layer.num_experts)}", tuple(router_logits.shape))
-        logits = router_logits.reshape(-1, layer.num_experts)
-        if check and torch.is_floating_point(logits):
-            _require_finite("router_logits", logits)
-        return layer.router(logits)
+        return router_logits.reshape(-1, layer.num_experts), None, None
     if topk_ids is None or topk_weights is None:
         raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got "
                            + ("neither" if topk_ids is None and topk_weights is None else "only one of the two"))
@@ -56,7 +49,20 @@ def route(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_i
         if tuple(t.shape) != want or t.dtype not in kinds:
             raise invalid(name, f"a {what} tensor of shape {want}", f"{t.dtype} of shape {tuple(t.shape)}")
     ids = topk_ids.reshape(-1, layer.top_k).to(torch.int64)  # type: ignore[union-attr]
-    weights = topk_weights.reshape(-1, layer.top_k).to(torch.float32)  # type: ignore[union-attr]
+    return None, ids, topk_weights.reshape(-1, layer.top_k).to(torch.float32)  # type: ignore[union-attr]
+
+
+def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None,
+          weights: torch.Tensor | None) -> Routing:
+    """The routing of checked inputs (`routing_inputs`): `layer.router` over the logits, or the precomputed
+    ids and weights. With `layer.check_routing`, non-finite logits or weights and out-of-range ids raise
+    `InvalidInput` (a host read of one flag)."""
+    check = layer.check_routing
+    if logits is not None:
+        if check and torch.is_floating_point(logits):
+            _require_finite("router_logits", logits)
+        return layer.router(logits)
+    assert ids is not None and weights is not None
     if check:
         _require_finite("topk_weights", weights)
         if ids.numel() and bool(((ids < 0) | (ids >= layer.num_experts)).any()):

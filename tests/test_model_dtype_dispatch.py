@@ -13,6 +13,7 @@ import torch
 
 import moe
 from conformance import dtype_facts
+from conformance.reference import moe_features
 from hal import (
     DTYPES,
     KNOWN_SCHEMES,
@@ -216,16 +217,9 @@ def test_explain_shows_the_model_dtype_step(capsys, monkeypatch):
 EXPERTS, HIDDEN, INTER, TOP_K, TOKENS = 64, 1000, 384, 8, 1000  # H and I not multiples of 128
 
 
-def _float64_moe(x, ids, weights, w13, w2) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """sum_j w[t, j] * (silu(x W_gate) * (x W_up)) W_down in float64, vectorized per expert."""
-    xd, inter = x.double(), w2.shape[1]
-    out = torch.zeros(x.shape[0], w2.shape[2], dtype=torch.float64)
-    for e in ids.unique().tolist():
-        token, slot = (ids == e).nonzero(as_tuple=True)
-        h = xd[token] @ w13[e].double()
-        y = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].double()
-        out.index_add_(0, token, y * weights[token, slot].double().unsqueeze(1))
-    return out
+def _float64_moe(x, ids, weights, w13, w2):  # type: ignore[no-untyped-def]
+    """The float64 MoE (SiLU-GLU experts), vectorized per expert: the suite's reference."""
+    return moe_features(x, ids, weights, w13, w2)
 
 
 def _max_relative(y: torch.Tensor, ref: torch.Tensor) -> float:

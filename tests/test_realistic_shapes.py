@@ -8,6 +8,7 @@ import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight
 from conformance.reference import grouped_matmul as reference_grouped_matmul
+from conformance.reference import moe_features
 from conformance.tolerances import gemm_bound, layer_tolerance
 from hal import GemmKind, Groups
 from moe import MoELayer
@@ -35,15 +36,8 @@ def test_grouped_matmul_with_128_groups_and_unaligned_dims(kind):
 
 
 def _float64_moe(x, ids, weights, w13, w2):  # type: ignore[no-untyped-def]
-    """The MoE in float64, vectorized per expert: sum_j w[t, j] * (silu(x W_gate) * (x W_up)) W_down."""
-    xd, inter = x.double(), w2.shape[1]
-    out = torch.zeros(x.shape[0], w2.shape[2], dtype=torch.float64)
-    for e in ids.unique().tolist():
-        token, slot = (ids == e).nonzero(as_tuple=True)
-        h = xd[token] @ w13[e].double()
-        y = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].double()
-        out.index_add_(0, token, y * weights[token, slot].double().unsqueeze(1))
-    return out
+    """The float64 MoE (SiLU-GLU experts), vectorized per expert: the suite's reference."""
+    return moe_features(x, ids, weights, w13, w2)
 
 
 @pytest.mark.parametrize("scheme", ["unquantized", "w8a8-int8", "w8a8-fp8-block"])

@@ -35,6 +35,8 @@ class Case:
     shared: bool = False
     #: (routed, shared) intermediate sizes; block-quantized cases keep every shard on 128-column blocks
     sizes: tuple[int, int] = (INTERMEDIATE, SHARED)
+    #: load through `moe.checkpoint` from a synthetic FP8 block-128 checkpoint (each rank its own share)
+    checkpoint: bool = False
 
 
 def cases(world: int) -> list[Case]:
@@ -44,15 +46,40 @@ def cases(world: int) -> list[Case]:
              Case("tp-oai-bias", 1, world, activation="swiglu-oai", bias=True),
              Case("tp-fp8-block", 1, world, scheme="w8a8-fp8-block", shared=True, sizes=(512, 512)),
              Case("tp-bf16", 1, world, scheme="bf16", bias=True)]
+    found.append(Case("ckpt-tp-fp8-block", 1, world, scheme="w8a8-fp8-block", sizes=(512, SHARED), checkpoint=True))
     if world == 4:
         found += [Case("ep2xtp2-fp32", 2, 2, bias=True, shared=True),
-                  Case("ep2xtp2-int8", 2, 2, scheme="w8a8-int8")]
+                  Case("ep2xtp2-int8", 2, 2, scheme="w8a8-int8"),
+                  Case("ckpt-ep2xtp2-fp8-block", 2, 2, scheme="w8a8-fp8-block", sizes=(512, SHARED), checkpoint=True)]
     return found
 
 
-def build(case: Case, ep_group: object, tp_group: object) -> torch.nn.Module:
+def build_from_checkpoint(case: Case, ep_group: object, tp_group: object, tp: tuple[int, int]) -> torch.nn.Module:
+    """The layer of `case` loaded through `moe.checkpoint`: every rank reads the same synthetic
+    checkpoint and keeps its experts and its intermediate shard."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import moe
+    from tests.checkpoint_synthetic import encode_fp8_block, per_expert
+
+    inter = case.sizes[0]
+    stored = per_expert(lambda w, e, p: encode_fp8_block(w), HIDDEN, inter, EXPERTS, "layers.0.mlp", seed=3)
+    layer = moe.MoELayer(HIDDEN, inter, EXPERTS, TOP_K, scheme="w8a8-fp8-block", vendor="cpu",
+                         process_group=ep_group, tp_group=tp_group)
+    loader = moe.ExpertCheckpointLoader("fp8-block128", EXPERTS, HIDDEN, inter, local_experts=layer.local_experts,
+                                        tp_rank=tp[0], tp_size=tp[1], prefix="layers.0.mlp")
+    for name, tensor in stored.tensors.items():
+        loader.add(name, tensor)
+    return layer.load_expert_weights(loader.build())
+
+
+def build(case: Case, ep_group: object, tp_group: object, tp: tuple[int, int] = (0, 1)) -> torch.nn.Module:
     """The layer of `case`, with deterministic global weights (the same on every rank)."""
     import moe
+
+    if case.checkpoint:
+        return build_from_checkpoint(case, ep_group, tp_group, tp)
 
     g = torch.Generator().manual_seed(7)
     inter, shared = case.sizes
@@ -79,7 +106,8 @@ def run(case: Case, rank: int) -> float:
     ep_rank, tp_rank = divmod(rank, case.tp)
     tp_groups = [dist.new_group([e * case.tp + t for t in range(case.tp)]) for e in range(case.ep)]
     ep_groups = [dist.new_group([e * case.tp + t for e in range(case.ep)]) for t in range(case.tp)]
-    layer = build(case, ep_groups[tp_rank] if case.ep > 1 else None, tp_groups[ep_rank] if case.tp > 1 else None)
+    layer = build(case, ep_groups[tp_rank] if case.ep > 1 else None, tp_groups[ep_rank] if case.tp > 1 else None,
+                  (tp_rank, case.tp))
     single = build(case, None, None)
     g = torch.Generator().manual_seed(11)
     dtype = torch.bfloat16 if case.scheme == "bf16" else torch.float32

@@ -9,7 +9,6 @@ import torch
 from conformance.capability import (
     EXPERT_BIAS,
     activation_label,
-    gemm_label,
     mark,
     require_activation,
     require_expert_bias,
