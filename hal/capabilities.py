@@ -51,6 +51,10 @@ class Capabilities:
     with where it is not the dtype's default; fp8's entry is always `fp8_scale_layout`.
     """
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Capabilities:
+        """Itself: the object is immutable, so a deep copy (of a layer, of a model) shares it."""
+        return self
+
     device_name: str
     dispatch_dtypes: frozenset[DispatchDtype]
     dispatch_fallbacks: Mapping[DispatchDtype, DispatchDtype | None] = field(

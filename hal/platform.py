@@ -56,6 +56,11 @@ class Platform(abc.ABC):
     per instance (one instance drives one device) and never changes afterwards.
     """
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Platform:
+        """Itself: a vendor stands for a device and its runtime, which a deep copy of a layer (or of a
+        model holding layers) shares rather than duplicates."""
+        return self
+
     name: ClassVar[str]
     priority: ClassVar[int] = 0
     description: ClassVar[str] = ""

@@ -94,6 +94,10 @@ class Fallback:
 class DispatchPlan:
     """The outcome of resolution, with its provenance."""
 
+    def __deepcopy__(self, memo: dict[int, object]) -> DispatchPlan:
+        """Itself: the object is immutable, so a deep copy (of a layer, of a model) shares it."""
+        return self
+
     vendor: str
     device_name: str
     hidden_size: int

@@ -34,6 +34,10 @@ class SchemeTraits:
     (the "model dtype" step of resolution, above the scheme's declared dtype).
     """
 
+    def __deepcopy__(self, memo: dict[int, object]) -> SchemeTraits:
+        """Itself: the object is immutable, so a deep copy (of a layer, of a model) shares it."""
+        return self
+
     name: str
     dispatch_dtype: DispatchDtype
     accepts: frozenset[DispatchDtype]

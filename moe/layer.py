@@ -243,6 +243,10 @@ class MoELayer(ExpertLoading, torch.nn.Module):
             dist.all_reduce(out, group=self.tp_group)
         return out.to(x.dtype)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._handle = register_layer(self)  # a copy (copy.deepcopy) is a layer of its own for the custom op
+
     def _apply(self, fn: Any, recurse: bool = True) -> MoELayer:
         super()._apply(fn, recurse)
         stored = self.experts.weights

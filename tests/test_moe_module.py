@@ -190,6 +190,20 @@ def test_compiled_layers_still_check_their_routing():
         compiled(x, logits)
 
 
+def test_a_deep_copy_is_a_layer_of_its_own_compiled_too():
+    import copy
+
+    torch._dynamo.reset()
+    layer = _layer()
+    twin = copy.deepcopy(layer)
+    w13, w2 = random_weights(E, H, I, 77)
+    twin.load_weights(w13, w2)
+    x, logits = _inputs()
+    assert not torch.equal(twin(x, logits), layer(x, logits))
+    for module in (layer, twin):
+        assert torch.equal(torch.compile(module, fullgraph=True)(x, logits), module(x, logits))
+
+
 @pytest.mark.parametrize("features", ["plain", "bias-shared-gelu", "precomputed", "fp8-block"])
 def test_torch_compile_fullgraph_equals_eager(features):
     torch._dynamo.reset()
