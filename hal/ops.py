@@ -16,7 +16,7 @@ and `hal caps` shows which ops are native and which are the reference.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
-            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "fused_deep_moe")
+            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe")
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,12 @@ class VendorOps(abc.ABC):
         from hal.reference.bias import add_group_bias
 
         return add_group_bias(y, bias, groups)
+
+    def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """Start `work` beside what the caller issues next and return the function that waits for its
+        result. Where the device has no concurrent queue (the default) the work runs at once."""
+        result = work()
+        return lambda: result
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,

@@ -10,6 +10,8 @@ then calls the vendor's op implementations (`self.ops`, a `hal.VendorOps` built 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hal import checks
@@ -159,6 +161,14 @@ class Vendor(Platform):
         checks.activation_input(x, parsed)
         checks.on_device("x", x, self.device)
         return self.ops.activate(x, activation=parsed)
+
+    def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """Run `work` (a function of hal ops returning a tensor) concurrently with what the caller issues
+        next, where the vendor can (CUDA: a second stream); returns the function that joins it and gives
+        its result. The MoE layer runs its shared experts this way beside the routed experts."""
+        if not callable(work):
+            raise invalid("work", "a callable", type(work).__name__)
+        return self.ops.overlap(work)
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A weight in hal's reference format (as a checkpoint loader builds it) in the form this

@@ -234,9 +234,12 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         partial = self.tensor_shard.size > 1
         if self.shared_experts is None and not partial:
             return pipeline(routed_x, routing)
+        shared = self.shared_experts
+        if shared is not None:  # beside the routed experts where the vendor can overlap them
+            shared_output = self.vendor.overlap(lambda: shared(self.vendor, self.scheme, x))
         out = pipeline(routed_x, routing, torch.float32)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(self.vendor, self.scheme, x)
+        if shared is not None:
+            out = out + shared_output()
         if partial:
             import torch.distributed as dist
 

@@ -20,6 +20,8 @@ captured in a CUDA graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hal import (
@@ -36,6 +38,7 @@ from hal import (
     ScaleLayout,
 )
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, sorting
+from vendors.cuda.streams import SideStreams
 
 _TRITON_KINDS = {GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.FP8_ROWWISE,
                  GemmKind.FP8_BLOCK128}
@@ -59,10 +62,16 @@ class CudaOps(ReferenceOps):
         "swiglu": "Triton, one pass",
         "sort_by_expert": f"Triton, one launch up to {sorting.MAX_PAIRS} pairs; torch radix sort above",
         "weighted_combine": "Triton, one pass",
+        "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
     }
 
     def __init__(self, *, torch_grouped_mm: bool) -> None:
         self.torch_grouped_mm = torch_grouped_mm
+        self._side = SideStreams()
+
+    def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """`work` on a second stream of the device, joined when its result is asked for."""
+        return self._side.run(work)
 
     def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
                  global_scale: torch.Tensor | None) -> QuantizedTensor:
