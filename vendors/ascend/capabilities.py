@@ -13,12 +13,18 @@ MAX_GROUPS = 1024
 #: The quantization scheme the Ascend DeepEP port fuses (dispatch + two GEMMs + combine).
 FUSED_SCHEME = "w8a8-int8"
 
-_BASE_GEMMS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.INT4})
+#: No int4 x int4 (A4W4): npu_grouped_matmul's docs (torch-npu 2.8.0-2.13.0) list int4 weights only
+#: for weight-only quantization with float x; an int4 x int4 path needs an NZ weight with a uint64
+#: scale, which hal's format is not. Not declared until verified on hardware.
+_BASE_GEMMS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8})
 #: Float dispatch dtypes of the unfused path: a cast, then npu_grouped_matmul (its non-quantized
 #: dtype table lists fp16 x fp16 and fp32 x fp32, fp32 in the single-tensor form hal calls: one x,
 #: one [E, K, N] weight, one output) and npu_swiglu (fp32/fp16/bf16); sorting and combine are torch.
 _FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32})
 _FP8_GENERATIONS = frozenset({"A5"})
+#: Generations the port's fused kernel (aclnnFusedDeepMoe) is built for (sgl-kernel-npu
+#: doc/FUSED_DEEP_MOE.md: A3 and A5, not A2). Its limits are `vendors.ascend.fused.FusedKernelLimits`.
+FUSED_GENERATIONS = frozenset({"A3", "A5"})
 
 
 def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = (),
@@ -37,7 +43,11 @@ def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...
         reasons[DispatchDtype.FP8] = (
             f"Atlas {generation} has no fp8 matmul; activations are carried as int8 with per-token "
             "dynamic scales (npu_dynamic_quant)")
-    fused_note = () if fused else (
+    fused = fused and generation in FUSED_GENERATIONS
+    fused_note = (f"fused_deep_moe (W8A8-INT8, Ascend DeepEP port): the one-kernel low-latency op takes "
+                  f"{fused_limits_text(generation)}; other shapes run the port's normal mode",) if fused else (
+        f"fused_deep_moe: not on {generation} (the port's fused kernel is built for A3 and A5)"
+        if generation not in FUSED_GENERATIONS else
         "fused_deep_moe needs the Ascend DeepEP port (module deep_ep), which is not installed",)
     return Capabilities(
         device_name=device_name,
@@ -53,6 +63,13 @@ def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...
         collective_backend="hccl",
         notes=(f"SoC generation {generation}", *notes, *fused_note),
     )
+
+
+def fused_limits_text(generation: str) -> str:
+    """The documented limits of the port's `fused_deep_moe` (FUSED_DEEP_MOE.md), in words."""
+    extra = ", 2I a multiple of 1024" if generation == "A5" else ""
+    return ("1..256 tokens per rank, hidden 512..7168, gmm1 width 2I 1024..6144 (a multiple of 128"
+            f"{extra}), top-k 1..12, at most 512 experts")
 
 
 #: SoC name prefixes reported by torch_npu.npu.get_device_name, and their generation.

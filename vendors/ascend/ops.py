@@ -96,19 +96,22 @@ class AscendOps(ReferenceOps):
         group_list, group_list_type = _group_list(groups, data.device)
         call = {"group_list": group_list, "group_list_type": group_list_type, "split_item": 2, "group_type": 0}
         npu = self.npu
-        if kind.spec.is_float:
-            w = weight.data
-            if out_dtype != data.dtype:  # the op returns x's dtype: compute wider, round once
-                data, w = data.to(torch.float32), w.to(torch.float32)
-            return npu.npu_grouped_matmul([data], [w], **call)[0].to(out_dtype)
+        if kind.spec.is_float:  # the weight as stored; another output dtype: fp32, one expert at a time
+            if out_dtype == data.dtype == weight.data.dtype:
+                return npu.npu_grouped_matmul([data], [weight.data], **call)[0]
+            return _per_expert_fp32(data, weight, groups, None, out_dtype)
         scale, token_scale = weight.scale, x.scale  # type: ignore[union-attr]
+        if not kind.spec.exact_integer:  # fp8 row-wise: fp32 scale, bf16/fp16 output (A5)
+            if out_dtype in _SCALED_OUTPUTS:
+                return npu.npu_grouped_matmul([data], [weight.data], scale=[scale], per_token_scale=[token_scale],
+                                              output_dtype=out_dtype, **call)[0]
+            return _per_expert_fp32(data, weight, groups, token_scale, out_dtype)
         if out_dtype in _SCALED_OUTPUTS:
-            return npu.npu_grouped_matmul([data], [weight.data], scale=[scale], per_token_scale=[token_scale],
-                                          output_dtype=out_dtype, **call)[0]
-        if not kind.spec.exact_integer:  # no integer accumulator: exact fp32 operands, scales inside
-            a = data.to(torch.float32) * token_scale.unsqueeze(1)
-            b = weight.data.to(torch.float32) * scale.unsqueeze(1)
-            return npu.npu_grouped_matmul([a], [b], **call)[0]
+            # int8: the op pairs bf16 scale -> bf16 out and fp32 scale -> fp16 out. A bf16 scale costs 2^-9
+            # relative per channel (outside hal's bound), so the fp32 scale gives fp16, cast once to out_dtype.
+            return npu.npu_grouped_matmul([data], [weight.data], scale=[scale.to(torch.float32)],
+                                          per_token_scale=[token_scale], output_dtype=torch.float16,
+                                          **call)[0].to(out_dtype)
         acc = npu.npu_grouped_matmul([data], [weight.data], output_dtype=torch.int32, **call)[0]
         rows_scale = scale.index_select(0, _row_groups(groups, m).to(scale.device))
         return acc.to(torch.float32) * token_scale.unsqueeze(1) * rows_scale
@@ -133,7 +136,7 @@ class AscendOps(ReferenceOps):
             if given.type != device.type or (device.index is not None and given.index != device.index):
                 raise invalid(name, f"a tensor on device {device}", str(given))
         if self._fused is None:
-            self._fused = DeepEpFusedMoe(self.npu, self.binding.deep_ep)
+            self._fused = DeepEpFusedMoe(self)
         return self._fused(hidden_states, topk_ids, topk_weights, w13, w2, process_group=process_group,
                            dispatch_dtype=dispatch_dtype, max_tokens_per_rank=max_tokens_per_rank)
 
@@ -147,6 +150,22 @@ def _group_list(groups: Groups, device: torch.device) -> tuple[torch.Tensor, int
     if groups.kind is GroupListKind.OFFSETS or groups.num_groups == 1:
         return (values if groups.kind is GroupListKind.OFFSETS else values.cumsum(0)), 0
     return values, 1
+
+
+def _per_expert_fp32(data: torch.Tensor, weight: QuantizedWeight, groups: Groups, token_scale: torch.Tensor | None,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    """`x @ w` in fp32 for an output wider than npu_grouped_matmul returns for these operands,
+    casting one expert's `[K, N]` weight at a time (never the whole `[E, K, N]`); syncs for the counts."""
+    a = data.to(torch.float32) if token_scale is None else data.to(torch.float32) * token_scale.unsqueeze(1)
+    out = torch.zeros((a.shape[0], weight.out_features), dtype=torch.float32, device=a.device)
+    start = 0
+    for g, count in enumerate(groups.counts().tolist()):
+        w = weight.data[g].to(torch.float32)
+        if token_scale is not None:
+            w = w * weight.scale[g].to(torch.float32)
+        out[start:start + count] = a[start:start + count] @ w
+        start += count
+    return out.to(out_dtype)
 
 
 def _row_groups(groups: Groups, rows: int) -> torch.Tensor:

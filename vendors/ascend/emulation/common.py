@@ -22,7 +22,7 @@ MAX_LIST = 128
 MAX_GROUPS_3D = 1024
 GMM = "npu_grouped_matmul"
 GMM_PAIRINGS = (
-    "(fp16|bf16|fp32 x same dtype), (int8 x int8), (int32-packed int4 x int32-packed int4), "
+    "(fp16|bf16|fp32 x same dtype), (int8 x int8: bf16 scale -> bf16 output, fp32 scale -> fp16 output), "
     "(fp16|bf16 x int8|int32-packed int4 with antiquant_scale), (float8 x float8, A5 only)"
 )
 

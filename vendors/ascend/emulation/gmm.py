@@ -72,18 +72,22 @@ def _gmm_bounds(group_list: object, group_list_type: int, groups: int, rows: int
     if group_list_type == 0:
         if any(b < a for a, b in zip(values, values[1:])):
             raise err(GMM, f"group_list must be non-decreasing when group_list_type is 0, got {values}")
-        if values[-1] != rows:
-            raise err(GMM, f"group_list's last value must equal x's rows {rows} when group_list_type is 0, "
+        if values[-1] > rows:
+            raise err(GMM, f"group_list's last value must not exceed x's rows {rows} when group_list_type is 0, "
                              f"got {values}")
         return [0, *values]
     if group_list_type == 1:
         if groups == 1:
             raise err(GMM, "group_list may not have length 1 when group_list_type is 1, got length 1")
-        if sum(values) != rows:
-            raise err(GMM, f"group_list must sum to x's rows {rows} when group_list_type is 1, got {values}")
+        if sum(values) > rows:
+            raise err(GMM, f"group_list must sum to at most x's rows {rows} when group_list_type is 1, got {values}")
         return [0, *itertools.accumulate(values)]
     raise err(GMM, f"group_list_type must be 0 (cumulative) or 1 (counts), got {group_list_type}")
 
+
+#: int8 x int8 with a per-channel scale (with or without per_token_scale): the scale dtype each
+#: output dtype takes in the A2/A3 dtype table of `_op_plugin_docs.py` (2.8.0 and 2.13.0).
+_SCALE_FOR_OUTPUT = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float32}
 
 _Parts = tuple[list[torch.Tensor], list[torch.Tensor], list["torch.Tensor | None"]]
 
@@ -161,7 +165,12 @@ def _gmm_one(kind: str, out_dtype: torch.dtype, xg: torch.Tensor, wg: torch.Tens
     exact = x2.to(torch.float64) @ w2.to(torch.float64)  # |acc| < 2**31 since K < 65536: no int32 overflow
     if kind == "accumulate":
         return exact.to(torch.int32)
-    check_dtype(GMM, "scale", sg, (torch.float32,) if kind == "fp8" else (torch.float32, torch.bfloat16))
+    if kind == "fp8":
+        check_dtype(GMM, "scale", sg, (torch.float32,))
+    elif sg.dtype != _SCALE_FOR_OUTPUT[out_dtype]:  # the int8 rows of the dtype table pair them
+        raise err(GMM, f"scale dtype {dtype_name(sg.dtype)} with output_dtype {dtype_name(out_dtype)} is not a "
+                         f"supported combination for int8 x int8: bfloat16 scale -> bfloat16 output, float32 scale "
+                         f"-> float16 output")
     check_shape(GMM, "scale (per group)", sg, [w2.shape[1]])
     y = exact.to(torch.float32) * sg.to(torch.float32)
     if pg is not None:
@@ -169,6 +178,17 @@ def _gmm_one(kind: str, out_dtype: torch.dtype, xg: torch.Tensor, wg: torch.Tens
         check_shape(GMM, "per_token_scale (per group)", pg, [x2.shape[0]])
         y = y * pg.to(torch.float32).unsqueeze(-1)
     return y.to(out_dtype)
+
+
+def _undefined_tail(y: torch.Tensor, rows: int) -> torch.Tensor:
+    """y [covered, N] extended to x's rows: rows past group_list's total are undefined on
+    hardware (engines pass padded buffers), so they are NaN here (int32: INT32_MIN), for
+    nobody to rely on. Source: the reference notes; the docs require the totals to match.
+    """
+    if y.shape[0] == rows:
+        return y
+    fill = float("nan") if y.dtype.is_floating_point else torch.iinfo(y.dtype).min
+    return torch.cat([y, y.new_full((rows - y.shape[0], y.shape[1]), fill)], dim=0)
 
 
 def _dequant_weight(w: torch.Tensor, aqs: torch.Tensor | None, aqo: torch.Tensor | None,
@@ -223,11 +243,13 @@ class GroupedMatmulOps:
         Source: torch_npu docs (_op_plugin_docs.py) / meta registration.
         assumption: int8/int4 x int8/int4 with output_dtype int32 returns the raw integer
         accumulator (the meta function accepts int32; the docs' table does not list it).
-        assumption: the A4W4 pairing (int32 x and int32 weight giving N*8 outputs) comes
-        from the meta function; this docs version lists int4 weights only for
-        weight-only quantization.
-        assumption: either float32 or bfloat16 scale may go with either bf16 or fp16
-        output (the docs' table pairs bf16->bf16 and fp32->fp16).
+        int4 x int4 (int32 x and int32 weight) is rejected: the docs list int4 weights only
+        for weight-only quantization (the meta function shapes it, but the documented A4W4
+        path needs an NZ weight and a uint64 scale, not modelled).
+        int8 x int8 pairs the scale dtype with the output dtype as the docs' table does:
+        bfloat16 scale -> bfloat16 output, float32 scale -> float16 output; others rejected.
+        Rows of x past group_list's total are accepted (hardware accepts padded buffers;
+        the docs say the totals match): their output rows are NaN (int32: INT32_MIN).
         assumption: the docs' "only when x, weight and y are single tensors" note on the
         float32 column restricts float32 x/weight (whatever output_dtype says) to one x
         and one weight tensor.
@@ -254,7 +276,7 @@ class GroupedMatmulOps:
         per_weight = [_per_weight(name, value, ws, len(w_parts)) for name, value in
                       (("scale", scale), ("antiquant_scale", antiquant_scale), ("antiquant_offset", antiquant_offset))]
         outs = [_gmm_one(kind, out_dtype, *group) for group in zip(x_parts, w_parts, pts_parts, *per_weight)]
-        return outs if group_type == -1 else [torch.cat(outs, dim=0)]
+        return outs if group_type == -1 else [_undefined_tail(torch.cat(outs, dim=0), xs[0].shape[0])]
 
     def _gmm_kind(self, xd: torch.dtype, wd: torch.dtype, has_scale: bool, has_pts: bool, has_aq: bool,
                   output_dtype: object, all_single: bool) -> tuple[str, torch.dtype]:
@@ -278,7 +300,10 @@ class GroupedMatmulOps:
                 raise err(GMM, f"output_dtype for {pair} must be None or {dtype_name(xd)}, got {out}")
             return "antiquant", xd
         fp8 = xd in FP8_MAX and wd in FP8_MAX
-        if not (fp8 or (xd == wd and xd in (torch.int8, torch.int32))):
+        if xd == wd == torch.int32:  # A4W4: only an NZ weight with a uint64 scale, neither modelled
+            raise err(GMM, f"{pair} (int4 x int4) is not a documented ND pairing: int4 weights are listed for "
+                             "weight-only quantization with float x; supported pairings: " + GMM_PAIRINGS)
+        if not (fp8 or (xd == wd == torch.int8)):
             raise err(GMM, f"unsupported dtype pairing {pair}; supported pairings: {GMM_PAIRINGS}")
         if fp8 and self.generation != "A5":
             raise err(GMM, f"{pair} needs an A5 SoC (Ascend950*), this is {self.soc_name} ({self.generation})")

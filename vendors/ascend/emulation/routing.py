@@ -68,6 +68,7 @@ class RoutingOps:
         if x.dim() != 2 or expert_idx.dim() != 2 or x.shape[0] != expert_idx.shape[0]:
             raise err(op, f"x [NUM_ROWS, H] and expert_idx [NUM_ROWS, K] must be 2-D with equal rows, "
                            f"got {list(x.shape)} and {list(expert_idx.shape)}")
+        self._check_routing_version(op, expert_idx.numel(), active_num, active_expert_range)
         start, end = self._routing_options(op, x, offset, active_num, expert_num, drop_pad_mode,
                                            expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
                                            active_expert_range, row_idx_type)
@@ -141,6 +142,18 @@ class RoutingOps:
                            f"({expert_num}), got {bounds}")
         return int(bounds[0]), int(bounds[1])
 
+    def _check_routing_version(self, op: str, pairs: int, active_num: int,
+                               active_expert_range: Sequence[int] | None) -> None:
+        """Rules of the older schemas: 2.8's meta function wants active_expert_range as two ints;
+        before 2.13 the docs want active_num equal to the pair count (its -1 default is
+        documented as valid only from 2.13; the reference notes)."""
+        version = getattr(self, "version", "2.13")
+        if version == "2.8" and (active_expert_range is None or len(active_expert_range) != 2):
+            raise err(op, f"active_expert_range must be int[2] in torch_npu 2.8, got {active_expert_range!r}")
+        if version != "2.13" and active_num != pairs:
+            raise err(op, f"active_num must equal NUM_ROWS*K = {pairs} in torch_npu {version} (pass it "
+                           f"explicitly), got {active_num}")
+
     @staticmethod
     def _check_routing_scale(op: str, x: torch.Tensor, scale: torch.Tensor | None, quant_mode: int,
                              experts: int) -> None:
@@ -172,28 +185,35 @@ class RoutingOps:
         The index into expanded_src_to_dst_row is k-major (i + k*NUM_ROWS). Missing
         skips and bias contribute nothing; without scales every weight is 1 and K is
         `k`. NUM_ROWS = rows / K. Computed in float32, cast once to the rows' dtype.
-        Source: torch_npu docs (_op_plugin_docs.py) / meta registration.
+        Source: torch_npu docs (_op_plugin_docs.py) / meta registration; `k` only in the
+        2.13 schema (the versioned binding rejects it for older versions).
+        drop_pad_mode 2 and 3 index row-major (i*K + k); modes 1 and 3 take rows as
+        [E, C, H] (the meta function's drop-pad branch). assumption: in modes 1-3 an index
+        of -1 is a dropped route and contributes nothing (mode 0 keeps [0, rows)).
         assumption: when scales is given its second dim is K and `k` is not consulted.
         """
         op = "npu_moe_finalize_routing"
         rows = tensor_arg(op, "expanded_permuted_rows", expanded_permuted_rows)
         src = tensor_arg(op, "expanded_src_to_dst_row", expanded_src_to_dst_row)
-        if drop_pad_mode in (1, 3):
-            raise NotImplementedError(f"{op}: drop_pad_mode {drop_pad_mode} (drop-pad layout) is not emulated; only 0")
-        if drop_pad_mode != 0:
-            raise err(op, f"drop_pad_mode must be 0, got {drop_pad_mode}")
+        if drop_pad_mode not in (0, 1, 2, 3):
+            raise err(op, f"drop_pad_mode must be 0, 1, 2 or 3, got {drop_pad_mode}")
         check_dtype(op, "expanded_permuted_rows", rows, FLOAT)
-        if rows.dim() != 2:
-            raise err(op, f"expanded_permuted_rows must be 2-D [NUM_ROWS*K, H], got {list(rows.shape)}")
+        padded = drop_pad_mode in (1, 3)  # [E, C, H] rows (the meta function's drop-pad branch)
+        if rows.dim() != (3 if padded else 2):
+            raise err(op, f"expanded_permuted_rows must be {'3-D [E, C, H]' if padded else '2-D [NUM_ROWS*K, H]'} "
+                           f"for drop_pad_mode {drop_pad_mode}, got {list(rows.shape)}")
+        rows = rows.reshape(-1, rows.shape[-1])
         top_k = scales.shape[1] if isinstance(scales, torch.Tensor) and scales.dim() == 2 else k
-        if top_k <= 0 or rows.shape[0] % top_k:
-            raise err(op, f"K ({top_k}) must be positive and divide expanded_permuted_rows' rows {rows.shape[0]}")
-        num_rows, hidden = rows.shape[0] // top_k, rows.shape[1]
+        total = rows.shape[0] if drop_pad_mode == 0 else src.numel()
+        if top_k <= 0 or total % top_k:
+            raise err(op, f"K ({top_k}) must be positive and divide the (token, k) pairs {total}")
+        num_rows, hidden = total // top_k, rows.shape[1]
         check_dtype(op, "expanded_src_to_dst_row", src, (torch.int32,))
         check_shape(op, "expanded_src_to_dst_row", src, [num_rows * top_k])
-        if src.numel() and (int(src.min()) < 0 or int(src.max()) >= num_rows * top_k):
-            raise err(op, f"expanded_src_to_dst_row values must be in [0, {num_rows * top_k - 1}], "
-                           f"got values in [{int(src.min())}, {int(src.max())}]")
+        low = 0 if drop_pad_mode == 0 else -1  # -1: a dropped route (drop_pad_mode 1-3), contributing 0
+        if src.numel() and (int(src.min()) < low or int(src.max()) >= rows.shape[0]):
+            raise err(op, f"expanded_src_to_dst_row values must be in [{low}, {rows.shape[0] - 1}] for "
+                           f"drop_pad_mode {drop_pad_mode}, got values in [{int(src.min())}, {int(src.max())}]")
         for name, t, shape in (("scales", scales, [num_rows, top_k]), ("skip1", skip1, [num_rows, hidden]),
                                ("skip2", skip2, [num_rows, hidden])):
             if t is not None:
@@ -201,7 +221,9 @@ class RoutingOps:
                 check_shape(op, name, t, shape)
         if skip2 is None and skip1 is not None:
             raise err(op, "skip1 must be None when skip2 is None")
-        gathered = rows.to(torch.float32)[src.to(torch.int64).reshape(top_k, num_rows).t()]  # [NUM_ROWS, K, H]
+        index = src.to(torch.int64)  # k-major (i + k*NUM_ROWS) for modes 0/1, row-major (i*K + k) for 2/3
+        index = index.reshape(num_rows, top_k) if drop_pad_mode in (2, 3) else index.reshape(top_k, num_rows).t()
+        gathered = rows.to(torch.float32)[index.clamp(min=0)] * (index >= 0).unsqueeze(-1)  # [NUM_ROWS, K, H]
         if export_for_source_row is not None:
             experts = tensor_arg(op, "export_for_source_row", export_for_source_row)
             check_dtype(op, "export_for_source_row", experts, (torch.int32,))

@@ -7,7 +7,10 @@ parameter, what is allowed and what was given. Features the documentation lists 
 this emulation does not compute raise `NotImplementedError` ("not emulated").
 
 Sources: the op docstrings in torch_npu's `_op_plugin_docs.py` and the shape/dtype rules
-in `op_plugin/meta/_meta_registrations.py` (torch-npu 2.13.0 wheel).
+in `op_plugin/meta/_meta_registrations.py` (torch-npu 2.13.0 wheel; 2.8.0 compared). The
+argument lists (names, defaults, which keyword arguments exist) are those of one modelled
+torch-npu version (`vendors.ascend.emulation.versions`): every public op binds its call
+against that version's codegen schema before computing.
 
 Numerics (assumption, everywhere): arithmetic in float32 (float64 for exact integer
 matrix products), a single cast to the output dtype at the end, and `torch.round`
@@ -21,6 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from vendors.ascend.emulation import npu_format
 from vendors.ascend.emulation.common import (
     err,
     dtype_name,
@@ -38,6 +42,7 @@ from vendors.ascend.emulation.common import (
 )
 from vendors.ascend.emulation.gmm import GroupedMatmulOps
 from vendors.ascend.emulation.routing import RoutingOps
+from vendors.ascend.emulation.versions import DEFAULT_VERSION, bind, check_version
 
 
 class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps):
@@ -45,12 +50,15 @@ class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps):
 
     `soc_name` is what the real `torch_npu.npu.get_device_name()` reports; it selects the
     generation, which decides generation-specific behaviour (float8 support on A5).
+    `version` is the torch-npu version whose op schemas are modelled ("2.8", "2.10" or
+    "2.13"): unknown keyword arguments are rejected and defaults are that version's.
     Inputs are tensors (normally on the CPU); outputs live on the inputs' device.
     """
 
-    def __init__(self, soc_name: str = "Ascend910B3") -> None:
+    def __init__(self, soc_name: str = "Ascend910B3", version: str = DEFAULT_VERSION) -> None:
         if not isinstance(soc_name, str):
             raise RuntimeError(f"EmulatedTorchNpu: soc_name must be a str, got {type(soc_name).__name__}")
+        self.version: str = check_version(version)
         for prefix, generation in SOC_PREFIXES:
             if soc_name.startswith(prefix):
                 self.soc_name: str = soc_name
@@ -157,3 +165,21 @@ class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps):
             raise err(op, f"x's size along dim {dim} must be even, got {x.shape[dim]}")
         gate, up = x.to(torch.float32).chunk(2, dim=dim)
         return (F.silu(gate) * up).to(x.dtype)
+
+
+def _versioned(op: str, impl):  # type: ignore[no-untyped-def]
+    """`op` bound against the instance's modelled schema, then computed by `impl`."""
+    def call(self: EmulatedTorchNpu, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return impl(self, **bind(self.version, op, args, kwargs))
+
+    call.__name__, call.__qualname__, call.__doc__ = op, f"EmulatedTorchNpu.{op}", impl.__doc__
+    return call
+
+
+for _op in ("npu_dynamic_quant", "npu_grouped_matmul", "npu_swiglu", "npu_moe_init_routing_v2",
+            "npu_moe_finalize_routing"):
+    setattr(EmulatedTorchNpu, _op, _versioned(_op, getattr(EmulatedTorchNpu, _op)))
+
+# Storage formats (FRACTAL_NZ), emulated as a tag: see `vendors.ascend.emulation.npu_format`.
+EmulatedTorchNpu.npu_format_cast = npu_format.npu_format_cast  # type: ignore[attr-defined]
+EmulatedTorchNpu.get_npu_format = npu_format.get_npu_format  # type: ignore[attr-defined]
