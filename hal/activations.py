@@ -42,6 +42,10 @@ _ALIASES = {"swiglu": ActivationKind.SILU_GLU, "silu_glu": ActivationKind.SILU_G
             "geglu": ActivationKind.GELU_GLU, "gelu_glu": ActivationKind.GELU_GLU,
             "gelu_tanh_glu": ActivationKind.GELU_TANH_GLU, "gelu_pytorch_tanh_glu": ActivationKind.GELU_TANH_GLU,
             "swiglu_oai": ActivationKind.SWIGLU_OAI, "clamped_swiglu": ActivationKind.SWIGLU_OAI,
+            "swigluoai": ActivationKind.SWIGLU_OAI,
+            # the names engines give their fused "activation and multiply" kernels
+            "silu_and_mul": ActivationKind.SILU_GLU, "gelu_and_mul": ActivationKind.GELU_GLU,
+            "gelu_tanh_and_mul": ActivationKind.GELU_TANH_GLU,
             "gelu_tanh": ActivationKind.GELU_TANH, "gelu_pytorch_tanh": ActivationKind.GELU_TANH}
 
 
