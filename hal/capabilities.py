@@ -71,6 +71,8 @@ class Capabilities:
     expert_bias: bool = True  #: `grouped_matmul(..., bias=)` (per-expert output bias) is computed
     #: ops run in step with the host, so reading a value back costs no stall (value checks are cheap)
     host_synchronous: bool = False
+    #: the vendor's own expert-parallel dispatchers (`Vendor.ep_dispatch` / `ep_combine`), by name
+    ep_dispatchers: frozenset[str] = frozenset()
     limits: KernelLimits = KernelLimits()
     collective_backend: str = "gloo"
     notes: tuple[str, ...] = ()
@@ -105,6 +107,7 @@ class Capabilities:
         object.__setattr__(self, "activations", frozenset(ActivationKind(a) for a in self.activations))
         object.__setattr__(self, "expert_bias", bool(self.expert_bias))
         object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
+        object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def __hash__(self) -> int:
@@ -192,6 +195,7 @@ class Capabilities:
             "activations": _sorted_values(self.activations),
             "expert_bias": self.expert_bias,
             "host_synchronous": self.host_synchronous,
+            "ep_dispatchers": sorted(self.ep_dispatchers),
             "limits": self.limits.as_dict(),
             "collective_backend": self.collective_backend,
             "notes": list(self.notes),

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
-            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe")
+            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe",
+            "ep_dispatch", "ep_combine")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,22 @@ class VendorOps(abc.ABC):
         result. Where the device has no concurrent queue (the default) the work runs at once."""
         result = work()
         return lambda: result
+
+    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
+                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
+        """The vendor's own expert-parallel dispatch `name`: rows for this rank's experts, grouped by local
+        expert, in `dtype` (rows past the counts' sum are padding), int64 counts per local expert, and
+        the handle `ep_combine` needs. Only vendors that declare `name` in `ep_dispatchers` implement it."""
+        from hal.errors import UnsupportedCapability
+
+        raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
+
+    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+        """Each token's routing-weighted sum of its experts' output rows, back on its own rank, `[T, H]`."""
+        from hal.errors import UnsupportedCapability
+
+        raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,

@@ -64,9 +64,13 @@ class DispatchConfig:
 
     dtype: DispatchDtype | str = DispatchDtype.AUTO
     max_dispatch_tokens_per_rank: int | None = None
+    #: a vendor's own expert-parallel dispatcher by name (e.g. Ascend's "mc2"); None: torch.distributed
+    ep_dispatcher: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
+        if self.ep_dispatcher is not None and (not isinstance(self.ep_dispatcher, str) or not self.ep_dispatcher):
+            raise InvalidInput(f"ep_dispatcher: expected a dispatcher name or None, got {self.ep_dispatcher!r}")
         if self.max_dispatch_tokens_per_rank is not None:
             positive_int("max_dispatch_tokens_per_rank", self.max_dispatch_tokens_per_rank, "a positive int or None")
 

@@ -170,6 +170,33 @@ class Vendor(Platform):
             raise invalid("work", "a callable", type(work).__name__)
         return self.ops.overlap(work)
 
+    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
+                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
+        """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
+        `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`."""
+        self._require_ep(name)
+        checks.float_rows("x", x)
+        checks.expert_ids(topk_ids, num_experts)
+        for label, tensor in (("x", x), ("topk_ids", topk_ids)):
+            checks.on_device(label, tensor, self.device)
+        return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=DispatchDtype.parse(dtype),
+                                    num_experts=num_experts, process_group=process_group)
+
+    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+        """The weighted sum of each token's expert rows after `ep_dispatch` with the same `name`: `[T, H]`."""
+        self._require_ep(name)
+        checks.out_dtype("out_dtype", out_dtype)
+        for label, tensor in (("rows", rows), ("topk_weights", topk_weights)):
+            checks.on_device(label, tensor, self.device)
+        return self.ops.ep_combine(rows, topk_weights, handle, name=name, out_dtype=out_dtype)
+
+    def _require_ep(self, name: str) -> None:
+        declared = self.capabilities().ep_dispatchers
+        if name not in declared:
+            raise UnsupportedCapability(f"vendor {self.name!r} declares no expert-parallel dispatcher {name!r} "
+                                        f"(declared: {', '.join(sorted(declared)) or 'none'})")
+
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A weight in hal's reference format (as a checkpoint loader builds it) in the form this
         vendor's grouped matmul reads, prepared once at load; the result is what the layer stores."""

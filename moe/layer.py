@@ -29,7 +29,7 @@ from hal import (
     resolve_dispatch_plan,
 )
 from moe.compiled import moe_forward, register_layer
-from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher
+from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher, VendorEpDispatcher
 from moe.dispatch.base import group_size_and_rank
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
@@ -161,7 +161,18 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         self._handle = register_layer(self)
 
     def _make_dispatcher(self) -> Dispatcher:
-        capacity = self.dispatch_config.max_dispatch_tokens_per_rank
+        capacity, native = self.dispatch_config.max_dispatch_tokens_per_rank, self.dispatch_config.ep_dispatcher
+        if native is not None:
+            declared = self.vendor.capabilities().ep_dispatchers
+            if native not in declared:
+                raise UnsupportedCapability(
+                    f"dispatch.ep_dispatcher: vendor {self.vendor.name!r} declares no expert-parallel dispatcher "
+                    f"{native!r} (declared: {', '.join(sorted(declared)) or 'none'})")
+            if self.process_group is None or capacity is not None:
+                raise InvalidInput(f"dispatch.ep_dispatcher {native!r}: expected a process_group and no low-latency "
+                                   "capacity (it is an expert-parallel normal-mode dispatcher)")
+            return VendorEpDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor,
+                                      name=native)
         if capacity is not None:
             return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group, vendor=self.vendor)
         if self.process_group is not None:

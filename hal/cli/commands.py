@@ -135,6 +135,7 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("activations", ", ".join(k.value for k in ActivationKind if k in c.activations) or "none"),
         ("expert_bias", "yes" if c.expert_bias else "no"),
         ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
+        ("ep_dispatchers", ", ".join(sorted(c.ep_dispatchers)) or "none (torch.distributed only)"),
         ("limits", limits),
         ("collective_backend", c.collective_backend),
     ):

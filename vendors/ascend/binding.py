@@ -10,6 +10,7 @@ builds one on the torch_npu emulation.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -57,6 +58,8 @@ class NpuBinding:
     device_count: int
     deep_ep: Any | None
     label: str
+    #: the HCCL communicator name of a process group (the MC2 ops' `group_ep`), or None without MC2
+    comm_name: Callable[[Any], str] | None = None
 
     def summary(self) -> str:
         """One line for `hal vendors`: devices, SoC, runtime and whether DeepEP is present."""
@@ -91,7 +94,19 @@ def load_torch_npu() -> NpuBinding:
         device_count=int(npu.device_count()),
         deep_ep=_optional_module("deep_ep"),
         label=f"torch_npu {getattr(torch_npu, '__version__', '(version unknown)')}",
+        comm_name=_hccl_comm_name,
     )
+
+
+def _hccl_comm_name(group: Any) -> str:
+    """The HCCL communicator name of a process group, as torch_npu's MC2 ops take it (`group_ep`).
+
+    Not run here (no NPU): torch_npu's HCCL backend exposes the name through
+    `get_hccl_comm_name(rank)`, as Ascend engines call it."""
+    import torch.distributed as dist
+
+    backend = group._get_backend(torch.device("npu"))
+    return str(backend.get_hccl_comm_name(dist.get_rank(group)))
 
 
 def _optional_module(name: str) -> ModuleType | None:

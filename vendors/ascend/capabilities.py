@@ -28,11 +28,12 @@ FUSED_GENERATIONS = frozenset({"A3", "A5"})
 
 
 def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = (),
-                        *, fused: bool = True) -> Capabilities:
+                        *, fused: bool = True, mc2: bool = True) -> Capabilities:
     """The table of one generation: bf16, fp16, fp32 and int8 dispatch everywhere; fp8 only where
     the chip computes it (A5), otherwise fp8 falls back to int8; nvfp4 is rejected.
 
-    `fused` declares `fused_deep_moe` for W8A8-INT8 (the Ascend DeepEP port is installed).
+    `fused` declares `fused_deep_moe` for W8A8-INT8 (the Ascend DeepEP port is installed);
+    `mc2` declares the MC2 expert-parallel dispatcher (`npu_moe_distribute_dispatch` / `_combine`).
     """
     fp8 = generation in _FP8_GENERATIONS
     dispatch = {*_FLOAT_DISPATCH, DispatchDtype.INT8} | ({DispatchDtype.FP8} if fp8 else set())
@@ -59,10 +60,15 @@ def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...
         int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
         grouped_matmul=_BASE_GEMMS | ({GemmKind.FP8_ROWWISE} if fp8 else frozenset()),
         fused_deep_moe=frozenset({FUSED_SCHEME}) if fused else frozenset(),
+        ep_dispatchers=frozenset({MC2}) if mc2 else frozenset(),
         limits=KernelLimits(max_inner_dim=MAX_INNER_DIM, max_groups=MAX_GROUPS),
         collective_backend="hccl",
         notes=(f"SoC generation {generation}", *notes, *fused_note),
     )
+
+
+#: The name of the MC2 expert-parallel dispatcher (`DispatchConfig(ep_dispatcher="mc2")`).
+MC2 = "mc2"
 
 
 def fused_limits_text(generation: str) -> str:

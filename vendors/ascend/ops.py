@@ -34,6 +34,7 @@ from hal import (
 )
 from vendors.ascend.binding import NpuBinding
 from vendors.ascend.fused import DeepEpFusedMoe, check_fused_operands
+from vendors.ascend.mc2 import mc2_combine, mc2_dispatch
 
 #: Activation dtypes npu_dynamic_quant accepts.
 _NPU_QUANT_INPUTS = (torch.float16, torch.bfloat16)
@@ -48,8 +49,21 @@ class AscendOps(ReferenceOps):
         "quantize_int4": "npu_dynamic_quant(dst_type=torch.quint4x2) for fp16/bf16 input",
         "grouped_matmul": "npu_grouped_matmul (group_type=0, split_item=2)",
         "swiglu": "npu_swiglu",
+        "ep_dispatch": "npu_moe_distribute_dispatch (MC2; int8 with quant_mode=2)",
+        "ep_combine": "npu_moe_distribute_combine (MC2, weighted by the routing weights)",
         "fused_deep_moe": "the Ascend DeepEP port (Buffer.fused_deep_moe / dispatch + torch_npu MoE ops + combine)",
     }
+
+    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
+                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
+        """The MC2 dispatch (`vendors.ascend.mc2`)."""
+        return mc2_dispatch(self.binding, x, topk_ids, dtype=dtype, num_experts=num_experts,
+                            process_group=process_group)
+
+    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+        """The MC2 combine (`vendors.ascend.mc2`)."""
+        return mc2_combine(self.binding, rows, topk_weights, handle, out_dtype=out_dtype)  # type: ignore[arg-type]
 
     def __init__(self, binding: NpuBinding) -> None:
         self.binding = binding

@@ -60,11 +60,12 @@ class AscendVendor(Vendor):
         binding = self.binding
         soc = binding.soc_name
         name = f"{soc} ({binding.label})"
-        fused = binding.deep_ep is not None
+        fused, mc2 = binding.deep_ep is not None, binding.comm_name is not None
         generation = generation_of(soc)
         if generation is None:
-            return ascend_capabilities(name, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",), fused=fused)
-        return ascend_capabilities(name, generation, fused=fused)
+            return ascend_capabilities(name, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",), fused=fused,
+                                       mc2=mc2)
+        return ascend_capabilities(name, generation, fused=fused, mc2=mc2)
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         return DECLARED_MODELS

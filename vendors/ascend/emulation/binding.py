@@ -29,4 +29,5 @@ def emulated_binding(soc_name: str = DEFAULT_SOC, *, deep_ep: bool = True,
         device_count=1,
         deep_ep=EmulatedDeepEp(npu) if deep_ep else None,
         label=f"torch_npu {npu.version}{' and the Ascend DeepEP port' if deep_ep else ''} EMULATED on the CPU",
+        comm_name=npu.register_group,
     )

@@ -41,11 +41,12 @@ from vendors.ascend.emulation.common import (
     SOC_PREFIXES,
 )
 from vendors.ascend.emulation.gmm import GroupedMatmulOps
+from vendors.ascend.emulation.mc2 import Mc2Ops
 from vendors.ascend.emulation.routing import RoutingOps
 from vendors.ascend.emulation.versions import DEFAULT_VERSION, bind, check_version
 
 
-class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps):
+class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps, Mc2Ops):
     """The ops of torch_npu that moe-hal's Ascend vendor calls, emulated on the CPU for one SoC.
 
     `soc_name` is what the real `torch_npu.npu.get_device_name()` reports; it selects the
