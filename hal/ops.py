@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
             "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe",
-            "ep_dispatch", "ep_combine")
+            "prepare_fused", "ep_dispatch", "ep_combine")
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,11 @@ class VendorOps(abc.ABC):
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
+
+    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
+                      process_group: object | None) -> None:
+        """Make whatever the vendor's `fused_deep_moe` needs from these weights (a storage format, a
+        tile permutation), once, when a layer's fused path is built on them. Nothing by default."""
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,

@@ -170,6 +170,13 @@ class Vendor(Platform):
             raise invalid("work", "a callable", type(work).__name__)
         return self.ops.overlap(work)
 
+    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
+                      process_group: object | None = None) -> None:
+        """Prepare the fused op's form of a layer's weights once, at load (before its first forward)."""
+        if scheme not in self.capabilities().fused_deep_moe:
+            raise UnsupportedCapability(f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r}")
+        self.ops.prepare_fused(w13, w2, scheme=scheme, process_group=process_group)
+
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
                     num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in

@@ -80,6 +80,8 @@ class PipelineChoice:
               weights: ExpertWeights, process_group: Any, capacity: int | None) -> Pipeline:
         """The pipeline over loaded weights."""
         if self.fused:
+            if capacity is not None:  # the one-kernel form runs on weights the vendor prepares now, at load
+                vendor.prepare_fused(weights.w13, weights.w2, scheme=scheme.name, process_group=process_group)
             return FusedPipeline(vendor, scheme.name, weights, plan, process_group, capacity)
         quantize = scheme.dispatch_quantizer(vendor, plan, weights)
         return UnfusedPipeline(vendor, scheme, weights, dispatcher, self.runner, quantize)  # type: ignore[arg-type]

@@ -63,7 +63,7 @@ class WeightStore(torch.nn.Module):
         self._activation = weights.activation
         return self._rebuild()
 
-    def _rebuild(self) -> ExpertWeights:
+    def _rebuild(self, notify: bool = True) -> ExpertWeights:
         buffers = {name: t for name, t in self._buffers.items() if name in _FIELDS and t is not None}
         parts: dict[str, Any] = {}
         for proj, layout in zip(("w13", "w2"), self._layouts):
@@ -74,7 +74,7 @@ class WeightStore(torch.nn.Module):
         for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
             parts[name] = buffers.get(name)
         self._weights = ExpertWeights(activation=self._activation, **parts)
-        if self.on_change is not None:
+        if notify and self.on_change is not None:
             self.on_change()
         return self._weights
 
@@ -116,7 +116,7 @@ class WeightStore(torch.nn.Module):
                 return
             self.register_buffer(name, tensor.detach().to(device=device or tensor.device).clone())
         try:
-            weights = self._rebuild()
+            weights = self._rebuild(notify=self.prepare is None)
             if self.prepare is not None:  # a saved state may come from another vendor's layout
                 self.store(dataclasses.replace(weights, w13=self.prepare(weights.w13), w2=self.prepare(weights.w2)))
         except InvalidInput as exc:

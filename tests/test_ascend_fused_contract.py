@@ -170,6 +170,7 @@ def test_the_one_kernel_op_runs_on_prepared_weights_made_once_and_equals_the_unf
     vendor, npu_calls, port_calls = vendor_on()
     config = DispatchConfig(max_dispatch_tokens_per_rank=16)
     fused, unfused = build(vendor, KERNEL, dispatch=config), build(vendor, KERNEL, dispatch=config, fused=False)
+    assert sum(c[0] == "npu_format_cast" for c in npu_calls) == 2  # prepared at load, before any forward
     x, logits = batch(12, KERNEL, seed=4)
     ys = [fused(x, logits) for _ in range(3)]
     calls = [c for c in port_calls if c[0] == "fused_deep_moe"]
@@ -181,7 +182,8 @@ def test_the_one_kernel_op_runs_on_prepared_weights_made_once_and_equals_the_unf
     assert torch.equal(w13_scale, permute_tiles(stored.w13.scale)) and not torch.equal(w13_nz, stored.w13.data)
     assert all(torch.equal(y, ys[0]) for y in ys)
     assert relative_error(ys[0], unfused(x, logits).double()) <= FUSED_TOLERANCE
-    fused.load_state_dict(build(vendor, KERNEL).state_dict())  # new weights: prepared again
+    fused.load_state_dict(build(vendor, KERNEL).state_dict())  # new weights: prepared again, at load
+    assert sum(c[0] == "npu_format_cast" for c in npu_calls) == 4
     fused(x, logits)
     assert sum(c[0] == "npu_format_cast" for c in npu_calls) == 4
 

@@ -162,6 +162,14 @@ class DeepEpFusedMoe:
             return out
         return self._normal(buffer, xb, ids, weights, w13, w2, num_experts, int8)
 
+    def prepare(self, w13: QuantizedWeight, w2: QuantizedWeight, process_group: object | None) -> None:
+        """Make the one-kernel op's weights for the group's buffer now (at load), where the port has
+        the fused kernel; a forward then finds them made."""
+        if fused_kernel_problems(self._generation, 1, w13.in_features, w13.out_features, 1, w13.num_experts, 1):
+            return  # every call of these shapes runs the port's normal mode, on the hal-format weights
+        buffer = self._buffer(self._group(process_group))
+        self._weights.setdefault(id(buffer), FusedWeights(self._npu)).get(w13, w2)
+
     def _normal(self, buffer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 w13: QuantizedWeight, w2: QuantizedWeight, num_experts: int, int8: bool) -> torch.Tensor:
         per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, num_experts)

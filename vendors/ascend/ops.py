@@ -49,10 +49,18 @@ class AscendOps(ReferenceOps):
         "quantize_int4": "npu_dynamic_quant(dst_type=torch.quint4x2) for fp16/bf16 input",
         "grouped_matmul": "npu_grouped_matmul (group_type=0, split_item=2)",
         "swiglu": "npu_swiglu",
+        "prepare_fused": "the port's weights (FRACTAL_NZ, w13 tile permutation, w2 [E, H, I]) made at load",
         "ep_dispatch": "npu_moe_distribute_dispatch (MC2; int8 with quant_mode=2)",
         "ep_combine": "npu_moe_distribute_combine (MC2, weighted by the routing weights)",
         "fused_deep_moe": "the Ascend DeepEP port (Buffer.fused_deep_moe / dispatch + torch_npu MoE ops + combine)",
     }
+
+    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
+                      process_group: object | None) -> None:
+        """The port's NZ, tile-permuted form of the weights, made at load (`vendors.ascend.fused`)."""
+        if self._fused is None:
+            self._fused = DeepEpFusedMoe(self)
+        self._fused.prepare(w13, w2, process_group)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
                     num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
