@@ -8,11 +8,8 @@ its own tokens and writes the largest relative difference per case to `<out>/ran
 
 from __future__ import annotations
 
-import argparse
-import json
-import traceback
+import sys
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -60,26 +57,8 @@ def run(case: Case, rank: int, world: int) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
-def main() -> int:
-    """Join the world, run every case, write the results."""
-    parser = argparse.ArgumentParser()
-    for name in ("--rank", "--world"):
-        parser.add_argument(name, type=int, required=True)
-    parser.add_argument("--init", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
-                            timeout=timedelta(seconds=60))
-    results: dict[str, object] = {}
-    for case in CASES:
-        try:
-            results[case.name] = run(case, args.rank, args.world)
-        except Exception:  # recorded for the test to show
-            results[case.name] = traceback.format_exc()
-    (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.gloo_world import worker_main
+
+    raise SystemExit(worker_main(lambda world: CASES, run))

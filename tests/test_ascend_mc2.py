@@ -4,9 +4,6 @@ as strict as the op's documented limits; the layer refuses it where it cannot ru
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +11,11 @@ import torch
 
 import moe
 from hal import DispatchConfig, InvalidInput, UnsupportedCapability, get_vendor
+from tests.gloo_world import spawn_world
 from tests.mc2_worker import CASES
 from vendors.ascend.emulation.torch_npu_ops import EmulatedTorchNpu
 
 WORKER = Path(__file__).with_name("mc2_worker.py")
-REPO = Path(__file__).resolve().parent.parent
 #: The same rows, GEMMs and fp32 weighted sums as one rank. int8 (integer accumulation) agrees
 #: to the last bit; bf16 to one bf16 rounding of an output (the emulated GEMM's fp32 accumulation
 #: may block differently when a group holds rows from several ranks).
@@ -29,14 +26,7 @@ TOLERANCE = {"int8": 1e-6, "bf16": 2.0**-7}  # one bf16 ulp is at most 2^-7 of t
 def world_results(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"mc2-{world}")
-    init = f"file://{out / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--rank", str(r), "--world", str(world), "--init", init,
-                               "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return spawn_world(WORKER, world, out)
 
 
 def test_mc2_layers_equal_the_single_rank_layer(world_results):

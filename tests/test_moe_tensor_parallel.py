@@ -11,17 +11,14 @@ bf16 outputs, rounded per shard before the sum).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.gloo_world import spawn_world
 from tests.tp_worker import cases
 
 WORKER = Path(__file__).with_name("tp_worker.py")
-REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "w8a8-fp8-block": 1e-2, "w8a8-int8": 3e-2}
 
 
@@ -29,14 +26,7 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "w8a8-fp8-block": 1e-2, "w8a8-int8": 3e
 def world_results(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"tp{world}")
-    init = f"file://{out / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--rank", str(r), "--world", str(world), "--init", init,
-                               "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
-    return world, [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return world, spawn_world(WORKER, world, out)
 
 
 def test_every_case_equals_the_single_process_layer(world_results):

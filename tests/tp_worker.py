@@ -9,11 +9,8 @@ difference per case to `<out>/rank<R>.json`.
 
 from __future__ import annotations
 
-import argparse
-import json
-import traceback
+import sys
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -57,8 +54,6 @@ def cases(world: int) -> list[Case]:
 def build_from_checkpoint(case: Case, ep_group: object, tp_group: object, tp: tuple[int, int]) -> torch.nn.Module:
     """The layer of `case` loaded through `moe.checkpoint`: every rank reads the same synthetic
     checkpoint and keeps its experts and its intermediate shard."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import moe
     from tests.checkpoint_synthetic import encode_fp8_block, per_expert
@@ -101,7 +96,7 @@ def build(case: Case, ep_group: object, tp_group: object, tp: tuple[int, int] = 
     return layer
 
 
-def run(case: Case, rank: int) -> float:
+def run(case: Case, rank: int, world: int) -> float:
     """Largest |parallel - single| / max |single| over this rank's tokens."""
     ep_rank, tp_rank = divmod(rank, case.tp)
     tp_groups = [dist.new_group([e * case.tp + t for t in range(case.tp)]) for e in range(case.ep)]
@@ -118,26 +113,8 @@ def run(case: Case, rank: int) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
-def main() -> int:
-    """Join the world, run every case, write the results."""
-    parser = argparse.ArgumentParser()
-    for name in ("--rank", "--world"):
-        parser.add_argument(name, type=int, required=True)
-    parser.add_argument("--init", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
-                            timeout=timedelta(seconds=60))
-    results: dict[str, object] = {}
-    for case in cases(args.world):
-        try:
-            results[case.name] = run(case, args.rank)
-        except Exception:  # recorded for the test to show
-            results[case.name] = traceback.format_exc()
-    (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.gloo_world import worker_main
+
+    raise SystemExit(worker_main(cases, run))
