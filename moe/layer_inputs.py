@@ -62,7 +62,8 @@ def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None,
         if check and torch.is_floating_point(logits):
             _require_finite("router_logits", logits)
         return layer.router(logits)
-    assert ids is not None and weights is not None
+    if ids is None or weights is None:
+        raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got neither")
     if check:
         _require_finite("topk_weights", weights)
         if ids.numel() and bool(((ids < 0) | (ids >= layer.num_experts)).any()):

@@ -8,7 +8,7 @@ import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight
 from conformance.reference import grouped_matmul as reference_grouped_matmul
-from conformance.reference import moe_features
+from conformance.reference import moe_features, relative_error, seed_of, softmax_topk
 from conformance.tolerances import gemm_bound, layer_tolerance
 from hal import GemmKind, Groups
 from moe import MoELayer
@@ -55,3 +55,36 @@ def test_layer_with_128_experts_and_unaligned_dims(scheme, top_k):
     y = layer(x, logits)
     error = float((y.double() - ref).norm() / ref.norm())
     assert error <= layer_tolerance(scheme, layer.plan.resolved.value), f"relative error {error:.4f}"
+
+
+@pytest.mark.parametrize("activation, top_k, bias, shared, scheme", [
+    ("swiglu-oai", 4, True, False, "fp32"),          # gpt-oss
+    ("silu-glu", 8, False, True, "fp32"),            # DeepSeek / Qwen2-MoE (gated shared expert)
+    ("gelu-tanh-glu", 1, True, True, "w8a8-fp8-block"),
+], ids=["swiglu-oai-top4-bias", "silu-top8-shared", "gelu-top1-bias-shared-fp8"])
+def test_model_features_with_128_experts_and_unaligned_dims(activation, top_k, bias, shared, scheme):
+    """Activations, biases and gated shared experts at 128 experts, H 1000, I 352, 1500 tokens."""
+    import moe
+
+    e, h, i, s, tokens = 128, 1000, 352, 704, 1500
+    g = torch.Generator().manual_seed(seed_of("features", activation, top_k))
+    w13, w2 = torch.randn(e, h, 2 * i, generator=g) / h**0.5, torch.randn(e, i, h, generator=g) / i**0.5
+    b13 = torch.randn(e, 2 * i, generator=g) * 0.3 if bias else None
+    b2 = torch.randn(e, h, generator=g) * 0.3 if bias else None
+    parts = (torch.randn(h, 2 * s, generator=g) / h**0.5, torch.randn(s, h, generator=g) / s**0.5,
+             torch.randn(h, generator=g) / h**0.5) if shared else None
+    quant = moe.Unquantized(torch.float32) if scheme == "fp32" else scheme
+    layer = moe.MoELayer.from_float(w13, w2, top_k, w13_bias=b13, w2_bias=b2, scheme=quant, vendor=CpuVendor(),
+                                    activation=activation, environ={},
+                                    shared_experts=moe.SharedExperts(s, gated=True) if shared else None)
+    if parts is not None:
+        layer.load_shared_experts(*parts)
+    x = torch.randn(tokens, h, generator=g)
+    logits = torch.randn(tokens, e, generator=g)
+    logits[: tokens // 4, :3] += 4.0  # a few popular experts, many nearly idle ones
+    if scheme != "fp32":
+        x = x.to(torch.bfloat16)
+    ids, weights = softmax_topk(logits, top_k)
+    ref = moe_features(x, ids, weights, w13, w2, kind=activation, b13=b13, b2=b2, shared=parts)
+    bound = 1e-5 if scheme == "fp32" else layer_tolerance(scheme, "fp8")
+    assert relative_error(layer(x, logits), ref) <= bound

@@ -1,4 +1,7 @@
-"""CPU emulation of the five torch_npu ops that moe-hal's Ascend vendor calls.
+"""CPU emulation of the torch_npu ops that moe-hal's Ascend vendor calls: the five compute ops
+defined here and in `gmm` / `routing`, the storage-format pair (`npu_format`) and the MC2
+expert-parallel pair (`mc2`, whose own docstring names its sources; its schema is 2.13's for
+every modelled version).
 
 Each method has the name and signature of the torch_npu op it stands for, computes the
 result the op's documentation describes, and rejects the arguments the documentation
