@@ -40,12 +40,11 @@ class ExpertLoading:
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13[mine], i, gated).to(device)
         w2_local = shard.second_projection(w2[mine], i).to(device)
-        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local)
+        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local, activation=self.activation)
         if b13 is not None:
             b13 = shard.first_projection(b13[mine], i, gated)
             b2 = shard.down_bias(b2[mine])  # type: ignore[index]
-        weights = dataclasses.replace(weights, activation=self.activation, w13_bias=_fp32(b13, device),
-                                      w2_bias=_fp32(b2, device))
+        weights = dataclasses.replace(weights, w13_bias=_fp32(b13, device), w2_bias=_fp32(b2, device))
         self.experts.store(weights)
         return self
 
@@ -74,8 +73,7 @@ class ExpertLoading:
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13, size, gated)[None].to(device)
         w2_local = shard.second_projection(w2, size)[None].to(device)
-        weights = dataclasses.replace(self.scheme.quantize_weights(self.vendor, w13_local, w2_local),
-                                      activation=self.activation)
+        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local, activation=self.activation)
         block.load(weights, gate, h)
         return self
 

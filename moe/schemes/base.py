@@ -134,19 +134,19 @@ class QuantScheme(abc.ABC):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
-        """Float weights (`[E, H, 2I]`, `[E, I, H]`, on the vendor's device) in the kind's weight format."""
+    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *,
+                         activation: Activation = Activation()) -> ExpertWeights:
+        """Float weights (`[E, H, 2I]` or, for a plain `activation`, `[E, H, I]`; `[E, I, H]`; on the
+        vendor's device) in the kind's weight format."""
         spec = self.gemm_kind().spec
-        return self.quantize_both(vendor, w13, w2, spec.weight_layout, spec.weight_dtype)
+        return self.quantize_both(vendor, w13, w2, spec.weight_layout, spec.weight_dtype, activation=activation)
 
     @staticmethod
     def quantize_both(vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, layout: ScaleLayout,
-                      dtype: torch.dtype | None = None) -> ExpertWeights:
-        """Both projections through `vendor.quantize_weight` with one layout and storage dtype
-        (a plain activation's `w13` `[E, H, I]` is sized like `w2`'s transpose)."""
-        w13q, w2q = vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype)
-        gated = w13q.out_features != w2q.in_features
-        return ExpertWeights(w13q, w2q, activation=Activation() if gated else Activation("silu"))
+                      dtype: torch.dtype | None = None, *, activation: Activation = Activation()) -> ExpertWeights:
+        """Both projections through `vendor.quantize_weight` with one layout and storage dtype."""
+        return ExpertWeights(vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype),
+                             activation=activation)
 
     # -- activations -----------------------------------------------------------------------------
 

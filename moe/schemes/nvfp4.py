@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, GemmKind, Vendor, invalid
+from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, Activation, GemmKind, Vendor, invalid
 from moe.schemes.base import ExpertWeights, QuantScheme
 
 
@@ -42,10 +42,11 @@ class NvFp4(QuantScheme):
         return (f"NvFp4(input_global_scale={self.input_global_scale}, "
                 f"intermediate_global_scale={self.intermediate_global_scale})")
 
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
+    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *,
+                         activation: Activation = Activation()) -> ExpertWeights:
         """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
         device = w13.device
-        weights = super().quantize_weights(vendor, w13, w2)
+        weights = super().quantize_weights(vendor, w13, w2, activation=activation)
         return dataclasses.replace(
             weights,
             input_global_scale=torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
