@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from bench.cases import CaseResult, ShapeBench
 from bench.report import markdown, print_report
 from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
-from hal import Capabilities, HalError, VendorRegistry
+from hal import Capabilities, HalError, InvalidInput, VendorRegistry
 from hal.cli import positive_int_argument
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
@@ -44,14 +45,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def bench(args: argparse.Namespace, console: Console) -> int:
     """Run every (model, precision, tokens) case; print the table or the JSON."""
+    for option, path in (("--output", args.output), ("--markdown", args.markdown)):
+        writable_file(option, path)  # before the run, not after it
+    vendor = VendorRegistry.discover().select(args.vendor).vendor  # a HalError: exit 2 (bad name) or 1
+    device = vendor.device
+    gpu = device.type == "cuda"
     try:
-        vendor = VendorRegistry.discover().select(args.vendor).vendor
-        device = vendor.device
-        gpu = device.type == "cuda"
         shapes = parse_shapes(args.models, _FULL if gpu else ("tiny",))
-    except (HalError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+    except ValueError as exc:
+        raise InvalidInput(f"--model: {exc}") from None
     caps = vendor.capabilities()
     precisions = args.precisions or [p for p in ("bf16", "fp8") if _supported(caps, p)]
     tokens = args.tokens or list(TOKENS if gpu else CPU_TOKENS)
@@ -97,6 +99,21 @@ def bench(args: argparse.Namespace, console: Console) -> int:
     else:
         print_report(console, payload, results)
     return 0
+
+
+def writable_file(option: str, path: Path | None) -> None:
+    """Raise `InvalidInput` naming `option` unless `path` (when given) can be written: an existing
+    directory holds it and it is not itself a directory."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InvalidInput(f"{option}: expected a file path, got the directory {str(path)!r}")
+    if not parent.is_dir():
+        raise InvalidInput(f"{option}: expected a file in an existing directory, got {str(path)!r} "
+                           f"({str(parent)!r} does not exist)")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InvalidInput(f"{option}: {str(path)!r} is not writable")
 
 
 def _supported(caps: Capabilities, precision: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -18,6 +19,10 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _rate(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
 def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
@@ -25,10 +30,10 @@ def _x(value: float | None) -> str:
 #: Columns of the table (and of the Markdown version in docs/performance.md).
 COLUMNS = ("model", "tokens", "prec", "graph µs", "eager µs", "roof µs", "roof% g", "roof% e", "GB/s", "TFLOP/s",
            "ovh g", "ovh e", "loop µs", "vs loop")
-LEGEND = ("graph / eager: the layer under CUDA-graph replay / called eagerly; roof µs: max(touched weight bytes / "
-          "copy bandwidth, flops / matmul peak); roof% g / e: roofline / measured time; GB/s and TFLOP/s: achieved "
-          "(best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
-          "loop µs: a per-expert PyTorch loop (eager); vs loop: loop time / the layer's best time")
+LEGEND = ("times in µs; graph / eager: the layer under CUDA-graph replay / called eagerly; roof: max(touched "
+          "weight bytes / copy bandwidth, flops / matmul peak); %rf g / e: roofline / measured time; GB/s and TF/s: "
+          "achieved (best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
+          "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time")
 
 
 def rows(results: list[CaseResult]) -> list[list[str]]:
@@ -38,7 +43,7 @@ def rows(results: list[CaseResult]) -> list[list[str]]:
         d = r.derived()
         out.append([r.model, str(r.tokens), r.precision, _us(r.graph_us), _us(r.eager_us), _us(r.roofline_us),
                     _pct(d["roofline_fraction_graph"]), _pct(d["roofline_fraction_eager"]),
-                    f"{d['weight_GBps']:.0f}", f"{d['TFLOPs']:.1f}", _x(d["overhead_graph"]),
+                    f"{d['weight_GBps']:.0f}", _rate(d["TFLOPs"]), _x(d["overhead_graph"]),
                     _x(d["overhead_eager"]), _us(r.loop_us), _x(d["speedup_vs_loop"])])
     return out
 
@@ -50,13 +55,23 @@ def markdown(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+#: The terminal table's shorter headers (the Markdown table keeps `COLUMNS`).
+SHORT = {"graph µs": "graph", "eager µs": "eager", "roof µs": "roof", "roof% g": "%rf g", "roof% e": "%rf e",
+         "TFLOP/s": "TF/s", "loop µs": "loop", "vs loop": "x loop"}
+
+
 def table(results: list[CaseResult], title: str) -> Table:
-    """One row per case: times, achieved rates, roofline fractions and ratios."""
-    out = Table(title=title)
-    for column in COLUMNS:
-        out.add_column(column, justify="left" if column in ("model", "prec") else "right")
-    for cells in rows(results):
-        out.add_row(*cells)
+    """One row per case: times (µs), achieved rates, roofline fractions and ratios. Columns empty in
+    every row (no graphs or roofline off a GPU) are left out, so that the table fits 100 columns."""
+    cells = rows(results)
+    keep = [i for i, _ in enumerate(COLUMNS) if not cells or any(row[i] != "-" for row in cells)]
+    out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False, title_justify="left")
+    for i in keep:
+        column = COLUMNS[i]
+        out.add_column(SHORT.get(column, column), justify="left" if column in ("model", "prec") else "right",
+                       no_wrap=True)
+    for row in cells:
+        out.add_row(*(row[i] for i in keep))
     return out
 
 

@@ -20,6 +20,7 @@ EXPERT_BIAS = "expert bias"
 MODEL_FEATURES = "model features"  #: activations, biases, shared experts, precomputed routing in the layer
 SORT_AND_COMBINE = "sort and combine"
 BAD_INPUT = "bad input"
+OP_CONTRACTS = "op contracts"  #: inputs kept, contiguous outputs, bit-identical repeats (unless not deterministic)
 
 
 def dispatch_label(dtype: DispatchDtype | str) -> str:
@@ -65,6 +66,7 @@ def all_labels() -> list[str]:
         *(layer_label(s) for s in KNOWN_SCHEMES),
         *(fused_label(s) for s in KNOWN_SCHEMES),
         MODEL_FEATURES,
+        OP_CONTRACTS,
         BAD_INPUT,
     ]
 
@@ -108,6 +110,8 @@ def declared_status(caps: Capabilities, label: str) -> str:
         return "declared" if ActivationKind(name) in caps.activations else "not declared"
     if label == EXPERT_BIAS:
         return "declared" if caps.expert_bias else "not declared"
+    if label == OP_CONTRACTS:
+        return "required (deterministic)" if caps.deterministic else "required (deterministic=False)"
     return "required"
 
 

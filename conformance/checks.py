@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.operands import random_codes_activation, random_codes_weight, strided, to_device
+from conformance.operands import random_codes_activation, random_codes_weight, spread_scales, strided, to_device
 from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound
 from hal import GemmKind, Groups, Vendor
@@ -19,6 +19,9 @@ def expect(condition: bool, message: str) -> None:
 
 
 K, N = 320, 200  # partial 128-wide tiles in both directions; multiples of 16 and 8
+#: Channels a kind packs or blocks along K (K a multiple of it), and output channels int4 packs per word.
+K_GRANULARITY = {GemmKind.INT4: 8, GemmKind.NVFP4: 16}
+N_GRANULARITY = {GemmKind.INT4: 8}
 FLOAT_KINDS = {GemmKind.BF16: torch.bfloat16, GemmKind.FP16: torch.float16, GemmKind.FP32: torch.float32}
 
 
@@ -28,10 +31,17 @@ def default_out_dtype(kind: GemmKind) -> torch.dtype:
 
 
 def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int = N, **how):
-    """Build operands from random codes, call the vendor, and check against float64."""
+    """Build operands from random codes, call the vendor, and check against float64.
+
+    `how` may ask for counts given as offsets, an int32 group list, strided operands, an output
+    dtype, or `spread=((low, high), (low, high))`: the activations' and the weights' scales (float
+    kinds: rows and 128x128 tiles) multiplied by factors `10^[low, high]`."""
     gen = generator("gemm", kind, counts, k, n, sorted(how.items(), key=str))
     x = random_codes_activation(kind.value, sum(counts), k, gen)
     w = random_codes_weight(kind.value, len(counts), k, n, gen)
+    if how.get("spread"):
+        (x_low, x_high), (w_low, w_high) = how["spread"]
+        x, w = spread_scales(x, gen, x_low, x_high), spread_scales(w, gen, w_low, w_high)
     ref, magnitude = grouped_matmul(x, w, counts)
     device = vendor.device
     x_dev, w_dev = to_device(x, device), to_device(w, device)

@@ -3,17 +3,21 @@
 `hal conformance` runs the suite for vendors, shows progress and the matrix and writes the
 reports; `hal doctor` runs each declared op of one vendor once (`conformance.doctor`).
 Registering imports nothing heavy: pytest is needed only when the suite runs, so a plain
-install (without the `[test]` extra) still has `hal doctor`.
+install (without the `[test]` extra) still has `hal doctor`, and `hal conformance` says what
+to install. Arguments are checked before anything runs (exit status 2); a run where a
+vendor failed, could not run, or ran no test at all exits with 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -30,11 +34,17 @@ if TYPE_CHECKING:
     from conformance.runner import Progress
 
 
+#: The values of `--depth` (restated from `conformance.plugin`, which imports pytest).
+DEPTHS = ("quick", "full")
+#: The largest seed a torch generator takes (`hal doctor --seed`).
+MAX_SEED = 2**64 - 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `conformance` command to the `hal` command line."""
     text = "run the shared conformance suite against vendors and write a capability report"
     parser = subparsers.add_parser("conformance", help=text, description=text)
-    parser.add_argument("--vendor", action="extend", nargs="+", dest="vendors", metavar="NAME",
+    parser.add_argument("--vendor", action="extend", nargs="+", dest="vendors", metavar="NAME", type=_vendor_name,
                         help="vendors to test (--vendor a b, or repeated; default: every available vendor)")
     parser.add_argument("--report", type=Path, default=Path("conformance-report"), metavar="DIR",
                         help="directory for conformance.json, conformance.md and pytest logs "
@@ -43,8 +53,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="pytest-xdist worker processes per vendor ('auto' for one per CPU; default 0: "
                              "in this process)")
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching this pytest -k expression")
+    parser.add_argument("--depth", choices=DEPTHS, default="quick",
+                        help="shape sweeps and property tests: quick (CI on a CPU; default) or full (the shapes "
+                             "of large models: thousands of tokens, 256 experts; for accelerators)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     parser.set_defaults(handler=conformance)
+
+
+def _vendor_name(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"expected a vendor name, got {value!r}")
+    return value.strip().lower()
+
+
+def _seed(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {value!r}") from None
+    if not 0 <= number <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**64 - 1, got {value!r}")
+    return number
 
 
 def _workers(value: str) -> int:
@@ -60,18 +89,18 @@ def _workers(value: str) -> int:
 
 
 def conformance(args: argparse.Namespace, console: Console) -> int:
-    """Run the suite for each vendor; exit status 1 when anything failed or could not run."""
+    """Run the suite for each vendor; exit status 1 when anything failed, could not run, or no test ran."""
+    if importlib.util.find_spec("pytest") is None:
+        raise HalError("hal conformance runs the suite with pytest, which is not installed: "
+                       "pip install 'moe-hal[test]'")
     try:
         from conformance.report import as_json, print_matrix, write_reports
-    except ImportError as exc:
-        raise HalError(f"hal conformance needs the test extra ({exc}): pip install 'moe-hal[test]'") from None
-    try:
-        args.report.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidInput(f"--report: expected a directory that can be created and written, got "
-                           f"{str(args.report)!r} ({exc.strerror or exc})") from None
+    except ImportError as exc:  # pytest present but broken, or another test dependency missing
+        raise HalError(f"hal conformance could not load the suite ({exc}): pip install 'moe-hal[test]'") from None
+
+    _writable_directory(args.report)
     registry = VendorRegistry.discover()
-    names = [n.strip().lower() for n in args.vendors] if args.vendors else [v.name for v in registry.available()]
+    names = list(args.vendors) if args.vendors else [v.name for v in registry.available()]
     if not names:
         raise HalError("no vendor is available to test; `hal vendors` says why")
     with contextlib.ExitStack() as stack:
@@ -89,7 +118,22 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
         for report in reports:
             print_matrix(report, console)
         console.print(f"report: {escape(str(json_path))} and {escape(str(md_path))}")
+    empty = [r.vendor for r in reports if r.run is not None and not r.run.ran]
+    if empty:
+        selected = f" (-k {args.keyword!r} selected none)" if args.keyword else ""
+        sys.stderr.write(f"hal: error: no conformance test ran for {', '.join(empty)}{selected}\n")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _writable_directory(path: Path) -> None:
+    """Create `path` and check that files can be written in it, before anything runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise InvalidInput(f"--report: expected a directory that can be created and written, got "
+                           f"{str(path)!r} ({exc.strerror or exc})") from None
 
 
 def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, screen: Console) -> VendorReport:
@@ -106,8 +150,28 @@ def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, scre
     screen.print(f"conformance suite on vendor {escape(vendor.name)} ({escape(caps.device_name)}); "
                  f"pytest output in {escape(str(log))}")
     with _progress_display(screen) as show:
-        report.run = run_suite(vendor.name, workers=args.workers, keyword=args.keyword, log=log, on_progress=show)
+        report.run = run_suite(vendor.name, workers=args.workers, keyword=args.keyword, log=log, on_progress=show,
+                               depth=args.depth)
+    if report.run.exit_code == USAGE_ERROR:
+        _refuse_usage(args, log)
     return report
+
+
+#: pytest's exit status for a command line it refuses (`pytest.ExitCode.USAGE_ERROR`).
+USAGE_ERROR = 4
+
+
+def _refuse_usage(args: argparse.Namespace, log: Path) -> None:
+    """pytest refused the command line (in practice, a `-k` expression): say so as a bad argument."""
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    said = next((line.removeprefix("ERROR: ").strip() for line in lines if line.startswith("ERROR:")),
+                f"pytest exit status {USAGE_ERROR}, see {log}")
+    if args.keyword:
+        raise InvalidInput(f"-k: expected a pytest -k expression, got {args.keyword!r} ({said})")
+    raise HalError(f"pytest refused the suite's command line: {said}")
 
 
 class _progress_display:
@@ -155,8 +219,9 @@ def register_doctor(subparsers: argparse._SubParsersAction) -> None:
     """Add the `doctor` command to the `hal` command line."""
     text = "run the selected vendor's ops once against float64 references"
     parser = subparsers.add_parser("doctor", help=text, description=text)
-    parser.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--vendor", type=_vendor_name,
+                        help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    parser.add_argument("--seed", type=_seed, default=0, help="random seed, 0 to 2**64 - 1 (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(handler=doctor)
 

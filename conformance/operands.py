@@ -108,3 +108,122 @@ def _transposed(t: torch.Tensor) -> torch.Tensor:
 
 def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return None if t is None else t.to(device)
+
+
+# -- shapes and magnitudes of real models (the shape sweeps and property tests) ---------------------
+
+
+def magnitudes(shape: tuple[int, ...], low: float, high: float, gen: torch.Generator) -> torch.Tensor:
+    """Float64 factors `10^u`, u uniform in [low, high]: magnitudes that differ by orders of magnitude."""
+    return 10.0 ** (low + torch.rand(*shape, generator=gen, dtype=torch.float64) * (high - low))
+
+
+def tiles_to_elements(factors: torch.Tensor, k: int, n: int, tile: int = FP8_GROUP_SIZE) -> torch.Tensor:
+    """Per-tile factors `[E, ceil(K/tile), ceil(N/tile)]` spread over the elements `[E, K, N]`."""
+    return factors.repeat_interleave(tile, dim=-2).repeat_interleave(tile, dim=-1)[..., :k, :n]
+
+
+def spread_rows(rows: int, hidden: int, gen: torch.Generator, spread: float = 1.5) -> torch.Tensor:
+    """fp32 activations `[rows, hidden]` whose rows and 128-channel groups are each scaled by
+    `10^[-spread, spread]` (default: values from 1e-3 to 1e3 times normal), so a scale read from
+    the wrong row or group shows at once."""
+    groups = -(-hidden // FP8_GROUP_SIZE)
+    per_group = magnitudes((rows, groups), -spread, spread, gen).repeat_interleave(FP8_GROUP_SIZE, dim=1)
+    factor = magnitudes((rows, 1), -spread, spread, gen) * per_group[:, :hidden]
+    return (torch.randn(rows, hidden, generator=gen, dtype=torch.float64) * factor).to(torch.float32)
+
+
+def spread_weights(experts: int, k: int, n: int, gen: torch.Generator, spread: float = 3.0) -> torch.Tensor:
+    """fp32 expert weights `[E, K, N]` whose 128x128 tiles (and so their blocks and channels)
+    differ by up to `10^spread` either way, as the tiles of real checkpoints do."""
+    tiles = magnitudes((experts, -(-k // FP8_GROUP_SIZE), -(-n // FP8_GROUP_SIZE)), -spread, spread, gen)
+    return torch.randn(experts, k, n, generator=gen) / k**0.5 * tiles_to_elements(tiles.float(), k, n)
+
+
+def layer_tile_factors(experts: int, k: int, n: int, spread: float = 3.0) -> torch.Tensor:
+    """Tile magnitudes `[E, Kb, Nb]` for a layer's weights: in every 128-column block the tiles of
+    one row block (`e mod Kb`, the same for all columns) have magnitude 1 and the others
+    `10^-spread/3 .. 10^-spread`.
+
+    Every output channel keeps a tile of magnitude one, so no channel is negligible in the
+    layer's error; and tile (i, j) differs from tile (j, i), so block scales read transposed
+    or from the wrong tile change the result, at any token count.
+    """
+    kb, nb = -(-k // FP8_GROUP_SIZE), -(-n // FP8_GROUP_SIZE)
+    e = torch.arange(experts).view(-1, 1, 1)
+    i = torch.arange(kb).view(1, -1, 1)
+    j = torch.arange(nb).view(1, 1, -1)
+    exponent = -spread * ((i + j + e) % 3 + 1).to(torch.float64) / 3
+    dominant = (i == e % kb).expand(experts, kb, nb)
+    return 10.0 ** torch.where(dominant, torch.zeros_like(exponent), exponent)
+
+
+def layer_weights(experts: int, hidden: int, intermediate: int, gen: torch.Generator, *,
+                  spread: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 `w13` `[E, H, 2I]` and `w2` `[E, I, H]` with tile magnitudes of `layer_tile_factors`,
+    scaled to keep the layer's activations of order one."""
+    w13 = torch.randn(experts, hidden, 2 * intermediate, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, intermediate, hidden, generator=gen) / intermediate**0.5
+    w13 *= tiles_to_elements(layer_tile_factors(experts, hidden, 2 * intermediate, spread).float(), hidden,
+                             2 * intermediate)
+    w2 *= tiles_to_elements(layer_tile_factors(experts, intermediate, hidden, spread).float(), intermediate, hidden)
+    return w13, w2
+
+
+def uneven_counts(groups: int, rows: int, gen: torch.Generator, empty: float = 0.25) -> list[int]:
+    """Rows per group summing to `rows`: uneven, about a fraction `empty` of the groups (at random
+    positions, first and last included sometimes) with none."""
+    if rows == 0:
+        return [0] * groups
+    weights = torch.rand(groups, generator=gen, dtype=torch.float64) ** 2
+    weights = weights * (torch.rand(groups, generator=gen) >= empty)
+    if not bool(weights.any()):
+        weights[int(torch.randint(groups, (1,), generator=gen))] = 1.0
+    counts = (weights / weights.sum() * rows).floor().long()
+    counts[int(weights.argmax())] += rows - int(counts.sum())
+    return counts.tolist()
+
+
+def routing(tokens: int, top_k: int, experts: int, gen: torch.Generator,
+            empty: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+    """Precomputed routing `(ids int64 [T, k], weights fp32 [T, k])`: k distinct experts per token with
+    uneven popularity, about a fraction `empty` of the experts never chosen, and weights in
+    [0.1, 1] that do not sum to one (sigmoid scores and scaling factors do not), so a combine that
+    drops a weight is seen even at top-1."""
+    popularity = torch.rand(experts, generator=gen, dtype=torch.float64) ** 2 + 1e-3
+    popularity = popularity * (torch.rand(experts, generator=gen) >= empty)
+    chosen = popularity.nonzero().flatten()
+    if chosen.numel() < top_k:  # keep at least k experts to choose from
+        popularity[torch.randperm(experts, generator=gen)[:top_k]] = 1.0
+    if tokens == 0:
+        ids = torch.zeros((0, top_k), dtype=torch.int64)
+    else:
+        ids = torch.multinomial(popularity.expand(tokens, experts), top_k, replacement=False, generator=gen)
+    weights = torch.rand(tokens, top_k, generator=gen) * 0.9 + 0.1
+    return ids, weights
+
+
+def spread_scales(x: Activation | QuantizedWeight, gen: torch.Generator, low: float,
+                  high: float) -> Activation | QuantizedWeight:
+    """The same kind of operand with its scales (float kinds: its rows or 128x128 tiles) multiplied by
+    factors `10^[low, high]`: tokens, channels, groups and tiles of very different magnitude. nvfp4's
+    e4m3 block scales are kept (their range is small); its per-expert global scale is spread."""
+    if isinstance(x, torch.Tensor):
+        return (x.double() * magnitudes((x.shape[0], 1), low, high, gen)).to(x.dtype)
+    if isinstance(x, PackedInt4Tensor):
+        return PackedInt4Tensor(x.data, _spread(x.scale, gen, low, high))
+    if isinstance(x, QuantizedTensor):
+        if x.dtype is DispatchDtype.NVFP4:
+            return x
+        return QuantizedTensor(x.data, x.dtype, x.layout, _spread(x.scale, gen, low, high), x.global_scale)
+    if x.layout is ScaleLayout.NONE:
+        e, k, n = x.data.shape
+        tiles = magnitudes((e, -(-k // FP8_GROUP_SIZE), -(-n // FP8_GROUP_SIZE)), low, high, gen)
+        return QuantizedWeight((x.data.double() * tiles_to_elements(tiles, k, n)).to(x.data.dtype), x.layout)
+    if x.layout is ScaleLayout.BLOCK_16:  # a larger global scale is a smaller weight
+        return QuantizedWeight(x.data, x.layout, x.scale, _spread(x.global_scale, gen, -high, -low))
+    return QuantizedWeight(x.data, x.layout, _spread(x.scale, gen, low, high), x.global_scale)
+
+
+def _spread(t: torch.Tensor | None, gen: torch.Generator, low: float, high: float) -> torch.Tensor | None:
+    return None if t is None else (t.double() * magnitudes(tuple(t.shape), low, high, gen)).to(t.dtype)

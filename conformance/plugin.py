@@ -1,9 +1,14 @@
 """The pytest plugin of the conformance suite (entry point `pytest11`).
 
-`pytest --pyargs conformance.suite --hal-vendor NAME` runs the suite against the vendor
-registered as NAME in `hal.vendors`. The plugin adds the option, the fixtures the suite
-uses (`hal_vendor`, `fresh_hal_vendor`), and copies each test's capability label into its
-report (`user_properties`), so that the label survives pytest-xdist.
+`pytest --pyargs conformance.suite --hal-vendor NAME [--hal-depth quick|full]` runs the suite
+against the vendor registered as NAME in `hal.vendors`. The plugin adds the options, the
+fixtures the suite uses (`hal_vendor`, `fresh_hal_vendor`, `hal_depth`), and copies each
+test's capability label into its report (`user_properties`), so that the label survives
+pytest-xdist.
+
+The depth sizes the shape sweeps and property tests: `quick` (the default) is for CI on a
+CPU; `full` adds the shapes of large models (thousands of tokens, 256 experts, wide hidden
+sizes) and more property examples, for accelerators.
 
 It is loaded in every pytest session of an environment where moe-hal is installed, so
 it imports `hal` (and torch) only when a suite test asks for a vendor.
@@ -24,13 +29,24 @@ if TYPE_CHECKING:
 MARKER = "hal_capability"
 #: The `user_properties` key the label is reported under.
 PROPERTY = "hal_capability"
+#: How deep the shape sweeps and property tests go: CI on a CPU, or the shapes of large models.
+DEPTHS = ("quick", "full")
+DEFAULT_DEPTH = "quick"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add `--hal-vendor NAME`."""
+    """Add `--hal-vendor NAME` and `--hal-depth quick|full`."""
     group = parser.getgroup("hal", "moe-hal conformance suite")
     group.addoption("--hal-vendor", dest="hal_vendor", metavar="NAME", default=None,
                     help="run the moe-hal conformance suite against this vendor (a hal.vendors entry point)")
+    group.addoption("--hal-depth", dest="hal_depth", choices=DEPTHS, default=DEFAULT_DEPTH,
+                    help="shape sweeps and property tests: quick (CI on a CPU, the default) or full "
+                         "(the shapes of large models, for accelerators)")
+
+
+def depth_of(config: pytest.Config) -> str:
+    """The `--hal-depth` of a session: `quick` or `full`."""
+    return str(config.getoption("hal_depth", default=DEFAULT_DEPTH) or DEFAULT_DEPTH)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -86,3 +102,9 @@ def fresh_hal_vendor(hal_vendor_name: str) -> Callable[[], Vendor]:
 def hal_vendor(fresh_hal_vendor: Callable[[], Vendor]) -> Vendor:
     """The vendor under test: one instance for the session (capabilities are resolved once)."""
     return fresh_hal_vendor()
+
+
+@pytest.fixture(scope="session")
+def hal_depth(request: pytest.FixtureRequest) -> str:
+    """The `--hal-depth` of the session: "quick" (CI on a CPU) or "full" (large-model shapes)."""
+    return depth_of(request.config)

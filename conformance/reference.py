@@ -191,6 +191,29 @@ def emulated_integer_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tens
     return out
 
 
+def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None,
+                     weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(sum_j w[t, j] * rows[index[t*k + j]], sum_j |w[t, j] * rows[...]|)` in float64 (`index` None:
+    rows in (token, slot) order)."""
+    tokens, top_k = weights.shape
+    picked = rows.detach().cpu().double()
+    if index is not None:
+        picked = picked[index.cpu()]
+    terms = picked.view(tokens, top_k, rows.shape[-1]) * weights.detach().cpu().double().unsqueeze(-1)
+    return terms.sum(dim=1), terms.abs().sum(dim=1)
+
+
+def expert_order(ids: torch.Tensor, experts: int) -> tuple[list[int], list[int]]:
+    """`(order, counts)` of the (token, slot) pairs of `ids` `[T, k]`: sorted by expert, pair order
+    kept within an expert; and the pairs of every expert."""
+    flat = ids.cpu().reshape(-1).tolist()
+    order = sorted(range(len(flat)), key=lambda p: (flat[p], p))
+    counts = [0] * experts
+    for e in flat:
+        counts[e] += 1
+    return order, counts
+
+
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     """`||y - ref|| / ||ref||` in float64 (0 when both are empty)."""
     if ref.numel() == 0:

@@ -88,7 +88,7 @@ class VendorReport:
         run = self.run
         return {
             "vendor": self.vendor, "description": self.description, "device": self.device, "ok": self.ok,
-            "not_run": self.not_run or None,
+            "not_run": self.not_run or None, "depth": run.depth if run else None,
             "capabilities": self.capabilities.as_dict() if self.capabilities else None,
             "exit_code": run.exit_code if run else None,
             "seconds": round(run.seconds, 2) if run else None,
@@ -113,10 +113,15 @@ def environment() -> dict[str, str]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def run_depth(reports: list[VendorReport]) -> str | None:
+    """The `--hal-depth` the suite ran at (one per `hal conformance` call; None if nothing ran)."""
+    return next((r.run.depth for r in reports if r.run is not None), None)
+
+
 def as_json(reports: list[VendorReport]) -> dict[str, Any]:
-    """The whole report: environment, overall verdict, one entry per vendor."""
-    return {"environment": environment(), "ok": bool(reports) and all(r.ok for r in reports),
-            "vendors": [r.as_dict() for r in reports]}
+    """The whole report: environment, depth, overall verdict, one entry per vendor."""
+    return {"environment": environment(), "depth": run_depth(reports),
+            "ok": bool(reports) and all(r.ok for r in reports), "vendors": [r.as_dict() for r in reports]}
 
 
 def _summary(report: VendorReport) -> str:
@@ -129,15 +134,18 @@ def _summary(report: VendorReport) -> str:
         text += f"; {len(report.run.collection_errors)} collection error(s)"
     if report.run.exit_code not in (0, 1):
         text += f"; pytest exit code {report.run.exit_code}"
+    if not report.run.ran and not report.run.collection_errors:
+        text += "; no test ran"
     return text
 
 
 def as_markdown(reports: list[VendorReport], env: dict[str, str] | None = None) -> str:
     """The report as Markdown: a matrix per vendor, then each failure with its message."""
     env = env or environment()
+    depth = run_depth(reports)
     lines = ["# moe-hal conformance report", "",
              f"{env['date']} · moe-hal {env['moe_hal']} · torch {env['torch']} · pytest {env['pytest']} · "
-             f"Python {env['python']}", ""]
+             f"Python {env['python']}" + (f" · depth {depth}" if depth else ""), ""]
     for report in reports:
         verdict = "passed" if report.ok else ("not run" if report.run is None else "FAILED")
         lines += [f"## {report.vendor}: {verdict}", ""]
@@ -185,7 +193,8 @@ def print_matrix(report: VendorReport, console: Console) -> None:
     if report.run is None:
         console.print(f"[yellow]{escape(report.vendor)}: not run:[/] {escape(report.not_run)}")
         return
-    table = Table(title=f"conformance of vendor {report.vendor!r} on {report.device}", title_justify="left")
+    table = Table(title=f"conformance of vendor {report.vendor!r} on {report.device} (depth {report.run.depth})",
+                  title_justify="left")
     for column in ("capability", "declared", "result", "passed", "failed", "skipped", "skip reason"):
         table.add_column(column, overflow="fold", justify="right" if column in ("passed", "failed", "skipped")
                          else "left")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conformance import SUITE_DIR
-from conformance.plugin import PROPERTY
+from conformance.plugin import DEFAULT_DEPTH, DEPTHS, PROPERTY
 from hal import InvalidInput
 
 #: Longest failure text kept per test in the report (the log holds everything).
@@ -71,6 +71,12 @@ class SuiteRun:
     collection_errors: list[str] = field(default_factory=list)
     log: Path | None = None
     seconds: float = 0.0
+    depth: str = DEFAULT_DEPTH  #: the `--hal-depth` it ran at
+
+    @property
+    def ran(self) -> int:
+        """How many tests ran (were collected and selected), whatever their outcome."""
+        return len(self.results)
 
     def counts(self) -> dict[str, int]:
         """Tests per outcome (errors counted apart from failures)."""
@@ -82,7 +88,8 @@ class SuiteRun:
     @property
     def ok(self) -> bool:
         """Whether pytest finished cleanly, something ran, and nothing failed."""
-        return self.exit_code == 0 and not self.collection_errors and not any(r.failed for r in self.results)
+        return (self.exit_code == 0 and self.ran > 0 and not self.collection_errors
+                and not any(r.failed for r in self.results))
 
 
 class ResultCollector:
@@ -150,10 +157,13 @@ def _failure_summary(report: pytest.TestReport) -> str:
     return " ".join(text.split())[:400]
 
 
-def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = None) -> list[str]:
+def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = None,
+                     depth: str = DEFAULT_DEPTH) -> list[str]:
     """The pytest command line that runs the suite against `vendor`, isolated from the caller's config."""
-    args = [str(SUITE_DIR), "--hal-vendor", vendor, "--rootdir", str(SUITE_DIR), "-c", os.devnull,
-            "-p", "no:cacheprovider", "-ra"]
+    if depth not in DEPTHS:
+        raise InvalidInput(f"depth: expected one of {', '.join(DEPTHS)}, got {depth!r}")
+    args = [str(SUITE_DIR), "--hal-vendor", vendor, "--hal-depth", depth, "--rootdir", str(SUITE_DIR),
+            "-c", os.devnull, "-p", "no:cacheprovider", "-ra"]
     if workers:
         if importlib.util.find_spec("xdist") is None:
             raise InvalidInput(f"-n: expected pytest-xdist to be installed for {workers} workers, got none")
@@ -164,10 +174,10 @@ def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = Non
 
 
 def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log: Path | None = None,
-              on_progress: Callable[[Progress], None] | None = None) -> SuiteRun:
-    """Run the conformance suite against `vendor` in this process; pytest's output goes to `log`."""
+              on_progress: Callable[[Progress], None] | None = None, depth: str = DEFAULT_DEPTH) -> SuiteRun:
+    """Run the conformance suite against `vendor` in this process at `depth`; pytest's output goes to `log`."""
     collector = ResultCollector(vendor, on_progress)
-    args = pytest_arguments(vendor, workers=workers, keyword=keyword)
+    args = pytest_arguments(vendor, workers=workers, keyword=keyword, depth=depth)
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if log is not None:
@@ -177,4 +187,4 @@ def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log:
             stack.enter_context(contextlib.redirect_stderr(stream))
         exit_code = int(pytest.main(args, plugins=[collector]))
     return SuiteRun(vendor, exit_code, sorted(collector.results.values(), key=lambda r: r.nodeid),
-                    collector.collection_errors, log, time.perf_counter() - start)
+                    collector.collection_errors, log, time.perf_counter() - start, depth)

@@ -16,9 +16,12 @@ every bound by orders of magnitude.
 | MoE layer, integer schemes | also at most `EMULATED_LAYER_TOLERANCE` against the MoE rounded where the scheme rounds |
 | MoE layer of an fp16 / fp32 model in its own dtype | `||y - ref|| / ||ref||` at most `MODEL_DTYPE_LAYER_TOLERANCE[dtype]` |
 | fused_deep_moe | `||fused - unfused|| / ||unfused||` at most `FUSED_TOLERANCE` |
+| quantize_weight (per kind) | one rounding of each weight in its scale group (`weight_quantize_bound`) |
+| nvfp4, any quantization | plus `NVFP4_SCALE_FLOOR * amax` of the global scale's tensor (e4m3 block scales underflow) |
 
-`r(out)`, the relative rounding of an output dtype, is `OUTPUT_ROUNDING[out]`; every
-bound also allows `SLACK * amax` for fp32 scale arithmetic.
+`r(out)`, the relative rounding of an output dtype, is `OUTPUT_ROUNDING[out]` (plus one
+subnormal step, `OUTPUT_SUBNORMAL_STEP[out]`, absolute); every bound also allows
+`SLACK * amax` for fp32 scale arithmetic.
 """
 
 from __future__ import annotations
@@ -26,12 +29,19 @@ from __future__ import annotations
 import torch
 
 from conformance import dtype_facts
+from hal import GemmKind
 
 #: Relative rounding of one result stored in each output dtype (half a step, with margin).
 OUTPUT_ROUNDING: dict[torch.dtype, float] = {
     torch.bfloat16: 2.0**-8,
     torch.float16: 2.0**-11,
     torch.float32: 2.0**-22,
+}
+
+#: Absolute rounding of a result that lands among an output dtype's subnormals, where rounding is no
+#: longer relative: one subnormal step (twice the half step, as margin).
+OUTPUT_SUBNORMAL_STEP: dict[torch.dtype, float] = {
+    dtype: torch.finfo(dtype).tiny * torch.finfo(dtype).eps for dtype in OUTPUT_ROUNDING
 }
 
 #: fp32 accumulation error allowed in a grouped matmul, relative to `|a| @ |b|`.
@@ -101,9 +111,71 @@ quantize_bound = dtype_facts.quantize_bound
 
 def gemm_bound(ref: torch.Tensor, magnitude: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound of a grouped matmul: `ref` its float64 result, `magnitude` `|a| @ |b|`."""
-    return OUTPUT_ROUNDING[out_dtype] * ref.abs() + GEMM_ACCUMULATION * magnitude
+    return OUTPUT_ROUNDING[out_dtype] * ref.abs() + GEMM_ACCUMULATION * magnitude + OUTPUT_SUBNORMAL_STEP[out_dtype]
 
 
 def swiglu_bound(ref: torch.Tensor, gate_times_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound of swiglu: `ref` its float64 result, `gate_times_up` `|gate * up|`."""
-    return SWIGLU_ROUNDINGS * OUTPUT_ROUNDING[out_dtype] * ref.abs() + 2.0**-16 * gate_times_up
+    return (SWIGLU_ROUNDINGS * (OUTPUT_ROUNDING[out_dtype] * ref.abs() + OUTPUT_SUBNORMAL_STEP[out_dtype])
+            + 2.0**-16 * gate_times_up)
+
+
+def combine_bound(ref: torch.Tensor, terms_magnitude: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-element bound of `weighted_combine`: `ref` the float64 sums, `terms_magnitude` `sum |w * row|`."""
+    return OUTPUT_ROUNDING[out_dtype] * ref.abs() + 4 * SLACK * terms_magnitude + OUTPUT_SUBNORMAL_STEP[out_dtype]
+
+
+#: nvfp4's e4m3 block scales are relative to the global scale `448 * 6 / amax`: a block much
+#: smaller than the tensor's amax gets a subnormal or zero scale (absolute step 2^-9), which
+#: moves each of its values by at most 7 half-steps over the global scale. A bound on that,
+#: relative to the amax the global scale was taken from; nothing else a block of ordinary
+#: magnitude may err gets near it.
+NVFP4_SCALE_FLOOR = 8 * 2.0**-10 / (448 * 6)
+
+
+def quantize_sweep_bound(dtype: str, layout: str, x: torch.Tensor) -> torch.Tensor:
+    """`quantize_bound` for activations whose magnitudes span many decades: nvfp4 adds the
+    underflow of block scales far below the tensor's amax (`NVFP4_SCALE_FLOOR`)."""
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    bound = quantize_bound(dtype, layout, rows).reshape(x.shape)
+    if dtype == "nvfp4" and x.numel():
+        bound = bound + NVFP4_SCALE_FLOOR * float(x.abs().max())
+    return bound
+
+
+def weight_quantize_bound(kind: GemmKind | str, w: torch.Tensor) -> torch.Tensor:
+    """Per-element bound on `|weight_value(quantize_weight(w)) - w|` for float64 `w` `[E, K, N]`
+    quantized into the weight format of grouped-matmul kind `kind`: one rounding of each weight,
+    its scale group being the whole column (per-channel: the weight's K), a 128x128 tile
+    (block-128x128) or 16 values along K under a per-expert global scale (nvfp4). Restated from
+    the activation bounds of `conformance.dtype_facts` on the weights' columns."""
+    kind = GemmKind(kind)
+    e, k, n = w.shape
+    columns = w.transpose(1, 2).reshape(e * n, k)  # one row per (expert, output channel)
+
+    def per_column(dtype: str, layout: str) -> torch.Tensor:
+        return quantize_bound(dtype, layout, columns).reshape(e, n, k).transpose(1, 2)
+
+    if kind in (GemmKind.BF16, GemmKind.FP16, GemmKind.FP32):
+        return quantize_bound(kind.value, "none", w.reshape(-1, n)).reshape(w.shape)
+    if kind is GemmKind.INT8:
+        return per_column("int8", "per-token")
+    if kind is GemmKind.FP8_ROWWISE:
+        return per_column("fp8", "per-token")
+    if kind is GemmKind.INT4:
+        return per_column("int4", "per-token")
+    if kind is GemmKind.FP8_BLOCK128:
+        tile = _tile_amax(w.abs())
+        return dtype_facts.FP8_RELATIVE * w.abs() + (dtype_facts.FP8_SUBNORMAL + SLACK) * tile
+    if kind is GemmKind.NVFP4:
+        expert_amax = w.abs().amax(dim=(1, 2), keepdim=True) if w.numel() else w.abs()
+        return per_column("nvfp4", "block-16") + NVFP4_SCALE_FLOOR * expert_amax
+    raise ValueError(f"kind: expected a grouped-matmul kind, got {kind!r}")
+
+
+def _tile_amax(a: torch.Tensor, tile: int = 128) -> torch.Tensor:
+    """Each element's 128x128 tile maximum of `a` `[E, K, N]` (partial tiles at the ends)."""
+    e, k, n = a.shape
+    padded = torch.nn.functional.pad(a, (0, (-n) % tile, 0, (-k) % tile))
+    amax = padded.reshape(e, padded.shape[1] // tile, tile, padded.shape[2] // tile, tile).amax(dim=(2, 4))
+    return amax.repeat_interleave(tile, dim=1).repeat_interleave(tile, dim=2)[:, :k, :n]

@@ -13,6 +13,7 @@ interface and register themselves as plugins in the `hal.vendors` entry-point gr
 from hal.activations import Activation, ActivationKind
 from hal.capabilities import Capabilities, Int8QuantMode, KernelLimits
 from hal.discovery import (
+    DEFAULT_PROBE_TIMEOUT,
     ENTRY_POINT_GROUP,
     ENV_VENDOR,
     PluginFailure,
@@ -42,6 +43,7 @@ from hal.dtypes import (
 from hal.errors import (
     HalError,
     InvalidInput,
+    UnknownVendor,
     UnsupportedCapability,
     UnsupportedDispatchDtype,
     VendorUnavailable,
@@ -50,6 +52,9 @@ from hal.errors import (
 )
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gemm_kind_of, gemm_kinds_consuming
+from hal.checks import environ_mapping
+from hal.plan_checks import layer_problems
+from hal.tuning import GemmProblem
 from hal.groups import GroupListKind, Groups
 from hal.ops import OP_NAMES, OpSource, VendorOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
@@ -73,6 +78,7 @@ __all__ = [
     "Capabilities", "Int8QuantMode", "KernelLimits", "Activation", "ActivationKind",
     "DTYPES", "DtypeSpec", "Codec", "DispatchDtype", "ScaleLayout", "WEIGHT_LAYOUTS",
     "GEMM_KINDS", "GemmSpec", "GemmKind", "ActivationFormat", "gemm_kind_of", "gemm_kinds_consuming",
+    "GemmProblem", "layer_problems", "environ_mapping",
     "FLOAT_DTYPES", "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "INT8_MAX", "FP8_MAX", "FP4_MAX", "INT4_MAX",
     "INT4_PER_WORD", "E2M1_VALUES",
     # operands
@@ -81,13 +87,14 @@ __all__ = [
     "Platform", "ProbeResult", "Vendor", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
     "DispatchFallbackWarning",
     # discovery
-    "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource", "VendorRegistry",
-    "get_vendor", "load_plugins",
+    "DEFAULT_PROBE_TIMEOUT", "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource",
+    "VendorRegistry", "get_vendor", "load_plugins",
     # dispatch-dtype resolution and schemes
     "ENV_DISPATCH_DTYPE", "LEGACY_DISPATCH_VARIABLES", "DispatchConfig", "DispatchPlan", "Fallback",
     "HalDeprecationWarning", "PlanSource", "TraceStep", "resolve_dispatch_plan",
     "KNOWN_SCHEMES", "SchemeTraits", "parse_scheme",
     # errors
-    "HalError", "InvalidInput", "UnsupportedCapability", "UnsupportedDispatchDtype", "VendorUnavailable",
+    "HalError", "InvalidInput", "UnknownVendor", "UnsupportedCapability", "UnsupportedDispatchDtype",
+    "VendorUnavailable",
     "invalid", "positive_int",
 ]

@@ -71,6 +71,9 @@ class Capabilities:
     expert_bias: bool = True  #: `grouped_matmul(..., bias=)` (per-expert output bias) is computed
     #: ops run in step with the host, so reading a value back costs no stall (value checks are cheap)
     host_synchronous: bool = False
+    #: two calls of an op with the same inputs give bit-identical results (no atomics, no run-to-run
+    #: reduction order); a vendor whose kernels are not bit-reproducible declares False
+    deterministic: bool = True
     #: the vendor's own expert-parallel dispatchers (`Vendor.ep_dispatch` / `ep_combine`), by name
     ep_dispatchers: frozenset[str] = frozenset()
     limits: KernelLimits = KernelLimits()
@@ -107,6 +110,7 @@ class Capabilities:
         object.__setattr__(self, "activations", frozenset(ActivationKind(a) for a in self.activations))
         object.__setattr__(self, "expert_bias", bool(self.expert_bias))
         object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
+        object.__setattr__(self, "deterministic", bool(self.deterministic))
         object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
         object.__setattr__(self, "notes", tuple(self.notes))
 
@@ -195,6 +199,7 @@ class Capabilities:
             "activations": _sorted_values(self.activations),
             "expert_bias": self.expert_bias,
             "host_synchronous": self.host_synchronous,
+            "deterministic": self.deterministic,
             "ep_dispatchers": sorted(self.ep_dispatchers),
             "limits": self.limits.as_dict(),
             "collective_backend": self.collective_backend,

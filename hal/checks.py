@@ -2,22 +2,31 @@
 
 Only what can be seen without reading device values: types, dtypes, shapes, devices,
 kernel limits. Value checks (finite inputs, group lists that add up) would cost a host
-synchronisation on an accelerator; implementations that can afford them make them.
+synchronisation on an accelerator; implementations that can afford them make them. The
+index ranges of the permutation ops are checked here where reading them is free: on a
+vendor that runs in step with the host (`Capabilities.host_synchronous`) or on tensors in
+host memory (`values_are_free`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
 from hal.activations import Activation
 from hal.capabilities import KernelLimits
 from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
-from hal.errors import invalid
+from hal.errors import InvalidInput, invalid, positive_int
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GEMM_KINDS, GemmKind
 from hal.groups import Groups
 
 _FLOAT_NAMES = "torch.bfloat16, torch.float16 or torch.float32"
+#: dtypes of expert ids and row indices (both give identical results on every vendor)
+INDEX_DTYPES = (torch.int32, torch.int64)
+#: dtypes routing weights may come in (they are read in fp32)
+ROUTING_WEIGHT_DTYPES = (*FLOAT_DTYPES, torch.float64)
 
 
 def on_device(name: str, t: object, device: torch.device) -> None:
@@ -40,13 +49,25 @@ def float_rows(name: str, x: object) -> torch.Tensor:
     return x
 
 
-def concrete_dtype(dtype: object) -> DispatchDtype:
-    """A dispatch dtype other than `auto`, or `InvalidInput`."""
-    parsed = DispatchDtype.parse(dtype)  # type: ignore[arg-type]
+def concrete_dtype(dtype: object, name: str = "dtype") -> DispatchDtype:
+    """A dispatch dtype other than `auto`, or `InvalidInput` naming the argument `name`."""
+    parsed = dispatch_dtype(name, dtype, concrete=True)
     if parsed is DispatchDtype.AUTO:
         names = ", ".join(d.value for d in DispatchDtype.concrete())
-        raise invalid("dtype", f"a concrete dispatch dtype ({names})", "auto")
+        raise invalid(name, f"a concrete dispatch dtype ({names})", "auto")
     return parsed
+
+
+def dispatch_dtype(name: str, dtype: object, *, concrete: bool = False) -> DispatchDtype:
+    """A `DispatchDtype` or its name, parsed, or `InvalidInput` naming the argument `name` (and
+    listing the concrete dtypes, or all of them with `auto`)."""
+    if isinstance(dtype, DispatchDtype):
+        return dtype
+    try:
+        return DispatchDtype.parse(dtype)  # type: ignore[arg-type]
+    except InvalidInput:
+        names = [d.value for d in DispatchDtype.concrete()] if concrete else DispatchDtype.names()
+        raise invalid(name, f"a dispatch dtype ({', '.join(names)})", dtype) from None
 
 
 def activation_layout(layout: object, dtype: DispatchDtype, default: ScaleLayout) -> ScaleLayout:
@@ -78,8 +99,9 @@ def global_scale_for(dtype: DispatchDtype, global_scale: object, device: torch.d
 
 
 def out_dtype(name: str, dtype: object) -> torch.dtype:
-    """A float output dtype, or `InvalidInput`."""
-    if dtype not in FLOAT_DTYPES:
+    """A float output dtype (a `torch.dtype`: bf16, fp16 or fp32), or `InvalidInput`; never a
+    string and never an integer dtype (a cast to one would silently wrap around)."""
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
         raise invalid(name, _FLOAT_NAMES, dtype)
     return dtype  # type: ignore[return-value]
 
@@ -176,7 +198,9 @@ def activation_input(x: object, activation: Activation) -> torch.Tensor:
         raise invalid("x", "a torch.Tensor", type(x).__name__)
     if x.dtype not in FLOAT_DTYPES:
         raise invalid("x", "a bf16, fp16 or fp32 tensor", x.dtype)
-    if x.dim() < 1 or (activation.gated and x.shape[-1] % 2):
+    if x.dim() < 1:
+        raise invalid("x", f"at least one dimension for {activation}", tuple(x.shape))
+    if activation.gated and x.shape[-1] % 2:
         raise invalid("x", f"a last dimension of even size [..., 2I] for {activation}", tuple(x.shape))
     return x
 
@@ -195,29 +219,113 @@ def _describe(t: object) -> str:
     return f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def expert_ids(topk_ids: object, num_experts: object) -> torch.Tensor:
-    """Integer expert ids `[T, k]` and a positive expert count."""
+def values_are_free(host_synchronous: bool, *tensors: object) -> bool:
+    """Whether reading the values of `tensors` costs no device synchronisation: the vendor runs in
+    step with the host, or every tensor given is in host memory."""
+    return host_synchronous or all(t.is_cpu for t in tensors if isinstance(t, torch.Tensor))
+
+
+def index_range(name: str, t: torch.Tensor, bound: int, what: str) -> None:
+    """Every value of the integer tensor `t` in `[0, bound)`, or `InvalidInput` (reads the values)."""
+    if t.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(t))
+    if low < 0 or high >= bound:
+        raise invalid(name, f"{what} in [0, {bound})", f"values in [{low}, {high}]")
+
+
+def expert_ids(topk_ids: object, num_experts: object, *, host_synchronous: bool = False) -> torch.Tensor:
+    """Expert ids `[T, k]` (int32 or int64) and `num_experts` a positive int; the ids' range
+    `[0, num_experts)` too where reading them is free (`values_are_free`)."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
-        raise invalid("topk_ids", "a 2-D integer tensor [T, k]", getattr(topk_ids, "shape", type(topk_ids).__name__))
-    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise invalid("topk_ids", "a 2-D int32/int64 tensor [T, k]", _describe(topk_ids))
+    if topk_ids.dtype not in INDEX_DTYPES:
         raise invalid("topk_ids", "integer expert ids (int32 or int64)", topk_ids.dtype)
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
-        raise invalid("num_experts", "a positive int", num_experts)
+    experts = positive_int("num_experts", num_experts)
+    if values_are_free(host_synchronous, topk_ids):
+        index_range("topk_ids", topk_ids, experts, "expert ids")
     return topk_ids
 
 
-def combine_operands(rows: object, index: object, topk_weights: object) -> tuple[int, int]:
-    """The combine's shapes (no values); return `(T, k)`."""
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 2:
-        raise invalid("rows", "a 2-D tensor [R, H]", getattr(rows, "shape", type(rows).__name__))
-    if not isinstance(topk_weights, torch.Tensor) or topk_weights.dim() != 2:
-        raise invalid("topk_weights", "a 2-D tensor [T, k]",
-                      getattr(topk_weights, "shape", type(topk_weights).__name__))
-    t, k = topk_weights.shape
+def combine_operands(rows: object, index: object, topk_weights: object, *,
+                     host_synchronous: bool = False) -> tuple[int, int]:
+    """The combine's operands: `rows` float `[R, H]`, `topk_weights` float `[T, k]`, `index` None
+    (R = T*k) or int32/int64 `[T*k]`, its range `[0, R)` where reading it is free; return `(T, k)`."""
+    rows_and_weights(rows, topk_weights)
+    t, k = topk_weights.shape  # type: ignore[union-attr]
     pairs = t * k
     if index is None:
-        if rows.shape[0] != pairs:
-            raise invalid("rows", f"{pairs} rows (one per token and slot) when index is None", tuple(rows.shape))
-    elif not isinstance(index, torch.Tensor) or index.dim() != 1 or index.numel() != pairs:
-        raise invalid("index", f"a 1-D tensor of {pairs} row indices", getattr(index, "shape", type(index).__name__))
+        if rows.shape[0] != pairs:  # type: ignore[union-attr]
+            raise invalid("rows", f"{pairs} rows (one per token and slot) when index is None",
+                          tuple(rows.shape))  # type: ignore[union-attr]
+        return t, k
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.numel() != pairs:
+        raise invalid("index", f"None or a 1-D int32/int64 tensor of {pairs} row indices", _describe(index))
+    if index.dtype not in INDEX_DTYPES:
+        raise invalid("index", "int32 or int64 row indices", index.dtype)
+    if values_are_free(host_synchronous, index):
+        index_range("index", index, rows.shape[0], "row indices")  # type: ignore[union-attr]
     return t, k
+
+
+def rows_and_weights(rows: object, topk_weights: object) -> None:
+    """Rows to combine, bf16/fp16/fp32 `[R, H]`, and their routing weights, floating-point `[T, k]`."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.dtype not in FLOAT_DTYPES:
+        raise invalid("rows", "a 2-D bf16/fp16/fp32 tensor [R, H]", _describe(rows))
+    if (not isinstance(topk_weights, torch.Tensor) or topk_weights.dim() != 2
+            or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES):
+        raise invalid("topk_weights", "a 2-D floating-point tensor [T, k]", _describe(topk_weights))
+
+
+def name_string(name: str, value: object, what: str) -> str:
+    """`value` if it is a `str` (a scheme or dispatcher name), else `InvalidInput`."""
+    if not isinstance(value, str):
+        raise invalid(name, what, value)
+    return value
+
+
+def optional_positive_int(name: str, value: object) -> int | None:
+    """None or a positive int (not a bool), else `InvalidInput`."""
+    return None if value is None else positive_int(name, value, "None or a positive int")
+
+
+def fused_operands(hidden_states: object, topk_ids: object, topk_weights: object, w13: object,
+                   w2: object) -> None:
+    """The fused op's operand types and shapes: float `[T, H]` rows, int32/int64 ids and float weights
+    `[T, k]`, and two `QuantizedWeight`s chaining `H -> 2I -> H` (w13 `[E, H, 2I]`, w2 `[E, I, H]`)."""
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2 \
+            or hidden_states.dtype not in FLOAT_DTYPES:
+        raise invalid("hidden_states", "a 2-D bf16/fp16/fp32 tensor [T, H]", _describe(hidden_states))
+    t, h = hidden_states.shape
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
+        raise invalid("topk_ids", f"a 2-D tensor [{t}, k]", _describe(topk_ids))
+    if topk_ids.dtype not in INDEX_DTYPES:
+        raise invalid("topk_ids", "integer expert ids (int32 or int64)", topk_ids.dtype)
+    if (not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(topk_ids.shape)
+            or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES):
+        raise invalid("topk_weights", f"a floating-point tensor of the shape of topk_ids {tuple(topk_ids.shape)}",
+                      _describe(topk_weights))
+    for name, w in (("w13", w13), ("w2", w2)):
+        if not isinstance(w, QuantizedWeight):
+            raise invalid(name, "a hal.QuantizedWeight", type(w).__name__)
+    first = (w13.num_experts, w13.in_features, w13.out_features)  # type: ignore[union-attr]
+    second = (w2.num_experts, w2.in_features, w2.out_features)  # type: ignore[union-attr]
+    e, wh, two_i = first
+    if wh != h or two_i % 2 or second != (e, two_i // 2, h):
+        raise invalid("w13, w2", f"w13 [E, {h}, 2I] and w2 [E, I, {h}]", f"{first} and {second}")
+
+
+_ENVIRON = "a mapping of str to str (such as os.environ) or None"
+
+
+def environ_mapping(environ: object) -> Mapping[str, str] | None:
+    """`environ` if it is None or a mapping of str to str (every entry checked, not only those read,
+    so a wrong mapping fails at once), else `InvalidInput` naming `environ`."""
+    if environ is None:
+        return None
+    if not isinstance(environ, Mapping):
+        raise invalid("environ", _ENVIRON, type(environ).__name__)
+    for key, value in environ.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise invalid("environ", _ENVIRON, f"the entry {key!r}: {value!r}")
+    return environ

@@ -1,35 +1,39 @@
-"""Vendor discovery through stevedore entry points, and vendor selection.
+"""Vendor discovery through entry points, and vendor selection.
 
-A vendor package registers a factory (usually its `Vendor` subclass) in the
-entry-point group `hal.vendors`; nothing in this repository needs to change. A plugin
-that fails to import or to build is recorded with its error and hides no other.
+A vendor package registers a factory (usually its `Vendor` subclass) in the entry-point
+group `hal.vendors`; nothing in this repository needs to change. Each plugin is isolated:
+one that fails to import or to build (even by calling `sys.exit`), declares a bad name or
+priority, shares its name with another distribution's, or whose probe raises, answers
+nonsense or hangs, or whose capability detection fails, is recorded with the reason and
+hides no other. Plugins are imported only when needed: selecting a vendor by name (or
+`HAL_VENDOR`) imports that one only; listing and priority selection import them all.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib.metadata
+import math
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from stevedore import ExtensionManager
-
-from hal.errors import VendorUnavailable
+from hal.entry_points import PluginFailure, entry_points, guarded, load, load_plugins
+from hal import checks
+from hal.errors import HalError, UnknownVendor, VendorUnavailable, invalid
+from hal.platform import ProbeResult
 from hal.vendor import Vendor
+
+__all__ = ["DEFAULT_PROBE_TIMEOUT", "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection",
+           "SelectionSource", "VendorRegistry", "get_vendor", "load_plugins"]
 
 #: The entry-point group vendors register in.
 ENTRY_POINT_GROUP = "hal.vendors"
 #: The environment variable naming the vendor to use (below an explicit name).
 ENV_VENDOR = "HAL_VENDOR"
-
-
-@dataclass(frozen=True)
-class PluginFailure:
-    """A vendor plugin that could not be loaded, and why."""
-
-    name: str
-    target: str
-    error: str
+#: Seconds a vendor's probe may take before it counts as unavailable (a hung probe must not hang selection).
+DEFAULT_PROBE_TIMEOUT = 5.0
 
 
 class SelectionSource(str, enum.Enum):
@@ -53,57 +57,80 @@ class Selection:
 
 
 class VendorRegistry:
-    """The vendors found in one discovery pass (an object, never a process global)."""
+    """The vendors of one discovery pass (an object, never a process global).
 
-    def __init__(self, vendors: Iterable[Vendor], failures: Iterable[PluginFailure] = ()) -> None:
+    Built from vendor instances, or by `discover()` from entry points that are imported on
+    first use. `probe_timeout` (seconds, or None for no limit) bounds every probe it runs.
+    """
+
+    def __init__(self, vendors: Iterable[Vendor] = (), failures: Iterable[PluginFailure] = (), *,
+                 probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> None:
+        self._probe_timeout = _checked_timeout(probe_timeout)
         self._vendors: dict[str, Vendor] = {}
         self._failures: list[PluginFailure] = list(failures)
+        self._unloaded: dict[str, importlib.metadata.EntryPoint] = {}
+        self._group = ENTRY_POINT_GROUP
+        self._lock = threading.RLock()
         for vendor in vendors:
-            if vendor.name in self._vendors:
-                self._failures.append(PluginFailure(
-                    vendor.name, type(vendor).__qualname__,
-                    f"duplicate vendor name {vendor.name!r}: already provided by "
-                    f"{type(self._vendors[vendor.name]).__qualname__}"))
-                continue
-            self._vendors[vendor.name] = vendor
+            if not isinstance(vendor, Vendor):
+                raise invalid("vendors", "hal.Vendor instances", vendor)
+            self._add(vendor, type(vendor).__qualname__)
 
     @classmethod
-    def discover(cls, group: str = ENTRY_POINT_GROUP) -> VendorRegistry:
-        """Load every vendor registered in `group`; failures are recorded, not raised."""
-        failures: list[PluginFailure] = []
+    def discover(cls, group: str = ENTRY_POINT_GROUP, *,
+                 probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> VendorRegistry:
+        """The vendors registered in `group`, imported when first needed; failures are recorded, not raised."""
+        if not isinstance(group, str) or not group:
+            raise invalid("group", "an entry-point group name (a non-empty str)", group)
+        registry = cls(probe_timeout=probe_timeout)
+        registry._group = group
+        registry._unloaded, duplicates = entry_points(group)
+        registry._failures.extend(duplicates)
+        return registry
 
-        def on_failure(_manager: object, entry_point: object, error: Exception) -> None:
-            failures.append(PluginFailure(
-                getattr(entry_point, "name", "?"), getattr(entry_point, "value", "?"),
-                f"{type(error).__name__}: {error}"))
+    # -- loading ---------------------------------------------------------------------------------
 
-        manager = ExtensionManager(
-            namespace=group, invoke_on_load=False, on_load_failure_callback=on_failure
-        )
-        vendors: list[Vendor] = []
-        for extension in sorted(manager.extensions, key=lambda e: e.name):
-            target = extension.entry_point.value
-            try:
-                vendor = extension.plugin()
-            except Exception as exc:
-                failures.append(PluginFailure(extension.name, target, f"{type(exc).__name__}: {exc}"))
-                continue
-            if not isinstance(vendor, Vendor):
-                failures.append(PluginFailure(
-                    extension.name, target,
+    def _add(self, vendor: Vendor, target: str, entry_name: str | None = None) -> None:
+        problem = _declaration_problem(vendor, entry_name)
+        if problem is not None:
+            self._failures.append(PluginFailure(entry_name or type(vendor).__qualname__, target, problem))
+        elif vendor.name.lower() in self._vendors:
+            self._failures.append(PluginFailure(
+                vendor.name, target, f"duplicate vendor name {vendor.name!r}: already provided by "
+                f"{type(self._vendors[vendor.name.lower()]).__qualname__}"))
+        else:
+            self._vendors[vendor.name.lower()] = vendor
+
+    def _load(self, key: str) -> None:
+        """Import and build the entry point `key` if it is still unloaded."""
+        with self._lock:
+            entry_point = self._unloaded.pop(key, None)
+            if entry_point is None:
+                return
+            factory, failure = load(entry_point)
+            if failure is not None:
+                self._failures.append(failure)
+                return
+            vendor, error = guarded(factory) if callable(factory) else (None, f"{factory!r} is not callable")
+            if error is not None:
+                self._failures.append(PluginFailure(entry_point.name, entry_point.value, error))
+            elif not isinstance(vendor, Vendor):
+                self._failures.append(PluginFailure(
+                    entry_point.name, entry_point.value,
                     f"factory returned {type(vendor).__name__}, expected a hal.Vendor"))
-            elif vendor.name != extension.name:
-                failures.append(PluginFailure(
-                    extension.name, target,
-                    f"entry point {extension.name!r} builds a vendor named {vendor.name!r}; "
-                    "the two names must match"))
             else:
-                vendors.append(vendor)
-        return cls(vendors, failures)
+                self._add(vendor, entry_point.value, entry_point.name)
+
+    def _load_all(self) -> None:
+        for key in sorted(self._unloaded):
+            self._load(key)
+
+    # -- what was found --------------------------------------------------------------------------
 
     @property
     def failures(self) -> list[PluginFailure]:
-        """Plugins that failed to load."""
+        """Plugins that failed to load (every plugin is loaded first)."""
+        self._load_all()
         return list(self._failures)
 
     def names(self) -> list[str]:
@@ -111,78 +138,124 @@ class VendorRegistry:
         return [v.name for v in self.vendors()]
 
     def vendors(self) -> list[Vendor]:
-        """Loaded vendors, highest priority first (ties by name)."""
+        """Loaded vendors, highest priority first (ties by name); every plugin is loaded first."""
+        self._load_all()
         return sorted(self._vendors.values(), key=lambda v: (-v.priority, v.name))
 
+    def status(self, vendor: Vendor) -> ProbeResult:
+        """Whether `vendor` can be used here: its probe (bounded by the registry's `probe_timeout`) and then
+        its capability detection, whose failure makes it unavailable with the reason."""
+        probe = vendor.probe(timeout=self._probe_timeout)
+        if not probe.available:
+            return probe
+        try:
+            vendor.capabilities()
+        except HalError as exc:
+            return ProbeResult.unavailable(str(exc))
+        return probe
+
     def available(self) -> list[Vendor]:
-        """Loaded vendors whose probe succeeds, highest priority first."""
-        return [v for v in self.vendors() if v.probe().available]
+        """Loaded vendors that can be used here (see `status`), highest priority first."""
+        return [v for v in self.vendors() if self.status(v).available]
 
     def get(self, name: str) -> Vendor:
-        """A loaded vendor by name (available or not); `VendorUnavailable` if unknown."""
+        """A vendor by name (available or not), importing only its plugin.
+
+        Raises `VendorUnavailable` if its plugin failed, `UnknownVendor` (also an `InvalidInput`)
+        if no plugin provides it.
+        """
+        return self._get(name, "name")
+
+    def _get(self, name: object, argument: str) -> Vendor:
+        if not isinstance(name, str) or not name.strip():
+            raise invalid(argument, "a vendor name (a non-empty str)", name)
         key = name.strip().lower()
+        self._load(key)
         if key in self._vendors:
             return self._vendors[key]
-        failed = [f for f in self._failures if f.name == key]
+        failed = [f for f in self._failures if f.name.strip().lower() == key]
         if failed:
             raise VendorUnavailable(
                 f"vendor {key!r} failed to load: {failed[0].error}; available: {self._available_names()}")
-        raise VendorUnavailable(
-            f"no vendor named {key!r} is installed (entry-point group {ENTRY_POINT_GROUP!r}); "
-            f"installed: {', '.join(self._vendors) or 'none'}; available: {self._available_names()}")
+        installed = sorted({*self._vendors, *self._unloaded, *(f.name for f in self._failures)})
+        raise UnknownVendor(
+            f"{argument}: no vendor named {key!r} is installed (entry-point group {self._group!r}); "
+            f"installed: {', '.join(installed) or 'none'}")
+
+    # -- selection -------------------------------------------------------------------------------
 
     def select(self, name: str | None = None, environ: Mapping[str, str] | None = None, *,
                require_available: bool = True) -> Selection:
         """Pick a vendor: explicit `name` > `HAL_VENDOR` > the highest-priority available one.
 
-        Raises `VendorUnavailable` naming the reason and the available vendors. With
-        `require_available=False` a vendor named explicitly or by `HAL_VENDOR` is returned
-        even when its probe fails (to show its declared tables).
+        Only a named vendor's plugin is imported. Raises `VendorUnavailable` naming the reason
+        and the available vendors (`UnknownVendor` for a name nobody provides). With
+        `require_available=False` a vendor named explicitly or by `HAL_VENDOR` is returned even
+        when it cannot be used here (to show its declared tables).
         """
-        env = os.environ if environ is None else environ
-        if name:
-            source, detail, wanted = SelectionSource.EXPLICIT, f"asked for {name!r}", name
+        if name is not None and not isinstance(name, str):
+            raise invalid("vendor", "a vendor name (a str) or None", name)
+        env = os.environ if environ is None else checks.environ_mapping(environ)
+        if name is not None and name.strip():
+            source, detail, wanted, argument = SelectionSource.EXPLICIT, f"asked for {name!r}", name, "vendor"
         elif env.get(ENV_VENDOR, "").strip():
             wanted = env[ENV_VENDOR]
-            source, detail = SelectionSource.ENVIRONMENT, f"{ENV_VENDOR}={wanted!r}"
+            source, detail, argument = SelectionSource.ENVIRONMENT, f"{ENV_VENDOR}={wanted!r}", ENV_VENDOR
         else:
-            available = self.available()
-            if not available:
-                reasons = "; ".join(f"{v.name}: {v.probe().reason}" for v in self.vendors())
-                raise VendorUnavailable(f"no vendor is available: {reasons or 'none is installed'}")
-            top = available[0]
-            return Selection(top, SelectionSource.PRIORITY,
-                             f"highest priority ({top.priority}) among available: {self._available_names()}")
-        vendor = self.get(wanted)
-        probe = vendor.probe()
-        if require_available and not probe.available:
+            return self._by_priority()
+        vendor = self._get(wanted, argument)
+        status = self.status(vendor)
+        if require_available and not status.available:
             raise VendorUnavailable(
-                f"vendor {vendor.name!r} ({detail}) is unavailable: {probe.reason}; "
+                f"vendor {vendor.name!r} ({detail}) is unavailable: {status.reason}; "
                 f"available: {self._available_names()}")
         return Selection(vendor, source, detail)
+
+    def _by_priority(self) -> Selection:
+        statuses = {v.name: self.status(v) for v in self.vendors()}
+        available = [v for v in self.vendors() if statuses[v.name].available]
+        if not available:
+            reasons = "; ".join(f"{name}: {status.reason}" for name, status in statuses.items())
+            raise VendorUnavailable(f"no vendor is available: {reasons or 'none is installed'}")
+        top = available[0]
+        # A vendor that probes fine but cannot build its capabilities is passed over, and the detail says so.
+        skipped = [f"{v.name} ({statuses[v.name].reason})" for v in self.vendors()
+                   if v.priority > top.priority and v.probe().available and not statuses[v.name].available]
+        detail = f"highest priority ({top.priority}) among available: {', '.join(v.name for v in available)}"
+        return Selection(top, SelectionSource.PRIORITY, detail + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
 
     def _available_names(self) -> str:
         return ", ".join(v.name for v in self.available()) or "none"
 
 
-def load_plugins(group: str) -> tuple[list[tuple[str, object]], list[PluginFailure]]:
-    """Load every entry point of `group`, sorted by name: `(name, object)` pairs and failures.
+def _declaration_problem(vendor: Vendor, entry_name: str | None) -> str | None:
+    """Why a built vendor's declaration is unusable (name, priority, description), or None."""
+    name, error = guarded(lambda: vendor.name)
+    if error is not None or not isinstance(name, str) or not name.strip():
+        return f"name: expected a non-empty str, got {error or repr(name)}"
+    if entry_name is not None and name != entry_name:
+        return f"entry point {entry_name!r} builds a vendor named {name!r}; the two names must match"
+    priority, error = guarded(lambda: vendor.priority)
+    if error is not None or isinstance(priority, bool) or not isinstance(priority, int):
+        return f"vendor {name!r}: priority: expected an int, got {error or repr(priority)}"
+    description, error = guarded(lambda: vendor.description)
+    if error is not None or not isinstance(description, str):
+        return f"vendor {name!r}: description: expected a str, got {error or repr(description)}"
+    return None
 
-    Upper layers use this for their own plugin groups (expert runners, CLI commands) so
-    that only `hal` talks to the entry-point machinery.
+
+def _checked_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise invalid("probe_timeout", "a positive, finite number of seconds or None", timeout)
+    return float(timeout)
+
+
+def get_vendor(name: str | None = None, environ: Mapping[str, str] | None = None, *,
+               probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> Vendor:
+    """Discover the installed vendors and select one (explicit > `HAL_VENDOR` > priority).
+
+    A named vendor (or `HAL_VENDOR`'s) imports only its own plugin.
     """
-    failures: list[PluginFailure] = []
-
-    def on_failure(_manager: object, entry_point: object, error: Exception) -> None:
-        failures.append(PluginFailure(
-            getattr(entry_point, "name", "?"), getattr(entry_point, "value", "?"),
-            f"{type(error).__name__}: {error}"))
-
-    manager = ExtensionManager(namespace=group, invoke_on_load=False, on_load_failure_callback=on_failure)
-    loaded = [(ext.name, ext.plugin) for ext in sorted(manager.extensions, key=lambda e: e.name)]
-    return loaded, failures
-
-
-def get_vendor(name: str | None = None, environ: Mapping[str, str] | None = None) -> Vendor:
-    """Discover the installed vendors and select one (explicit > `HAL_VENDOR` > priority)."""
-    return VendorRegistry.discover().select(name, environ).vendor
+    return VendorRegistry.discover(probe_timeout=probe_timeout).select(name, environ).vendor

@@ -29,6 +29,11 @@ class InvalidInput(HalError, ValueError):
     """An argument has the wrong type, shape, dtype or value."""
 
 
+class UnknownVendor(VendorUnavailable, InvalidInput):
+    """A vendor name that no installed plugin provides: an argument error (`InvalidInput`) that existing
+    `except VendorUnavailable` code still catches."""
+
+
 def invalid(argument: str, expected: str, given: object) -> InvalidInput:
     """Build an `InvalidInput` in the house style: argument, expectation, value given."""
     return InvalidInput(f"{argument}: expected {expected}, got {given!r}")

@@ -16,9 +16,9 @@ and `hal caps` shows which ops are native and which are the reference.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -29,6 +29,7 @@ from hal.gemm_kinds import GemmKind
 if TYPE_CHECKING:
     from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
     from hal.groups import Groups
+    from hal.tuning import GemmProblem
 
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
@@ -125,6 +126,14 @@ class VendorOps(abc.ABC):
                       process_group: object | None) -> None:
         """Make whatever the vendor's `fused_deep_moe` needs from these weights (a storage format, a
         tile permutation), once, when a layer's fused path is built on them. Nothing by default."""
+
+    def tune(self, problems: Sequence[GemmProblem], *, device: torch.device, device_name: str,
+             progress: Callable[[str], None] | None) -> dict[str, Any]:
+        """Search this device's kernel configurations for `problems` (see `hal tune`) and return the
+        table the vendor loads (JSON-able). Vendors without tunable kernels keep this refusal."""
+        from hal.errors import UnsupportedCapability
+
+        raise UnsupportedCapability("these ops have no kernel configurations to tune")
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,

@@ -9,9 +9,11 @@ on top of this; a vendor plugin subclasses `hal.Vendor`.
 from __future__ import annotations
 
 import abc
+import os
+import reprlib
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -19,7 +21,8 @@ import torch
 
 from hal.capabilities import Capabilities
 from hal.dtypes import DispatchDtype
-from hal.errors import InvalidInput, VendorUnavailable, names
+from hal.entry_points import guarded
+from hal.errors import HalError, InvalidInput, VendorUnavailable, names
 
 if TYPE_CHECKING:
     from hal.ops import VendorOps
@@ -67,6 +70,7 @@ class Platform(abc.ABC):
 
     def __init__(self) -> None:
         self._capabilities: Capabilities | None = None
+        self._capabilities_error: HalError | None = None
         self._probe: ProbeResult | None = None
         self._ops: VendorOps | None = None
         self._device: torch.device | None = None
@@ -82,14 +86,19 @@ class Platform(abc.ABC):
     def _probe_once(self) -> ProbeResult:
         """Check for hardware and libraries; must not raise for a missing runtime."""
 
-    def probe(self) -> ProbeResult:
-        """Whether this vendor can run here (cached per instance)."""
+    def probe(self, timeout: float | None = None) -> ProbeResult:
+        """Whether this vendor can run here (the first answer is cached per instance).
+
+        A probe that raises anything (`SystemExit` too) or returns something other than a
+        `ProbeResult` answers "unavailable" with the reason. With `timeout` (seconds) the probe
+        runs in a daemon thread, and one still running after that long is unavailable ("probe did
+        not finish within N s"); the registry passes its `probe_timeout` here.
+        """
         if self._probe is None:
-            try:
-                result = self._probe_once()
-            except Exception as exc:  # a broken runtime must not break discovery
-                result = ProbeResult.unavailable(f"probe failed: {type(exc).__name__}: {exc}")
-            self._probe = result
+            result = probe_within(self._probe_once, timeout)
+            with self._lock:
+                if self._probe is None:
+                    self._probe = result
         return self._probe
 
     def require_available(self) -> None:
@@ -116,13 +125,35 @@ class Platform(abc.ABC):
         """Read the device and build its capabilities (called once)."""
 
     def capabilities(self) -> Capabilities:
-        """The capabilities of this instance's device, resolved once."""
+        """The capabilities of this instance's device, resolved once.
+
+        Raises `VendorUnavailable` when the vendor is unavailable or its detection fails (a
+        failure is kept: detection is not retried).
+        """
         if self._capabilities is None:
             self.require_available()
             with self._lock:
-                if self._capabilities is None:
-                    self._capabilities = self._detect_capabilities()
+                if self._capabilities is None and self._capabilities_error is None:
+                    try:
+                        self._capabilities = self._checked_detection()
+                    except HalError as exc:
+                        self._capabilities_error = exc
+                if self._capabilities_error is not None:
+                    raise self._capabilities_error
         return self._capabilities
+
+    def _checked_detection(self) -> Capabilities:
+        try:
+            caps = self._detect_capabilities()
+        except (HalError, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # a plugin's bug (even sys.exit) is reported as its unavailability
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: capability detection failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(caps, Capabilities):
+            raise VendorUnavailable(f"vendor {self.name!r}: capability detection returned "
+                                    f"{type(caps).__name__}, expected a hal.Capabilities")
+        return caps
 
     @abc.abstractmethod
     def declared_models(self) -> Mapping[str, Capabilities]:
@@ -167,6 +198,32 @@ class Platform(abc.ABC):
                     self._ops = self._make_ops()
         return self._ops
 
+    # -- memory ----------------------------------------------------------------------------------
+
+    def device_memory_bytes(self) -> int | None:
+        """The total memory of this instance's device in bytes, or None where unknown (the default).
+
+        Callers bound what they allocate by it (a layer's low-latency dispatch buffers); a vendor
+        answers for its device (a host device: `host_memory_bytes()`). Unknown refuses nothing.
+        """
+        return None
+
+    @staticmethod
+    def host_memory_bytes() -> int | None:
+        """The host's physical memory in bytes (sysconf, else /proc/meminfo), or None where neither answers."""
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+        try:
+            with open("/proc/meminfo", encoding="ascii") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemTotal:"):
+                        return int(line.split()[1]) * 1024  # reported in kB
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     # -- fallback warnings (per instance, never global) ------------------------------------------
 
     def warn_fallback_once(self, source: DispatchDtype, target: DispatchDtype, why: str) -> bool:
@@ -184,6 +241,27 @@ class Platform(abc.ABC):
         return True
 
 
+def probe_within(probe: Callable[[], object], timeout: float | None) -> ProbeResult:
+    """Run `probe` (in a daemon thread when `timeout` is given) and turn whatever it does into a `ProbeResult`."""
+    if timeout is None:
+        return _guarded(probe)
+    answer: list[ProbeResult] = []
+    # A daemon thread: one that never returns is abandoned here and does not keep the process alive at exit.
+    thread = threading.Thread(target=lambda: answer.append(_guarded(probe)), name="hal-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answer[0] if answer else ProbeResult.unavailable(f"probe did not finish within {timeout:g} s")
+
+
+def _guarded(probe: Callable[[], object]) -> ProbeResult:
+    result, error = guarded(probe)  # a broken runtime (or a plugin calling sys.exit) must not break discovery
+    if error is not None:
+        return ProbeResult.unavailable(f"probe failed: {error}")
+    if not isinstance(result, ProbeResult) or not isinstance(result.available, bool):
+        return ProbeResult.unavailable(f"probe returned {reprlib.repr(result)}, expected a hal.ProbeResult")
+    return result
+
+
 def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabilities) -> str:
     """The house message for a rejected dispatch dtype."""
     reason = caps.fallback_reasons.get(dtype)
@@ -192,3 +270,4 @@ def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabi
         f"has no declared fallback{f' ({reason})' if reason else ''}; "
         f"supported dispatch dtypes: {names(caps.dispatch_dtypes)}"
     )
+

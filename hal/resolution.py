@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hal.capabilities import Capabilities
+from hal import checks
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import InvalidInput, UnsupportedDispatchDtype, names, positive_int
+from hal.errors import InvalidInput, UnsupportedDispatchDtype, invalid, names, positive_int
 from hal.schemes import SchemeTraits, parse_scheme
 from hal.platform import Platform, unsupported_dispatch_message
 
@@ -68,7 +69,11 @@ class DispatchConfig:
     ep_dispatcher: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
+        try:
+            object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
+        except InvalidInput:
+            raise invalid("dtype", f"a dispatch dtype, one of {', '.join(DispatchDtype.names())}",
+                          self.dtype) from None
         if self.ep_dispatcher is not None and (not isinstance(self.ep_dispatcher, str) or not self.ep_dispatcher):
             raise InvalidInput(f"ep_dispatcher: expected a dispatcher name or None, got {self.ep_dispatcher!r}")
         if self.max_dispatch_tokens_per_rank is not None:
@@ -162,14 +167,21 @@ def resolve_dispatch_plan(
     (`vendor.declared_capabilities("H100")`) to plan for absent hardware. `environ`
     defaults to the process environment, which is only read.
     """
+    if not isinstance(vendor, Platform):
+        raise invalid("vendor", "a hal.Vendor", type(vendor).__name__)
+    positive_int("hidden_size", hidden_size)
+    if config is not None and not isinstance(config, DispatchConfig):
+        raise invalid("config", "a hal.DispatchConfig or None", type(config).__name__)
+    if capabilities is not None and not isinstance(capabilities, Capabilities):
+        raise invalid("capabilities", "a hal.Capabilities or None", type(capabilities).__name__)
+    if scheme is not None and not isinstance(scheme, (SchemeTraits, str)):
+        raise invalid("scheme", "a hal.SchemeTraits, a scheme name or None", type(scheme).__name__)
     config = config or DispatchConfig()
     traits = parse_scheme(scheme) if scheme is not None else None
-    runner = DispatchDtype.parse(runner_dtype) if runner_dtype is not None else None
-    if runner is DispatchDtype.AUTO:
-        runner = None
-    env = os.environ if environ is None else environ
+    runner = _runner_dtype(runner_dtype)
+    checked = checks.environ_mapping(environ)
+    env = os.environ if checked is None else checked
     caps = capabilities if capabilities is not None else vendor.capabilities()
-    DispatchDtype.BF16.bytes_per_token(hidden_size)  # validates hidden_size early
 
     steps = _consult_sources(config, env, traits, runner, caps)
     decided = next(s for s in steps if s.says is not None)
@@ -202,6 +214,17 @@ def resolve_dispatch_plan(
         trace=trace,
         model_dtype=traits.model_dtype if traits else None,
     )
+
+
+def _runner_dtype(runner_dtype: object) -> DispatchDtype | None:
+    """The runner's required dispatch dtype (None for none or auto), or `InvalidInput` naming `runner_dtype`."""
+    if runner_dtype is None:
+        return None
+    try:
+        parsed = DispatchDtype.parse(runner_dtype)  # type: ignore[arg-type]
+    except InvalidInput:
+        raise invalid("runner_dtype", f"None or one of {', '.join(DispatchDtype.names())}", runner_dtype) from None
+    return None if parsed is DispatchDtype.AUTO else parsed
 
 
 def _consult_sources(

@@ -15,6 +15,7 @@ import torch
 
 from hal.dtypes import Codec, DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput
+from hal.gemm_kinds import GemmKind
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class SchemeTraits:
     scale_layouts: Mapping[DispatchDtype, ScaleLayout] = field(default_factory=dict)
     follows_model_dtype: bool = False  #: computes in the model's float dtype (unquantized)
     model_dtype: DispatchDtype | None = None  #: the model's float dtype, where the scheme asks for it
+    gemm_kind: GemmKind | None = None  #: the grouped-matmul kind its experts run (None: unknown to hal)
 
     def __post_init__(self) -> None:
         layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
@@ -87,6 +89,14 @@ class SchemeTraits:
             return DispatchDtype.NVFP4
         return self.model_dtype or self.dispatch_dtype
 
+    @property
+    def compute_kind(self) -> GemmKind | None:
+        """The grouped-matmul kind the experts run: the model dtype's float kind for a scheme that
+        follows the model dtype, else `gemm_kind`."""
+        if self.follows_model_dtype and self.model_dtype is not None:
+            return GemmKind(self.model_dtype.value)
+        return self.gemm_kind
+
     def with_model_dtype(self, dtype: DispatchDtype | str | torch.dtype | None) -> SchemeTraits:
         """These traits for a model whose weights are in `dtype` (`torch.float32`, `"fp32"`, ...).
 
@@ -119,31 +129,35 @@ _ALL = frozenset(DispatchDtype.concrete())
 KNOWN_SCHEMES: dict[str, SchemeTraits] = {
     t.name: t
     for t in (
-        SchemeTraits("unquantized", DispatchDtype.BF16, _ALL, follows_model_dtype=True),
+        SchemeTraits("unquantized", DispatchDtype.BF16, _ALL, follows_model_dtype=True, gemm_kind=GemmKind.BF16),
         SchemeTraits(
             "w8a8-int8",
             DispatchDtype.INT8,
             frozenset({DispatchDtype.INT8, DispatchDtype.FP8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.PER_TOKEN,
+            gemm_kind=GemmKind.INT8,
         ),
         SchemeTraits(
             "w8a8-fp8-block",
             DispatchDtype.FP8,
             frozenset({DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.GROUP_128,
+            gemm_kind=GemmKind.FP8_BLOCK128,
         ),
         SchemeTraits(
             "w8a8-fp8",
             DispatchDtype.FP8,
             frozenset({DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.PER_TOKEN,
+            gemm_kind=GemmKind.FP8_ROWWISE,
         ),
-        SchemeTraits("w4a4-int4", DispatchDtype.BF16, frozenset({DispatchDtype.BF16})),
+        SchemeTraits("w4a4-int4", DispatchDtype.BF16, frozenset({DispatchDtype.BF16}), gemm_kind=GemmKind.INT4),
         SchemeTraits(
             "nvfp4",
             DispatchDtype.NVFP4,
             frozenset({DispatchDtype.NVFP4, DispatchDtype.BF16}),
             input_global_scale=True,
+            gemm_kind=GemmKind.NVFP4,
         ),
     )
 }

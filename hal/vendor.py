@@ -6,11 +6,19 @@ every vendor, against the vendor's device and declared capabilities (`hal.checks
 then calls the vendor's op implementations (`self.ops`, a `hal.VendorOps` built once by
 `_make_ops`). A vendor writes a platform and, for what its runtime accelerates, a
 `hal.reference.ReferenceOps` subclass; it does not restate the checks.
+
+Every op, on every vendor, keeps three contracts beside its numbers (the conformance suite's
+`test_op_contracts.py` holds each vendor to them): it never writes into its inputs; the
+tensors it returns are contiguous (a caller may `.view` them); and two calls with the same
+inputs return bit-identical results, unless the vendor declares `Capabilities.deterministic`
+False.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from typing import Any
 
 import torch
 
@@ -21,8 +29,9 @@ from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
-from hal.ops import OpSource
+from hal.ops import OpSource, VendorOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
+from hal.tuning import GemmProblem
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
@@ -112,6 +121,8 @@ class Vendor(Platform):
         needs `capabilities().expert_bias`.
         """
         checks.gemm_operands(x, weight, groups)
+        if out_dtype is not None:
+            checks.out_dtype("out_dtype", out_dtype)
         device = self.device
         if isinstance(x, torch.Tensor):
             checks.on_device("x", x, device)
@@ -133,10 +144,12 @@ class Vendor(Platform):
             if not caps.expert_bias:
                 raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare "
                                             "expert_bias (grouped_matmul with a per-expert bias)")
-            checks.on_device("bias", bias, device)
             if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (groups.num_groups, weight.out_features):
                 raise invalid("bias", f"a tensor of shape ({groups.num_groups}, {weight.out_features})",
                               tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__)
+            if bias.dtype not in checks.FLOAT_DTYPES:
+                raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
+            checks.on_device("bias", bias, device)
         y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=checks.gemm_out_dtype(kind, out_dtype))
         if bias is None:
             return y
@@ -173,8 +186,14 @@ class Vendor(Platform):
     def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
                       process_group: object | None = None) -> None:
         """Prepare the fused op's form of a layer's weights once, at load (before its first forward)."""
+        checks.name_string("scheme", scheme, "a scheme name (str)")
         if scheme not in self.capabilities().fused_deep_moe:
             raise UnsupportedCapability(f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r}")
+        for name, w in (("w13", w13), ("w2", w2)):
+            if not isinstance(w, QuantizedWeight):
+                raise invalid(name, "a hal.QuantizedWeight", type(w).__name__)
+            for field, tensor in w.tensors().items():
+                checks.on_device(f"{name}.{field}", tensor, self.device)
         self.ops.prepare_fused(w13, w2, scheme=scheme, process_group=process_group)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
@@ -182,11 +201,16 @@ class Vendor(Platform):
         """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
         `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`."""
         self._require_ep(name)
+        parsed = checks.concrete_dtype(dtype)
         checks.float_rows("x", x)
-        checks.expert_ids(topk_ids, num_experts)
+        if x.dim() != 2:
+            raise invalid("x", "a 2-D tensor [T, H]", tuple(x.shape))
         for label, tensor in (("x", x), ("topk_ids", topk_ids)):
             checks.on_device(label, tensor, self.device)
-        return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=DispatchDtype.parse(dtype),
+        checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
+        if topk_ids.shape[0] != x.shape[0]:
+            raise invalid("topk_ids", f"one row per token of x ({x.shape[0]})", tuple(topk_ids.shape))
+        return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=parsed,
                                     num_experts=num_experts, process_group=process_group)
 
     def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
@@ -194,11 +218,13 @@ class Vendor(Platform):
         """The weighted sum of each token's expert rows after `ep_dispatch` with the same `name`: `[T, H]`."""
         self._require_ep(name)
         checks.out_dtype("out_dtype", out_dtype)
+        checks.rows_and_weights(rows, topk_weights)
         for label, tensor in (("rows", rows), ("topk_weights", topk_weights)):
             checks.on_device(label, tensor, self.device)
         return self.ops.ep_combine(rows, topk_weights, handle, name=name, out_dtype=out_dtype)
 
     def _require_ep(self, name: str) -> None:
+        checks.name_string("name", name, "an expert-parallel dispatcher name (str)")
         declared = self.capabilities().ep_dispatchers
         if name not in declared:
             raise UnsupportedCapability(f"vendor {self.name!r} declares no expert-parallel dispatcher {name!r} "
@@ -222,9 +248,18 @@ class Vendor(Platform):
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (token, slot) pairs of `topk_ids` `[T, k]` sorted by expert, token order kept within one:
         `order` (the flat pair of each sorted row) and `inverse` (the sorted row of each flat pair),
-        int64 `[T*k]`, and `counts` int64 `[num_experts]`. Never synchronises with the host."""
-        checks.expert_ids(topk_ids, num_experts)
+        int64 `[T*k]`, and `counts` int64 `[num_experts]`.
+
+        `topk_ids` is int32 or int64 (the results are the same), `num_experts` a positive int.
+        Ids outside `[0, num_experts)` raise `InvalidInput` where reading them costs no device
+        synchronisation: on a vendor declaring `host_synchronous` (the CPU) or for ids in host
+        memory. Elsewhere the op never synchronises, so it does not look: an out-of-range id
+        gives unspecified `order`, `inverse` and `counts` (its pair may be counted nowhere, or
+        land among another expert's rows), or a device-side error; no implementation writes
+        outside the three outputs.
+        """
         checks.on_device("topk_ids", topk_ids, self.device)
+        checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
         return self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
@@ -232,13 +267,18 @@ class Vendor(Platform):
         """Each token's routing-weighted sum of its experts' rows: `[T, H]` in `out_dtype`.
 
         `out[t] = sum_j topk_weights[t, j] * rows[index[t*k + j]]` accumulated in fp32 (`index`
-        None: rows already in (token, slot) order).
+        None: rows already in (token, slot) order). `rows` is bf16, fp16 or fp32 `[R, H]`,
+        `topk_weights` floating-point `[T, k]`, `index` int32 or int64 `[T*k]` (the results are
+        the same), `out_dtype` a float `torch.dtype` (bf16, fp16, fp32; never an integer dtype).
+        Indices outside `[0, R)` raise `InvalidInput` where reading them is free (a
+        `host_synchronous` vendor, or an index in host memory); elsewhere the op does not look,
+        and such an index makes its token's output unspecified (or raises a device-side error).
         """
-        checks.combine_operands(rows, index, topk_weights)
         checks.out_dtype("out_dtype", out_dtype)
         device = self.device
         for name, tensor in (("rows", rows), ("index", index), ("topk_weights", topk_weights)):
             checks.on_device(name, tensor, device)
+        checks.combine_operands(rows, index, topk_weights, host_synchronous=self.capabilities().host_synchronous)
         return self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
 
     def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -253,16 +293,51 @@ class Vendor(Platform):
         layer's resolved dispatch dtype (None: int8 as the fused schemes carry) and
         `max_tokens_per_rank` its low-latency capacity (None: normal mode); a vendor may use
         or ignore them, but never takes them from process-wide state. Only for schemes listed
-        in `capabilities().fused_deep_moe`; others raise `UnsupportedCapability`.
+        in `capabilities().fused_deep_moe`; others raise `UnsupportedCapability`. With one rank
+        (`process_group` None) ids outside `[0, E)` raise `InvalidInput` where reading them is
+        free, as for `sort_by_expert`.
         """
-        declared = self.capabilities().fused_deep_moe
-        if scheme not in declared:
+        checks.name_string("scheme", scheme, "a scheme name (str)")
+        caps = self.capabilities()
+        if scheme not in caps.fused_deep_moe:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r} "
-                f"(declared for: {', '.join(sorted(declared)) or 'no scheme'})")
+                f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})")
+        checks.fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
+        parsed = checks.concrete_dtype(dispatch_dtype or DispatchDtype.INT8, "dispatch_dtype")
+        capacity = checks.optional_positive_int("max_tokens_per_rank", max_tokens_per_rank)
+        device = self.device
+        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                             *((f"w13.{f}", t) for f, t in w13.tensors().items()),
+                             *((f"w2.{f}", t) for f, t in w2.tensors().items())):
+            checks.on_device(name, tensor, device)
+        if process_group is None:  # global ids = this rank's experts
+            checks.expert_ids(topk_ids, w13.num_experts, host_synchronous=caps.host_synchronous)
         return self.ops.fused_deep_moe(
             hidden_states, topk_ids, topk_weights, w13, w2, scheme=scheme, process_group=process_group,
-            dispatch_dtype=dispatch_dtype or DispatchDtype.INT8, max_tokens_per_rank=max_tokens_per_rank)
+            dispatch_dtype=parsed, max_tokens_per_rank=capacity)
+
+    # -- tuning ----------------------------------------------------------------------------------
+
+    def tune(self, problems: Sequence[GemmProblem], *,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Time this vendor's kernel configurations for `problems` on its device and return its tuning
+        table (JSON-able; the vendor documents where it reads tables from). `progress` receives a line
+        per case. Vendors without tunable kernels raise `UnsupportedCapability`."""
+        problems = list(problems) if not isinstance(problems, (str, bytes)) else problems
+        if not isinstance(problems, list) or not problems or not all(isinstance(p, GemmProblem) for p in problems):
+            raise invalid("problems", "a non-empty sequence of hal.GemmProblem", type(problems).__name__)
+        if progress is not None and not callable(progress):
+            raise invalid("progress", "a callable or None", type(progress).__name__)
+        caps = self.capabilities()
+        if type(self.ops).tune is VendorOps.tune:
+            raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) has no kernel configurations "
+                                        "to tune (its ops do not implement tune)")
+        for problem in problems:
+            if problem.kind not in caps.grouped_matmul:
+                raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare the "
+                                            f"{problem.kind} grouped matmul, so it cannot tune it")
+        return self.ops.tune(problems, device=self.device, device_name=caps.device_name, progress=progress)
 
     # -- provenance ------------------------------------------------------------------------------
 

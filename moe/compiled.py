@@ -7,27 +7,33 @@ data, combine, shared experts, the tensor-parallel all-reduce) to
 and dtype. Compiled and eager layers therefore compute bit for bit alike. The op finds its layer through an integer handle:
 torch custom ops take tensors and plain values, not Python objects. The handle table holds
 weak references only (a layer that is gone is gone from it); it is an identity table, not
-configuration, and nothing reads it but the op.
+configuration, and nothing reads it but the op. A lock guards it: layers are built, copied and
+called from several threads.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from typing import Any
 
 import torch
 
-from hal import InvalidInput
+from hal import InvalidInput, invalid
 
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
+_LOCK = threading.Lock()
 
 
 def register_layer(layer: Any) -> int:
     """A new handle for `layer` (which must have `_run(x, router_logits, topk_ids, topk_weights)`)."""
-    handle = next(_HANDLES)
-    _LAYERS[handle] = layer
+    if not callable(getattr(layer, "_run", None)):
+        raise invalid("layer", "a moe.MoELayer (an object with _run)", type(layer).__name__)
+    with _LOCK:
+        handle = next(_HANDLES)
+        _LAYERS[handle] = layer
     return handle
 
 
@@ -36,7 +42,8 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: t
                 topk_weights: torch.Tensor | None, handle: int) -> torch.Tensor:
     """The MoE output `[T, H]` (x's dtype) of rows `x` `[T, H]`, routed by `router_logits` `[T, E]` or by
     precomputed `topk_ids` / `topk_weights` `[T, k]`, computed by layer `handle`."""
-    layer = _LAYERS.get(handle)
+    with _LOCK:
+        layer = _LAYERS.get(handle)
     if layer is None:
         raise InvalidInput(f"moe_hal::moe_forward: expected a live MoELayer for handle {handle}, got none")
     return layer._run(x, router_logits, topk_ids, topk_weights)

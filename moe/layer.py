@@ -23,11 +23,11 @@ from hal import (
     InvalidInput,
     UnsupportedCapability,
     Vendor,
-    get_vendor,
     invalid,
     positive_int,
     resolve_dispatch_plan,
 )
+from moe.arguments import check_environ, choose_vendor
 from moe.compiled import moe_forward, register_layer
 from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher, VendorEpDispatcher
 from moe.dispatch.base import group_size_and_rank
@@ -66,10 +66,21 @@ class MoELayer(ExpertLoading, torch.nn.Module):
       where the vendor declares `host_synchronous` (reading values back costs no stall).
       Unchecked, a token with non-finite logits gets a non-finite output row; no other row
       changes.
+    - `vendor`: a `hal.Vendor`, its name, or None for `HAL_VENDOR` of `environ`, else the
+      highest-priority available vendor; `environ` (a mapping of str to str, default the process
+      environment, only read) also carries `HAL_DISPATCH_DTYPE`, the legacy dispatch variables
+      and, without `runners`, the default registry's `MOE_RUNNER_REPLACEMENTS`.
 
     Weights and scales are registered buffers (`experts.*`, `shared_experts.*`): `state_dict()`
     and `load_state_dict()` round-trip them, `.to(device)` moves them, and loading copies the
     caller's tensors. Under `torch.compile` the layer is one custom op (`moe.compiled`).
+
+    Threads: a loaded layer may be called from several threads at once; each call allocates
+    its own working tensors (the low-latency dispatch buffers included) and every result equals
+    the single-threaded one bit for bit. Layers may be built concurrently; each gets the plan a
+    serial build gives. Loading weights, `load_state_dict()` or `.to()` must not overlap a call,
+    and a layer with a process or tensor-parallel group (collectives, ordered alike on every rank)
+    is called from one thread per rank.
     """
 
     def __init__(
@@ -107,8 +118,11 @@ class MoELayer(ExpertLoading, torch.nn.Module):
                 raise invalid(name, "True or False" + (" or None" if name == "check_routing" else ""), flag)
         if shared_experts is not None and not isinstance(shared_experts, SharedExperts):
             raise invalid("shared_experts", "a moe.SharedExperts or None", type(shared_experts).__name__)
+        environ = check_environ(environ)
+        if runners is not None and not isinstance(runners, RunnerRegistry):
+            raise invalid("runners", "a moe.RunnerRegistry or None", type(runners).__name__)
         self.dispatch_config = dispatch or DispatchConfig()
-        self.vendor = vendor if isinstance(vendor, Vendor) else get_vendor(vendor)
+        self.vendor = choose_vendor(vendor, environ)
         self.scheme = make_scheme(scheme)
         self.activation = Activation.parse(activation)
         self.bias = bias
@@ -137,7 +151,7 @@ class MoELayer(ExpertLoading, torch.nn.Module):
                 f"num_experts: expected a multiple of the expert-parallel ranks ({world}), got {num_experts}"
             )
         self.tp_group = tp_group
-        self.tensor_shard = TensorShard(*reversed(group_size_and_rank(tp_group)))
+        self.tensor_shard = TensorShard(*reversed(group_size_and_rank(tp_group, "tp_group")))
         self.local_intermediate_size = self.tensor_shard.local_size(intermediate_size)
 
         self.plan: DispatchPlan = resolve_dispatch_plan(
@@ -145,7 +159,7 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         )
         self.dispatcher = self._make_dispatcher()
         choice = choose_pipeline(self.vendor, self.scheme, self.dispatcher, runners, fused,
-                                 activation=self.activation, bias=bias)
+                                 activation=self.activation, bias=bias, environ=environ)
         self._choice = choice
         self.fused: bool = choice.fused
         self.runner: ExpertRunner | None = choice.runner
@@ -214,8 +228,9 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         """The MoE output for `hidden_states` `[..., H]`, routed by `router_logits` `[..., E]` through the
         layer's router, or by precomputed `topk_ids` / `topk_weights` `[..., k]` (engines that route
         elsewhere; the weights are used as given)."""
-        x = check_hidden_states(hidden_states, self.hidden_size)
-        logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights)
+        device = self.vendor.device
+        x = check_hidden_states(hidden_states, self.hidden_size, device)
+        logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights, device)
         if torch.compiler.is_compiling():  # one opaque op: compiled and eager compute the same way
             out = moe_forward(x, logits, ids, weights, self._handle)
         else:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from hal import InvalidInput, invalid
+from moe.arguments import on_device
 from moe.routing import Routing
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -14,10 +15,11 @@ _WEIGHT_DTYPES = (*_INPUT_DTYPES, torch.float64)
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
-def check_hidden_states(hidden_states: object, hidden_size: int) -> torch.Tensor:
-    """`hidden_states` `[..., H]` (bf16, fp16 or fp32) as `[T, H]` rows."""
+def check_hidden_states(hidden_states: object, hidden_size: int, device: torch.device) -> torch.Tensor:
+    """`hidden_states` `[..., H]` (bf16, fp16 or fp32, on the layer's `device`) as `[T, H]` rows."""
     if not isinstance(hidden_states, torch.Tensor):
         raise invalid("hidden_states", "a torch.Tensor", type(hidden_states).__name__)
+    on_device("hidden_states", hidden_states, device)
     if hidden_states.dim() < 1 or hidden_states.shape[-1] != hidden_size:
         raise invalid("hidden_states", f"shape [..., {hidden_size}]", tuple(hidden_states.shape))
     if hidden_states.dtype not in _INPUT_DTYPES:
@@ -26,15 +28,17 @@ def check_hidden_states(hidden_states: object, hidden_size: int) -> torch.Tensor
 
 
 def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
-                   topk_weights: object) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """A forward's routing inputs checked (types, shapes, dtypes: nothing read from the device) and
-    flattened: `(logits [T, E], None, None)` or `(None, ids int64 [T, k], weights fp32 [T, k])`."""
+                   topk_weights: object, device: torch.device
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """A forward's routing inputs checked (types, devices, shapes, dtypes: nothing read from the device)
+    and flattened: `(logits [T, E], None, None)` or `(None, ids int64 [T, k], weights fp32 [T, k])`."""
     lead = tuple(hidden_states.shape[:-1])
     if router_logits is not None:
         if topk_ids is not None or topk_weights is not None:
             raise InvalidInput("forward: expected router_logits or precomputed topk_ids/topk_weights, got both")
         if not isinstance(router_logits, torch.Tensor):
             raise invalid("router_logits", "a torch.Tensor", type(router_logits).__name__)
+        on_device("router_logits", router_logits, device)
         if tuple(router_logits.shape) != (*lead, layer.num_experts):
             raise invalid("router_logits", f"shape {(*lead, layer.num_experts)}", tuple(router_logits.shape))
         return router_logits.reshape(-1, layer.num_experts), None, None
@@ -46,6 +50,7 @@ def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: objec
                                  ("topk_weights", topk_weights, _WEIGHT_DTYPES, "floating-point")):
         if not isinstance(t, torch.Tensor):
             raise invalid(name, "a torch.Tensor", type(t).__name__)
+        on_device(name, t, device)
         if tuple(t.shape) != want or t.dtype not in kinds:
             raise invalid(name, f"a {what} tensor of shape {want}", f"{t.dtype} of shape {tuple(t.shape)}")
     ids = topk_ids.reshape(-1, layer.top_k).to(torch.int64)  # type: ignore[union-attr]

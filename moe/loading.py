@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hal import InvalidInput, QuantizedWeight, invalid
+from moe.arguments import with_data
 from moe.schemes import ExpertWeights, check_float_weights
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class ExpertLoading:
         """The shared experts' float weights, full size: `w13` `[H, 2Is]` (`[gate | up]`; `[H, Is]` plain),
         `w2` `[Is, H]`, and the `[H]` gate weight when they are gated; quantized through the scheme."""
         block = self._shared_block()
+        with_data("gate", gate)
         size = block.config.intermediate_size
         h, gated = self.hidden_size, self.activation.gated
         want = ((h, self.activation.input_width(size)), (size, h))
@@ -83,6 +85,7 @@ class ExpertLoading:
         block = self._shared_block()
         if not isinstance(weights, ExpertWeights):
             raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
+        with_data("gate", gate)
         size = self.tensor_shard.local_size(block.config.intermediate_size, "shared_experts.intermediate_size")
         block.load(self._checked_weights(weights, "shared expert weights", 1, size, routed=False), gate,
                    self.hidden_size)
@@ -96,6 +99,11 @@ class ExpertLoading:
 
     def _checked_weights(self: MoELayer, weights: ExpertWeights, what: str, experts: int,
                          intermediate: int, *, routed: bool) -> ExpertWeights:
+        for name in ("w13", "w2"):
+            for part in ("data", "scale", "global_scale"):
+                with_data(f"weights.{name}.{part}", getattr(getattr(weights, name), part))
+        for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
+            with_data(f"weights.{name}", getattr(weights, name))
         layout = self.scheme.gemm_kind().spec.weight_layout
         for name in ("w13", "w2"):
             w: QuantizedWeight = getattr(weights, name)
@@ -137,6 +145,7 @@ def _check_biases(expected: bool, b13: object, b2: object, shape13: tuple[int, .
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not torch.is_floating_point(t):
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise invalid(name, f"a float tensor of shape {shape}", got)
+        with_data(name, t)
     return b13, b2  # type: ignore[return-value]
 
 

@@ -10,6 +10,7 @@ layer's `forward` routes and calls the built pipeline; it decides nothing per ca
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +89,12 @@ class PipelineChoice:
 
 
 def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher, runners: RunnerRegistry | None,
-                    fused: bool | None, *, activation: Activation = Activation(), bias: bool = False) -> PipelineChoice:
+                    fused: bool | None, *, activation: Activation = Activation(), bias: bool = False,
+                    environ: Mapping[str, str] | None = None) -> PipelineChoice:
     """Fused where the vendor declares `fused_deep_moe` for the scheme (or as `fused` demands),
     else the unfused path with the runner registered for its key. The fused op computes
-    SiLU-GLU experts without biases; other experts take the unfused path.
+    SiLU-GLU experts without biases; other experts take the unfused path. Without `runners`,
+    the default registry reads its settings from `environ` (the process environment when None).
 
     Raises `UnsupportedCapability` for `fused=True` without a declared fused op (or with
     experts it does not compute), and for an unfused path whose grouped-matmul kind the
@@ -118,5 +121,5 @@ def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher,
         raise UnsupportedCapability(
             f"vendor {vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped matmul that scheme "
             f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})")
-    registry = runners if runners is not None else RunnerRegistry.with_defaults()
+    registry = runners if runners is not None else RunnerRegistry.with_defaults(environ=environ)
     return PipelineChoice(False, registry.lookup(vendor.name, dispatcher.format, kind, scheme.name))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from hal import InvalidInput, invalid, positive_int
+from moe.arguments import with_data
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -55,6 +56,14 @@ class Routing:
     weights_on_input: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("topk_ids", "topk_weights"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise invalid(name, "a 2-D tensor [tokens, k]", got)
+        if self.topk_ids.shape != self.topk_weights.shape:
+            raise invalid("topk_weights", f"the shape of topk_ids {tuple(self.topk_ids.shape)}",
+                          tuple(self.topk_weights.shape))
         if not isinstance(self.weights_on_input, bool):
             raise invalid("weights_on_input", "a bool", self.weights_on_input)
         if self.weights_on_input and self.topk_ids.shape[-1] != 1:
@@ -102,6 +111,7 @@ def _correction_bias(value: object, num_experts: int) -> torch.Tensor | None:
         raise invalid("correction_bias", f"a tensor of shape ({num_experts},)", shape)
     if not torch.is_floating_point(value):
         raise invalid("correction_bias", "a floating-point tensor", value.dtype)
+    with_data("correction_bias", value)
     bias = value.detach().to(torch.float32, copy=True)
     if not bool(torch.isfinite(bias).all()):
         raise invalid("correction_bias", "finite values", "a non-finite value")
@@ -147,6 +157,10 @@ class Router(abc.ABC):
     def to(self, device: torch.device | str) -> Router:
         """Move the router's tensors to `device`, in place, and return the router (as `nn.Module.to`
         does): routing logits on that device then copies nothing, e.g. inside a captured CUDA graph."""
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise invalid("device", "a torch.device or a device name", device) from exc
         if self.correction_bias is not None:
             self.correction_bias = self.correction_bias.to(device)
         return self

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hal import InvalidInput
+from hal import InvalidInput, invalid, positive_int
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,11 @@ class TensorShard:
 
     rank: int = 0
     size: int = 1
+
+    def __post_init__(self) -> None:
+        positive_int("size", self.size)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.size:
+            raise invalid("rank", f"an int in [0, {self.size})", self.rank)
 
     def local_size(self, intermediate_size: int, what: str = "intermediate_size") -> int:
         """I / tp, or `InvalidInput` when tp does not divide I."""

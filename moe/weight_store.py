@@ -108,12 +108,14 @@ class WeightStore(torch.nn.Module):
                 missing_keys.extend(prefix + name for name in self._buffers if name in _FIELDS)
             return
         device = next((t.device for t in self._buffers.values() if t is not None), self._device)
+        for name, tensor in found.items():  # checked before anything stored is dropped
+            if not isinstance(tensor, torch.Tensor) or tensor.is_meta:
+                got = "a meta tensor (no data)" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                error_msgs.append(f"{prefix}{name}: expected a tensor with data, got {got}")
+                return
         for name in _FIELDS:
             self._buffers.pop(name, None)
         for name, tensor in found.items():
-            if not isinstance(tensor, torch.Tensor):
-                error_msgs.append(f"{prefix}{name}: expected a tensor, got {type(tensor).__name__}")
-                return
             self.register_buffer(name, tensor.detach().to(device=device or tensor.device).clone())
         try:
             weights = self._rebuild(notify=self.prepare is None)

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from hal import DispatchDtype, Int8QuantMode, QuantizedTensor, UnsupportedCapability
+from hal import DispatchDtype, Int8QuantMode, QuantizedTensor, QuantizedWeight, ScaleLayout, UnsupportedCapability
 from vendors.cpu import CpuVendor
 
 
@@ -107,6 +107,85 @@ class FusedIgnoresWeights(FusedInt8):
 
     name = "fused-ignores-weights"
     uniform_weights = True
+
+
+# -- faults only realistic shapes show (tests/test_conformance_catches_shape_faults.py) ----------------
+
+
+def _experts(weight, index):
+    """The weight with its experts taken in the order of `index`."""
+    def pick(t):
+        return None if t is None or t.dim() == 0 else t[index.to(t.device)]
+    return QuantizedWeight(weight.data[index.to(weight.data.device)], weight.layout, pick(weight.scale),
+                           pick(weight.global_scale))
+
+
+class SixteenGroups(CpuVendor):
+    """A grouped matmul whose expert table holds 16 entries: group g >= 16 uses expert g % 16's weights."""
+
+    name = "sixteen-groups"
+
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None):
+        count = getattr(groups, "num_groups", 0)  # bad arguments go on to the checks unchanged
+        if count > 16 and isinstance(weight, QuantizedWeight) and weight.num_experts == count:
+            weight = _experts(weight, torch.arange(count) % 16)
+        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias)
+
+
+class TailColumnsUnwritten(CpuVendor):
+    """A weight quantizer working in 128-column tiles that never writes a partial last tile: when N is
+    not a multiple of 128, the last N % 128 columns come out zero (scaled layouts only)."""
+
+    name = "tail-columns-unwritten"
+
+    def quantize_weight(self, weight, layout, dtype=None):
+        q = super().quantize_weight(weight, layout, dtype)
+        n = weight.shape[2]
+        if q.layout is ScaleLayout.NONE or n % 128 == 0:
+            return q
+        first = (n - n % 128) // (8 if q.is_int4 else 1)  # int4: eight columns per int32 word
+        data = q.data.clone()
+        (data.view(torch.uint8) if data.element_size() == 1 else data)[..., first:] = 0
+        return QuantizedWeight(data, q.layout, q.scale, q.global_scale)
+
+
+class CombineWraps256(CpuVendor):
+    """A combine whose weights are read through a 256-token window: token t >= 256 gets the routing
+    weights of token t % 256."""
+
+    name = "combine-wraps-256"
+
+    def weighted_combine(self, rows, index, topk_weights, out_dtype):
+        tokens = topk_weights.shape[0]
+        if tokens > 256:
+            topk_weights = topk_weights[torch.arange(tokens, device=topk_weights.device) % 256]
+        return super().weighted_combine(rows, index, topk_weights, out_dtype)
+
+
+class TopOneUnweighted(CpuVendor):
+    """A combine whose top-1 fast path copies each token's row without applying its routing weight."""
+
+    name = "top1-unweighted"
+
+    def weighted_combine(self, rows, index, topk_weights, out_dtype):
+        if topk_weights.shape[1] == 1:
+            topk_weights = torch.ones_like(topk_weights)
+        return super().weighted_combine(rows, index, topk_weights, out_dtype)
+
+
+class TransposedBlockScales(CpuVendor):
+    """An fp8 block-128x128 weight quantizer that writes the tile scales column-major: read as hal's
+    row-major `[E, K/128, N/128]`, tile (i, j) gets the scale of tile (j, i) on a square grid."""
+
+    name = "transposed-block-scales"
+
+    def quantize_weight(self, weight, layout, dtype=None):
+        q = super().quantize_weight(weight, layout, dtype)
+        if q.layout is not ScaleLayout.BLOCK_128X128:
+            return q
+        experts, k_tiles, n_tiles = q.scale.shape
+        scale = q.scale.transpose(1, 2).contiguous().view(experts, k_tiles, n_tiles)
+        return QuantizedWeight(q.data, q.layout, scale, q.global_scale)
 '''
 
 #: entry-point name -> class in the module above
@@ -117,7 +196,15 @@ VENDORS = {
     "inconsistent": "Inconsistent",
     "fused-int8": "FusedInt8",
     "fused-ignores-weights": "FusedIgnoresWeights",
+    "sixteen-groups": "SixteenGroups",
+    "tail-columns-unwritten": "TailColumnsUnwritten",
+    "combine-wraps-256": "CombineWraps256",
+    "top1-unweighted": "TopOneUnweighted",
+    "transposed-block-scales": "TransposedBlockScales",
 }
+#: The faults above that only realistic shapes and magnitudes show, one per fault of issue 15.
+SHAPE_FAULTS = ("sixteen-groups", "tail-columns-unwritten", "combine-wraps-256", "top1-unweighted",
+                "transposed-block-scales")
 
 
 def write_faulty_vendors(root: Path) -> Path:

@@ -33,7 +33,8 @@ def environment_with(root: Path) -> dict[str, str]:
     """The current environment with `root` put first on PYTHONPATH (keeping what was there)."""
     paths = [str(root), os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    env.pop("HAL_VENDOR", None)
+    for name in ("HAL_VENDOR", "MOE_RUNNER_REPLACEMENTS"):
+        env.pop(name, None)
     return env
 
 
@@ -72,3 +73,76 @@ def write_test_plugins(root: Path) -> Path:
                          "notvendor": "fake_vendor_pkg:not_a_vendor"}},
         {"fake_vendor_pkg": FAKE_VENDOR, "broken_vendor_pkg": BROKEN},
     )
+
+
+EXITS_ON_IMPORT = """
+    import sys
+
+    sys.exit(3)
+"""
+
+MISBEHAVING_VENDORS = """
+    import threading
+
+    from vendors.cpu import CpuVendor
+
+
+    class NoneProbe(CpuVendor):
+        '''A probe that answers None instead of a ProbeResult.'''
+
+        name, priority = "none-probe", 800
+
+        def _probe_once(self):
+            return None
+
+
+    class ExitingProbe(CpuVendor):
+        name, priority = "exiting-probe", 800
+
+        def _probe_once(self):
+            raise SystemExit(4)
+
+
+    class HangingProbe(CpuVendor):
+        '''A probe that never returns.'''
+
+        name, priority = "hanging-probe", 900
+
+        def _probe_once(self):
+            threading.Event().wait()
+
+
+    class BoolPriority(CpuVendor):
+        name, priority = "bool-priority", True
+
+
+    class StrPriority(CpuVendor):
+        name, priority = "str-priority", "high"
+
+
+    class Nameless(CpuVendor):
+        name = ""
+
+
+    class BrokenCapabilities(CpuVendor):
+        '''Available, but its capability detection raises.'''
+
+        name, priority = "broken-caps", 700
+
+        def _detect_capabilities(self):
+            raise RuntimeError("cannot read the device registers")
+"""
+
+MISBEHAVING = {"none-probe": "NoneProbe", "exiting-probe": "ExitingProbe", "hanging-probe": "HangingProbe",
+               "bool-priority": "BoolPriority", "str-priority": "StrPriority", "nameless": "Nameless",
+               "broken-caps": "BrokenCapabilities"}
+
+
+def write_misbehaving_plugins(root: Path, *names: str) -> Path:
+    """A distribution registering the vendors of `MISBEHAVING` named in `names` (default: all of them and
+    `exits-on-import`, a plugin whose import calls `sys.exit(3)`)."""
+    chosen = names or (*MISBEHAVING, "exits-on-import")
+    entries = {n: "exiting_plugin:Anything" if n == "exits-on-import" else f"misbehaving_vendors:{MISBEHAVING[n]}"
+               for n in chosen}
+    return write_distribution(root, "hal-misbehaving-plugins", {"hal.vendors": entries},
+                              {"misbehaving_vendors": MISBEHAVING_VENDORS, "exiting_plugin": EXITS_ON_IMPORT})

@@ -44,7 +44,7 @@ def test_cpu_bench_runs_the_small_shape_and_says_roofline_needs_a_gpu(tmp_path):
 
 def test_bench_refuses_an_unknown_model_with_the_known_ones():
     done = _hal("bench", "--vendor", "cpu", "--model", "gpt-5")
-    assert done.returncode == 2 and "unknown model shape(s) gpt-5" in done.stdout and "qwen3-30b-a3b" in done.stdout
+    assert done.returncode == 2 and "unknown model shape(s) gpt-5" in done.stderr and "qwen3-30b-a3b" in done.stderr
     with pytest.raises(ValueError, match="known: qwen3-30b-a3b"):
         parse_shapes(["nope"], ())
     assert SHAPES["deepseek-v3-ep8"].experts == 32 and SHAPES["mixtral-8x7b"].top_k == 2

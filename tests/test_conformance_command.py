@@ -1,5 +1,8 @@
 """`hal conformance` and the pytest plugin, end to end in fresh interpreters: the CPU vendor
-passes, the out-of-tree template vendor installs with pip and passes through its entry point."""
+passes, the out-of-tree template vendor installs with pip and passes through its entry point; the
+depth reaches the suite and the reports; a run where no test ran fails; bad arguments of `hal
+conformance` and `hal doctor` exit 2 before anything runs; without pytest every command still
+registers quietly and `hal conformance` says what to install."""
 
 from __future__ import annotations
 
@@ -9,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.capability import all_labels
+from conformance.cli import DEPTHS as CLI_DEPTHS
+from conformance.plugin import DEPTHS
 from tests.plugin_dist import environment_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +36,7 @@ def test_cpu_passes_and_the_reports_parse(tmp_path):
     assert "cpu: 0/" in done.stdout and "tests (passed" in done.stdout  # progress, a line per tenth
     report = json.loads((tmp_path / "conformance.json").read_text())
     assert report["ok"] is True and report["environment"]["moe_hal"]
+    assert report["depth"] == "quick" and report["vendors"][0]["depth"] == "quick"
     (cpu,) = report["vendors"]
     assert cpu["vendor"] == "cpu" and cpu["summary"]["failed"] == cpu["summary"]["error"] == 0
     assert cpu["summary"]["passed"] > 250
@@ -39,6 +47,9 @@ def test_cpu_passes_and_the_reports_parse(tmp_path):
     assert all(row["result"] == "pass" for label, row in rows.items() if not label.startswith("fused_deep_moe"))
     markdown = (tmp_path / "conformance.md").read_text()
     assert "## cpu: passed" in markdown and "| dispatch fp8 | native | pass |" in markdown
+    assert "· depth quick" in markdown.splitlines()[2]
+    sweeps = {t["id"].split("[")[0] for t in cpu["tests"] if t["outcome"] == "passed"}
+    assert {"test_shape_sweeps.py::test_layer_sweep", "test_properties.py::test_grouped_matmul_property"} <= sweeps
     assert "passed" in (tmp_path / "pytest-cpu.log").read_text()
 
 
@@ -93,3 +104,80 @@ def test_an_unknown_vendor_is_reported_and_fails(tmp_path):
     report = json.loads(done.stdout)
     assert report["ok"] is False and "no vendor named 'nope'" in report["vendors"][0]["not_run"]
     assert json.loads((tmp_path / "conformance.json").read_text()) == report
+
+
+def test_full_depth_adds_the_shapes_of_large_models(tmp_path):
+    done = _hal("conformance", "--vendor", "cpu", "--depth", "full", "-k", "sort_by_expert_sweep and 8192",
+                "--report", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "conformance.json").read_text())
+    assert report["depth"] == "full" and "· depth full" in (tmp_path / "conformance.md").read_text()
+    assert sorted(t["id"] for t in report["vendors"][0]["tests"]) == [
+        f"test_shape_sweeps.py::test_sort_by_expert_sweep[8192-tokens-top{k}]" for k in (1, 8)]
+
+
+def test_no_test_ran_is_a_failure_with_a_message(tmp_path):
+    done = _hal("conformance", "--vendor", "cpu", "-k", "nomatch", "--report", str(tmp_path))
+    assert done.returncode == 1
+    assert "no conformance test ran for cpu (-k 'nomatch' selected none)" in done.stderr
+    (cpu,) = json.loads((tmp_path / "conformance.json").read_text())["vendors"]
+    assert cpu["ok"] is False and sum(cpu["summary"].values()) == 0
+    assert "no test ran" in (tmp_path / "conformance.md").read_text()
+
+
+#: Arguments of `hal conformance` and `hal doctor` refused before anything runs: exit 2, one line.
+BAD_ARGUMENTS = {
+    "depth": ("conformance", "--depth", "deep"),
+    "empty vendor": ("conformance", "--vendor", " "),
+    "workers": ("conformance", "-n", "-1"),
+    "report is a file": ("conformance", "--vendor", "cpu", "--report", __file__),
+    "report cannot be created": ("conformance", "--vendor", "cpu", "--report", "/proc/no/such/dir"),
+    "keyword": ("conformance", "--vendor", "cpu", "-k", "(", "--report", "{tmp}"),
+    "doctor seed too large": ("doctor", "--seed", str(10**23)),
+    "doctor negative seed": ("doctor", "--seed", "-1"),
+    "doctor seed not a number": ("doctor", "--seed", "x"),
+    "doctor empty vendor": ("doctor", "--vendor", ""),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_bad_arguments_are_refused_with_exit_2(tmp_path, case):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in BAD_ARGUMENTS[case]]
+    done = _hal(*args, cwd=tmp_path)
+    assert done.returncode == 2, (done.returncode, done.stdout[-800:], done.stderr[-800:])
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not list(tmp_path.rglob("conformance.json"))  # refused before a report was written
+
+
+#: `hal` as a plain install runs it: pytest is absent (the `[test]` extra is not installed).
+WITHOUT_PYTEST = ("import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
+                  "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))")
+
+
+def test_without_pytest_the_commands_register_quietly_and_conformance_says_what_to_install(tmp_path):
+    def hal(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", WITHOUT_PYTEST, *args], capture_output=True, text=True,
+                              env=environment_with(ROOT), timeout=300, cwd=tmp_path)
+
+    for args in (("--help",), ("vendors",), ("conformance", "--help"), ("doctor", "--help")):
+        done = hal(*args)
+        assert done.returncode == 0 and "warning" not in done.stderr.lower(), (args, done.stderr)
+    assert "conformance" in hal("--help").stdout and "--depth" in hal("conformance", "--help").stdout
+    done = hal("conformance")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "pytest, which is not installed: pip install 'moe-hal[test]'" in done.stderr
+    assert not (tmp_path / "conformance-report").exists()  # nothing was written before refusing
+
+
+def test_plain_pytest_takes_the_depth(tmp_path):
+    def pytest_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-q",
+                               "-p", "no:cacheprovider", "--hal-vendor", "cpu", *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    full = pytest_run("--hal-depth", "full", "-k", "sort_by_expert_sweep and 4097", "--co")
+    assert full.returncode == 0 and "4097-tokens" in full.stdout, full.stdout
+    quick = pytest_run("-k", "sort_by_expert_sweep", "--co")
+    assert quick.returncode == 0 and "600-tokens" in quick.stdout and "4097" not in quick.stdout
+    assert pytest_run("--hal-depth", "deep").returncode == 4
+    assert CLI_DEPTHS == DEPTHS  # restated in the CLI, which does not import pytest

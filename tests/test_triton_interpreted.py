@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     from hal.reference import sort_by_expert, weighted_combine
     from vendors.cuda.kernels.activation import swiglu
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
-    from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, grouped_gemm
+    from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.quantize import quantize_rows
     from vendors.cuda.kernels.sorting import sort_pairs
 
@@ -44,6 +44,10 @@ SCRIPT = textwrap.dedent("""
     for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 5e-2)):
         y = grouped_gemm(a.to(dtype), w.to(dtype), counts, torch.float32)
         assert (y - expected).abs().max() <= tol * expected.abs().max(), dtype
+    for tiles in (TileConfig(16, 32, 64, 4, 3, n_fastest=True), TileConfig(32, 64, 32, 4, 3, n_fastest=False),
+                  TileConfig(16, 128, 128, 4, 3, n_fastest=True)):  # both grid orders, N not a multiple of BLOCK_N
+        y = grouped_gemm(a, w, counts, torch.float32, config=tiles)
+        assert (y - expected).abs().max() <= 1e-4 * expected.abs().max(), tiles
     qa, qw = ref.quantize(a, "int8"), ref.quantize_weight(w, "per-channel", torch.int8)
     y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
                      scale_mode=SCALE_ROWWISE)
@@ -51,9 +55,10 @@ SCRIPT = textwrap.dedent("""
                        * qw.scale[g].double() for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
     assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), "int8 gemm"
     qa, qw = ref.quantize(a, "fp8", "per-token-group-128"), ref.quantize_weight(w, "block-128x128")
-    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
-                     scale_mode=SCALE_BLOCK128)
-    assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), "fp8 block gemm"
+    for tiles in (None, TileConfig(16, 64, 128, 4, 3, n_fastest=True)):
+        y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                         scale_mode=SCALE_BLOCK128, config=tiles)
+        assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), "fp8 block gemm"
 
     h = torch.randn(4, 64).to(torch.float16)
     act = torch.nn.functional.silu(h[:, :32].float()) * h[:, 32:].float()

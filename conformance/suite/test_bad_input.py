@@ -14,6 +14,8 @@ import torch
 from conformance.capability import BAD_INPUT, mark
 from conformance.checks import assert_unchanged, snapshot
 from conformance.operands import random_codes_activation, random_codes_weight, to_device
+from conformance.reference import relative_error
+from conformance.tolerances import layer_tolerance
 from hal import (
     KNOWN_SCHEMES,
     DispatchDtype,
@@ -145,4 +147,7 @@ def test_the_layer_refuses_bad_input_and_keeps_working(hal_vendor):
     for bad in ((x[:, :60], logits), (x, logits[:, :3]), (x.to(torch.int32), logits)):
         with pytest.raises(HalError):
             layer(*bad)
-    assert torch.equal(layer(x, logits), before), "the layer computes differently after refusing bad input"
+    after = layer(x, logits)
+    same = torch.equal(after, before) if hal_vendor.capabilities().deterministic else \
+        relative_error(after, before.double().cpu()) <= layer_tolerance("unquantized", "bf16")  # not bit-reproducible
+    assert same, "the layer computes differently after refusing bad input"

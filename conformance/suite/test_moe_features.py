@@ -75,4 +75,8 @@ def test_state_dict_round_trip_onto_a_fresh_layer(hal_vendor):
                      activation=kind, bias=True, shared_experts=SharedExperts(SHARED, gated=True), environ={})
     fresh.load_state_dict(layer.state_dict())
     device = hal_vendor.device
-    assert torch.equal(fresh(x.to(device), logits.to(device)), layer(x.to(device), logits.to(device)))
+    got, want = fresh(x.to(device), logits.to(device)), layer(x.to(device), logits.to(device))
+    if hal_vendor.capabilities().deterministic:
+        assert torch.equal(got, want)
+    else:  # declared not bit-reproducible: the same layer within its tolerance
+        assert relative_error(got, want.double().cpu()) <= layer_tolerance("unquantized", "bf16")

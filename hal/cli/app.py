@@ -7,12 +7,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import NoReturn
 
 from rich.console import Console
 from stevedore import ExtensionManager
 
 from hal.cli import commands
+from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype
 from hal.errors import HalError, InvalidInput
 from hal.schemes import KNOWN_SCHEMES, parse_scheme
@@ -50,9 +52,20 @@ def positive_int_argument(value: str) -> int:
     return number
 
 
+def installed_version() -> str:
+    """The installed moe-hal distribution's version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return metadata.version("moe-hal")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> OneLineParser:
     """The full parser, with the built-in commands and any registered command plugins."""
-    parser = OneLineParser(prog="hal", description="moe-hal: vendors, capabilities and dispatch plans.")
+    parser = OneLineParser(prog="hal", description="moe-hal: vendors, capabilities and dispatch plans.",
+                           epilog="exit status: 0 done, 1 refused (unsupported, unavailable, checks failed), "
+                                  "2 bad arguments, 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (moe-hal) {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_text: str) -> OneLineParser:
@@ -82,6 +95,8 @@ def build_parser() -> OneLineParser:
     explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
                          help="dtype the expert runner requires, if any")
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
+    explain.add_argument("--activation", type=_converter(Activation.parse, "activation"),
+                         help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}")
     explain.set_defaults(handler=commands.explain)
 
     _load_command_plugins(sub)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from rich.table import Table
 from hal.activations import ActivationKind
 from hal.capabilities import Capabilities
 from hal.discovery import VendorRegistry
+from hal.entry_points import guarded, load_plugins
 from hal.ops import OpSource
+from hal.plan_checks import layer_problems
 from hal.platform import DispatchFallbackWarning
 from hal.resolution import DispatchConfig, resolve_dispatch_plan
 from hal.schemes import parse_scheme
@@ -40,7 +43,7 @@ class _Target:
 def _target(registry: VendorRegistry, name: str | None, device_model: str | None) -> _Target:
     """The vendor named (or selected) and its probed table, or a declared one when asked or absent."""
     vendor = registry.select(name, require_available=False).vendor
-    probe = vendor.probe()
+    probe = registry.status(vendor)
     if device_model is None and probe.available:
         return _Target(vendor, vendor.capabilities(), "probed", None, f"probed on this machine: {probe.reason}")
     caps = vendor.declared_capabilities(device_model)
@@ -61,8 +64,9 @@ def vendors(args: argparse.Namespace, console: Console) -> int:
         selected, why = selection.vendor.name, f"{selection.source}: {selection.detail}"
     except Exception as exc:  # no vendor available: still list them all
         selected, why = None, str(exc)
-    rows = [{"name": v.name, "priority": v.priority, "available": v.probe().available,
-             "detail": v.probe().reason, "description": v.description} for v in registry.vendors()]
+    statuses = [(v, registry.status(v)) for v in registry.vendors()]  # probes bounded by the registry's timeout
+    rows = [{"name": v.name, "priority": v.priority, "available": status.available,
+             "detail": status.reason, "description": v.description} for v, status in statuses]
     if args.json:  # which ops each available vendor computes natively (building its ops object once)
         for row, vendor in zip(rows, registry.vendors()):
             row["ops"] = _op_summary(vendor) if row["available"] else None
@@ -106,16 +110,37 @@ def _fallback_text(caps: Capabilities) -> str:
     return "; ".join(parts) or "none"
 
 
+#: Entry-point group of `hal caps` sections: `hook(vendor) -> [(row, value), ...]` from upper layers (moe's runners).
+CAPS_SECTION_GROUP = "hal.caps_sections"
+
+
+def _caps_sections(vendor: Vendor) -> dict[str, list[tuple[str, str]]]:
+    """Each registered section's rows for `vendor`; a failing section is one row saying why."""
+    loaded, failures = load_plugins(CAPS_SECTION_GROUP)
+    sections = {f.name: [(f.name, f"section failed to load: {f.error}")] for f in failures}
+    for name, hook in loaded:
+        rows, error = guarded(functools.partial(_section_rows, hook, vendor))
+        sections[name] = rows if error is None else [(name, f"section failed: {error}")]
+    return sections
+
+
+def _section_rows(hook: object, vendor: Vendor) -> list[tuple[str, str]]:
+    if not callable(hook):
+        raise TypeError(f"expected a callable hook(vendor), got {hook!r}")
+    return [(str(key), str(value)) for key, value in hook(vendor)]
+
+
 def caps(args: argparse.Namespace, console: Console) -> int:
     """`hal caps`: the capability table of a vendor (probed, or declared for a device model)."""
     target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
     c = target.capabilities
     problems = c.consistency_problems()
     sources = target.vendor.op_sources() if target.source == "probed" else None
+    sections = _caps_sections(target.vendor)
     if args.json:
         _emit_json({"vendor": target.vendor.name, "source": target.source, "device_model": target.device_model,
                     "note": target.note, "capabilities": c.as_dict(), "consistency_problems": problems,
-                    "ops": None if sources is None else [s.as_dict() for s in sources]})
+                    "ops": None if sources is None else [s.as_dict() for s in sources], "sections": sections})
         return 0
     table = Table(title=f"capabilities of vendor {target.vendor.name!r}", title_justify="left")
     table.add_column("capability")
@@ -135,6 +160,7 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("activations", ", ".join(k.value for k in ActivationKind if k in c.activations) or "none"),
         ("expert_bias", "yes" if c.expert_bias else "no"),
         ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
+        ("deterministic", "yes (bit-reproducible ops)" if c.deterministic else "no (ops are not bit-reproducible)"),
         ("ep_dispatchers", ", ".join(sorted(c.ep_dispatchers)) or "none (torch.distributed only)"),
         ("limits", limits),
         ("collective_backend", c.collective_backend),
@@ -142,6 +168,8 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         table.add_row(key, escape(value))
     for key, value in _op_rows(sources) if sources is not None else [("ops", "not built (declared table)")]:
         table.add_row(key, escape(value))
+    for key, value in (row for rows in sections.values() for row in rows):
+        table.add_row(escape(key), escape(value))
     console.print(table)
     console.print(f"note: {escape(target.note)}")
     for note in c.notes:
@@ -165,10 +193,12 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     messages = [str(w.message) for w in caught]
     # The fallback line below says what a DispatchFallbackWarning says; show only the others.
     others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
+    problems = layer_problems(target.capabilities, parse_scheme(scheme or "unquantized"), args.hidden,
+                              activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU)
     if args.json:
         _emit_json({"table": target.source, "device_model": target.device_model, "note": target.note,
-                    "plan": plan.as_dict(), "warnings": messages})
-        return 0
+                    "plan": plan.as_dict(), "warnings": messages, "buildable": not problems, "problems": problems})
+        return 1 if problems else 0
     console.print(f"dispatch plan for vendor {plan.vendor!r} on {escape(plan.device_name)}")
     console.print(f"note: {escape(target.note)}")
     table = Table(title="sources, highest precedence first", title_justify="left")
@@ -188,4 +218,6 @@ def explain(args: argparse.Namespace, console: Console) -> int:
                   f"at hidden {plan.hidden_size} (bf16 would be {2 * plan.hidden_size})")
     for message in others:
         console.print(f"[yellow]warning:[/] {escape(message)}")
-    return 0
+    for problem in problems:
+        console.print(f"[red]refused:[/] a layer of this plan cannot be built: {escape(problem)}")
+    return 1 if problems else 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from os import PathLike
+from typing import Any
 
-from hal import InvalidInput
+from hal import InvalidInput, invalid
 from moe.checkpoint.loader import ExpertCheckpointLoader
 from moe.checkpoint.names import TensorKind, parse_expert_name
 
@@ -20,15 +22,19 @@ def load_safetensors(paths: str | PathLike[str] | Iterable[str | PathLike[str]],
     CPU; `loader.build(device=...)` moves the result. Needs the `safetensors` package
     (`pip install moe-hal[checkpoint]`).
     """
+    if not isinstance(loader, ExpertCheckpointLoader):
+        raise invalid("loader", "a moe.ExpertCheckpointLoader", type(loader).__name__)
+    if prefix is not None and not isinstance(prefix, str):
+        raise invalid("prefix", "a module path such as 'model.layers.3.mlp' or None", prefix)
+    files = _files(paths)
     try:
         safetensors = importlib.import_module("safetensors")
     except ImportError as exc:
         raise InvalidInput("load_safetensors: expected the safetensors package "
                            "(pip install 'moe-hal[checkpoint]'), got an ImportError") from exc
-    files = [paths] if isinstance(paths, (str, PathLike)) else list(paths)
     fed: list[str] = []
     for path in files:
-        with safetensors.safe_open(str(path), framework="pt") as f:
+        with _opened(safetensors, path) as f:
             for name in f.keys():
                 parsed = parse_expert_name(name, prefix)
                 if parsed is None or not loader.wants(name):
@@ -41,3 +47,30 @@ def load_safetensors(paths: str | PathLike[str] | Iterable[str | PathLike[str]],
                 if loader.add(name, tensor):
                     fed.append(name)
     return fed
+
+
+def _files(paths: object) -> list[str]:
+    """`paths` (one path or an iterable of them) as a list of existing files, or `InvalidInput` naming `paths`."""
+    expected = "a path or an iterable of paths of safetensors files"
+    if isinstance(paths, (str, PathLike)):
+        given = [paths]
+    elif isinstance(paths, Iterable) and not isinstance(paths, (bytes, Mapping)):
+        given = list(paths)
+    else:
+        raise invalid("paths", expected, type(paths).__name__)
+    files = []
+    for path in given:
+        if not isinstance(path, (str, PathLike)):
+            raise invalid("paths", expected, f"an entry {path!r}")
+        if not os.path.isfile(path):
+            raise invalid("paths", "existing safetensors files", os.fspath(path))
+        files.append(os.fspath(path))
+    return files
+
+
+def _opened(safetensors: Any, path: str) -> Any:
+    """The open file, or `InvalidInput` naming `paths` for one safetensors cannot read."""
+    try:
+        return safetensors.safe_open(path, framework="pt")
+    except Exception as exc:  # safetensors raises its own error type for a file that is not one of its files
+        raise invalid("paths", "readable safetensors files", f"{path} ({type(exc).__name__}: {exc})") from exc

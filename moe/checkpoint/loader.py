@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hal import FP8_GROUP_SIZE, Activation, InvalidInput, invalid, positive_int
+from moe.arguments import flag, with_data
 from moe.checkpoint.assemble import assemble
 from moe.checkpoint.formats import CheckpointFormat, FusedLayout, dtype_name, expected_tensor
 from moe.checkpoint.names import (
@@ -70,10 +71,16 @@ class ExpertCheckpointLoader:
         if intermediate_size % tp_size:
             raise invalid("tp_size", f"a divisor of intermediate_size={intermediate_size}", tp_size)
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        flag("activation_gated", activation_gated, optional=True)
         self.activation = self._activation(activation, activation_gated)
-        self.gated, self.bias = self.activation.gated, bool(bias)
-        self.fused_layout = FusedLayout(fused_layout)
-        self.interleaved = bool(gate_up_interleaved)
+        self.gated, self.bias = self.activation.gated, flag("bias", bias)
+        try:
+            self.fused_layout = FusedLayout(fused_layout)
+        except ValueError:
+            raise invalid("fused_layout", f"one of {', '.join(repr(f.value) for f in FusedLayout)}",
+                          fused_layout) from None
+        self.interleaved = flag("gate_up_interleaved", gate_up_interleaved)
+        flag("static_input_scale", static_input_scale, optional=True)
         if static_input_scale is not None and self.format is not CheckpointFormat.FP8:
             raise invalid("static_input_scale", f"None for a {self.format} checkpoint (only fp8 has a choice)",
                           static_input_scale)
@@ -139,6 +146,7 @@ class ExpertCheckpointLoader:
         self._check_layer(name, parsed)
         if not isinstance(tensor, torch.Tensor):
             raise invalid(name, "a torch.Tensor", type(tensor).__name__)
+        with_data(name, tensor)
         self._check_kind(name, parsed)
         if parsed.kind is TensorKind.INPUT_SCALE and self.static_input_scale is False:
             return False
@@ -303,6 +311,11 @@ class ExpertCheckpointLoader:
     def build(self, device: torch.device | None = None) -> ExpertWeights:
         """This rank's `ExpertWeights` (copies, never views of the tensors given); raises `InvalidInput`
         naming every missing tensor."""
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise invalid("device", "a torch.device, a device name or None", device) from exc
         self._require_complete()
         scheme = self.scheme()
         global_scales = (None, None)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, positive_int
+from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
 from hal.reference import sort_by_expert, weighted_combine
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -76,6 +76,10 @@ class Dispatcher(abc.ABC):
 
     def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *,
                  vendor: Vendor | None = None) -> None:
+        if not isinstance(plan, DispatchPlan):
+            raise invalid("plan", "a hal.DispatchPlan (hal.resolve_dispatch_plan)", type(plan).__name__)
+        if vendor is not None and not isinstance(vendor, Vendor):
+            raise invalid("vendor", "a hal.Vendor or None", type(vendor).__name__)
         self.plan = plan
         self.vendor = vendor  #: whose `weighted_combine` takes the weighted sums (None: plain torch)
         self.process_group = process_group
@@ -117,18 +121,22 @@ class Dispatcher(abc.ABC):
         """Return each token's top-k-weighted sum of its experts' outputs: `[T, H]` in `out_dtype`."""
 
 
-def group_size_and_rank(process_group: Any) -> tuple[int, int]:
-    """(world size, rank) of an expert-parallel group; (1, 0) without one."""
+def group_size_and_rank(process_group: Any, argument: str = "process_group") -> tuple[int, int]:
+    """(world size, rank) of a process group (`argument` names it in errors); (1, 0) without one."""
     if process_group is None:
         return 1, 0
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidInput(
-            "process_group: expected a group of an initialized torch.distributed process group, "
+            f"{argument}: expected a group of an initialized torch.distributed process group, "
             "got one while torch.distributed is not initialized"
         )
-    return dist.get_world_size(process_group), dist.get_rank(process_group)
+    try:
+        return dist.get_world_size(process_group), dist.get_rank(process_group)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        raise invalid(argument, "a torch.distributed process group this process belongs to or None",
+                      f"{type(process_group).__name__} ({type(exc).__name__}: {exc})") from exc
 
 
 __all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "group_size_and_rank", "sort_by_expert"]

@@ -3,9 +3,12 @@
 Each rank may send at most `capacity` (`max_dispatch_tokens_per_rank`) tokens per call,
 so expert e can receive at most `capacity` rows from each rank and every buffer has a
 fixed size: the send and receive buffers hold `ranks * local_experts * capacity` token
-records of `plan.bytes_per_token` bytes each, allocated once and reused. All index
-arithmetic stays on the device (no host synchronisation), so the layer can be captured
-in a CUDA graph where the backend allows it.
+records of `plan.bytes_per_token` bytes each. They are allocated per call (from the
+device's caching allocator where it has one), so one dispatcher serves several threads
+(or streams) at once; a construction whose buffers could never fit the vendor's device
+memory raises `InvalidInput`. Slots no token fills are never read as rows, so the
+buffers are not cleared. All index arithmetic stays on the device (no host
+synchronisation), so the layer can be captured in a CUDA graph where the backend allows it.
 
 The payload handed to the experts is `[local_experts, capacity * ranks, H]`; the first
 `expert_counts[e]` rows of expert e are valid (source rank order, then token order) and
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hal import DispatchPlan, InvalidInput, Vendor, positive_int
+from hal import DispatchPlan, InvalidInput, Vendor, invalid, positive_int
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
 from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
 from moe.routing import Routing
@@ -44,20 +47,31 @@ class LowLatencyDispatcher(Dispatcher):
         super().__init__(plan, num_experts, process_group, vendor=vendor)
         self.capacity = positive_int("max_dispatch_tokens_per_rank", capacity,
                                      "a positive int for the low-latency dispatcher")
-        self._send: torch.Tensor | None = None
-        self._recv: torch.Tensor | None = None
+        self._check_fits()
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes of one of the two dispatch buffers: every expert's capacity, as the plan sizes a token."""
         return self.plan.buffer_bytes(self.num_experts * self.capacity)
 
+    def _check_fits(self) -> None:
+        """Refuse a capacity whose two buffers alone exceed the device's memory (as the vendor states it;
+        an unknown size refuses nothing): better now than a huge allocation at the first forward."""
+        vendor = self.vendor
+        memory = None if vendor is None else vendor.device_memory_bytes()
+        if vendor is None or memory is None or 2 * self.buffer_bytes <= memory:
+            return
+        fits = memory // (2 * self.num_experts * self.plan.bytes_per_token)
+        raise invalid("max_dispatch_tokens_per_rank",
+                      f"a capacity whose send and receive buffers fit the device memory of vendor {vendor.name!r} "
+                      f"({memory / 2**30:.1f} GiB; 2 x {self.num_experts} experts x {self.plan.bytes_per_token} "
+                      f"bytes per token: at most {fits} tokens)", self.capacity)
+
     def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._send is None or self._send.device != device:
-            shape = (self.num_experts, self.capacity, self.plan.bytes_per_token)
-            self._send = torch.zeros(shape, dtype=torch.uint8, device=device)
-            self._recv = torch.zeros(shape, dtype=torch.uint8, device=device)
-        return self._send, self._recv  # type: ignore[return-value]
+        """This call's send and receive buffers; on one rank the send buffer is the receive buffer."""
+        send = torch.empty((self.num_experts, self.capacity, self.plan.bytes_per_token), dtype=torch.uint8,
+                           device=device)
+        return send, (send if self.process_group is None else torch.empty_like(send))
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Masked payload `[L, capacity * ranks, H]` and per-local-expert counts."""
@@ -79,13 +93,13 @@ class LowLatencyDispatcher(Dispatcher):
         quantized = quantize(hidden_states)
         records = pack(quantized, self.plan)
         send, recv = self._buffers(hidden_states.device)
-        send.zero_()
         token = torch.div(torch.arange(flat.numel(), device=flat.device), routing.top_k, rounding_mode="floor")
         send[flat, slot] = records[token]
 
         recv_counts = torch.empty_like(counts)
         dist_all_to_all(recv_counts, counts, self.process_group)
-        dist_all_to_all(recv.view(-1), send.view(-1), self.process_group)
+        if recv is not send:
+            dist_all_to_all(recv.view(-1), send.view(-1), self.process_group)
 
         # Compact each expert's rows: source s's rows start after those of sources < s.
         recv_counts = recv_counts.view(world, local)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hal import DispatchPlan, Vendor
+from hal import DispatchPlan, Vendor, invalid
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -26,6 +26,10 @@ class VendorEpDispatcher(Dispatcher):
 
     def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any, *, vendor: Vendor,
                  name: str) -> None:
+        if not isinstance(vendor, Vendor):
+            raise invalid("vendor", "a hal.Vendor", type(vendor).__name__)
+        if not isinstance(name, str) or not name:
+            raise invalid("name", "the name of a dispatcher the vendor declares (a non-empty str)", name)
         super().__init__(plan, num_experts, process_group, vendor=vendor)
         self.name = name
         self._vendor = vendor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hal import InvalidInput, parse_scheme
+from hal import InvalidInput, invalid, parse_scheme
 from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer, check_float_weights
 from moe.schemes.nvfp4 import NvFp4, nvfp4_global_scale
 from moe.schemes.unquantized import Unquantized
@@ -29,6 +29,8 @@ def make_scheme(spec: QuantScheme | str) -> QuantScheme:
     """
     if isinstance(spec, QuantScheme):
         return spec
+    if not isinstance(spec, str):
+        raise invalid("scheme", "a moe.QuantScheme or a scheme name", type(spec).__name__)
     float_dtype = _FLOAT_ALIASES.get(str(spec).strip().lower())
     if float_dtype is not None:
         return Unquantized(float_dtype)

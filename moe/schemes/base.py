@@ -33,6 +33,7 @@ from hal import (
     Vendor,
     invalid,
 )
+from moe.arguments import with_data
 
 #: What a grouped GEMM takes as its activation operand.
 GemmOperand = torch.Tensor | QuantizedTensor | PackedInt4Tensor
@@ -204,6 +205,7 @@ def check_float_weights(w13: torch.Tensor, w2: torch.Tensor, *, gated: bool = Tr
             raise invalid(name, "a torch.Tensor", type(w).__name__)
         if w.dim() != 3 or not torch.is_floating_point(w) or w.dtype == torch.float64:
             raise invalid(name, "a 3-D bf16/fp16/fp32 tensor [experts, K, N]", f"{w.dtype} {tuple(w.shape)}")
+        with_data(name, w)
     e, h, width = w13.shape
     i = width // 2 if gated else width
     if (gated and width % 2) or tuple(w2.shape) != (e, i, h):

@@ -12,8 +12,8 @@ from moe.schemes.base import ExpertWeights, QuantScheme
 
 def nvfp4_global_scale(amax: float) -> float:
     """The global scale a calibration maximum `amax` calls for: `448 * 6 / amax`."""
-    if not isinstance(amax, (int, float)) or not amax > 0:
-        raise invalid("amax", "a positive number", amax)
+    if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not 0 < amax < float("inf"):
+        raise invalid("amax", "a finite positive number", amax)
     return FP8_MAX * FP4_MAX / float(amax)
 
 

@@ -128,15 +128,16 @@ class AscendOps(ReferenceOps):
                 return npu.npu_grouped_matmul([data], [weight.data], scale=[scale], per_token_scale=[token_scale],
                                               output_dtype=out_dtype, **call)[0]
             return _per_expert_fp32(data, weight, groups, token_scale, out_dtype)
-        if out_dtype in _SCALED_OUTPUTS:
+        if out_dtype == torch.float16:
             # int8: the op pairs bf16 scale -> bf16 out and fp32 scale -> fp16 out. A bf16 scale costs 2^-9
-            # relative per channel (outside hal's bound), so the fp32 scale gives fp16, cast once to out_dtype.
+            # relative per channel (outside hal's bound), so only an fp16 output takes the op's own dequant.
             return npu.npu_grouped_matmul([data], [weight.data], scale=[scale.to(torch.float32)],
-                                          per_token_scale=[token_scale], output_dtype=torch.float16,
-                                          **call)[0].to(out_dtype)
+                                          per_token_scale=[token_scale], output_dtype=torch.float16, **call)[0]
+        # bf16 and fp32 outputs: the int32 accumulator scaled in fp32 and rounded once (through fp16 a bf16
+        # output would round twice and overflow above 65504).
         acc = npu.npu_grouped_matmul([data], [weight.data], output_dtype=torch.int32, **call)[0]
         rows_scale = scale.index_select(0, _row_groups(groups, m).to(scale.device))
-        return acc.to(torch.float32) * token_scale.unsqueeze(1) * rows_scale
+        return (acc.to(torch.float32) * token_scale.unsqueeze(1) * rows_scale).to(out_dtype)
 
     # -- activation and the fused op --------------------------------------------------------------
 
@@ -191,7 +192,9 @@ def _per_expert_fp32(data: torch.Tensor, weight: QuantizedWeight, groups: Groups
 
 
 def _row_groups(groups: Groups, rows: int) -> torch.Tensor:
-    """The group of every row, `[M]` int64 (for scales applied outside the op)."""
+    """The group of every row, `[M]` int64 (for scales applied outside the op), without a host sync.
+    Rows past the counts' sum (a dispatcher's padding, which the op leaves at zero) take the last group."""
     counts = groups.counts()
-    ids = torch.arange(counts.numel(), device=counts.device)
-    return torch.repeat_interleave(ids, counts, output_size=rows)
+    ends = torch.cumsum(counts, 0)
+    row = torch.arange(rows, device=counts.device, dtype=ends.dtype)
+    return torch.searchsorted(ends, row, right=True).clamp_(max=counts.numel() - 1)

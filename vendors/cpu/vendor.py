@@ -40,6 +40,10 @@ class CpuVendor(Vendor):
     def devices(self) -> list[torch.device]:
         return [torch.device("cpu")]
 
+    def device_memory_bytes(self) -> int | None:
+        """The host's physical memory."""
+        return self.host_memory_bytes()
+
     def _detect_capabilities(self) -> Capabilities:
         return _CPU_CAPABILITIES
 

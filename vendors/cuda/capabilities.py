@@ -14,7 +14,8 @@ _FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDty
 _INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per channel and feeds the tensor cores"
 
 
-def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True) -> Capabilities:
+def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True,
+                      extra_notes: tuple[str, ...] = ()) -> Capabilities:
     """The capabilities of a CUDA device: bf16, fp16 and fp32 everywhere, fp8 from sm89, nvfp4 from
     sm100; int8 falls back.
 
@@ -25,7 +26,7 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
     path = ("Triton kernels (quantize, grouped GEMM, swiglu)"
             + (" and torch._grouped_mm for bf16" if sm >= 90 else "")) if kernels else (
         "Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
-    notes = [f"compute capability sm{sm}", path]
+    notes = [f"compute capability sm{sm}", path, *extra_notes]
     if sm >= 89:
         dispatch = {*_FLOAT_DISPATCH, DispatchDtype.FP8}
         fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.INT8: DispatchDtype.FP8}

@@ -39,6 +39,7 @@ from hal import (
 )
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, sorting
 from vendors.cuda.streams import SideStreams
+from vendors.cuda.tuning import GROUPED_MM, TuningTable
 
 _TRITON_KINDS = {GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.FP8_ROWWISE,
                  GemmKind.FP8_BLOCK128}
@@ -57,17 +58,26 @@ class CudaOps(ReferenceOps):
         "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels); a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
-        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 at "
-                          f">= {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group (sm90+)",
+        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
+                          "tile configurations from the device's tuned table where it has the problem, else "
+                          f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "swiglu": "Triton, one pass",
         "sort_by_expert": f"Triton, one launch up to {sorting.MAX_PAIRS} pairs; torch radix sort above",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
     }
 
-    def __init__(self, *, torch_grouped_mm: bool) -> None:
+    def __init__(self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None) -> None:
         self.torch_grouped_mm = torch_grouped_mm
+        self.tuning = tuning
+        self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
         self._side = SideStreams()
+
+    def tune(self, problems, *, device: torch.device, device_name: str, progress=None) -> dict:  # type: ignore[no-untyped-def]
+        """Time candidate grouped-GEMM configurations for `problems` here (see `vendors.cuda.tuner`)."""
+        from vendors.cuda.tuner import tune
+
+        return tune(problems, device, device_name, grouped_mm=self.torch_grouped_mm, progress=progress).as_dict()
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """`work` on a second stream of the device, joined when its result is asked for."""
@@ -100,15 +110,25 @@ class CudaOps(ReferenceOps):
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
-        if (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
-                and data.shape[0] >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups.num_groups and _aligned(weight.data)):
+        e, k, n = weight.data.shape
+        choice = self.tuning.lookup(kind.value, e, k, n, data.shape[0]) if self.tuning is not None else None
+        grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
+                           and _aligned(weight.data))
+        wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
+                            else data.shape[0] >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups.num_groups)
+        if grouped_mm_fits and wants_grouped_mm:
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             return torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
+        tiles = None
+        if choice is not None and choice.tiles is not None:
+            tiles = self._tiles.get(choice.tiles)
+            if tiles is None:
+                tiles = self._tiles[choice.tiles] = grouped_gemm.TileConfig.from_list(list(choice.tiles))
         mode = _SCALE_MODE.get(kind)
         if mode is None:
-            return grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype)
+            return grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles)
         return grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
-                                         w_scale=weight.scale, scale_mode=mode)
+                                         w_scale=weight.scale, scale_mode=mode, config=tiles)
 
     def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
                         dtype: torch.dtype | None) -> QuantizedWeight:

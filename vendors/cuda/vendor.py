@@ -2,28 +2,43 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, VendorOps
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
+from vendors.cuda.tuning import TuningTable, device_slug
 
 
 class CudaVendor(Vendor):
     """NVIDIA GPUs through Triton kernels and torch's grouped GEMMs; one instance drives one
-    device (default: the current one). Without Triton every op is the torch reference."""
+    device (default: the current one). Without Triton every op is the torch reference.
+
+    `tuning` picks the grouped GEMM's kernel configurations: True (default) the table this
+    package ships for the device, if any (`vendors/cuda/tuning_tables/`); a path or a
+    `TuningTable` that table (what `hal tune` wrote); False the built-in defaults.
+    """
 
     name = "cuda"
     priority = 100
     description = "NVIDIA GPUs (capabilities from the compute capability)"
 
-    def __init__(self, device_index: int | None = None) -> None:
+    def __init__(self, device_index: int | None = None, *,
+                 tuning: bool | str | os.PathLike[str] | TuningTable = True) -> None:
         super().__init__()
         if device_index is not None and (isinstance(device_index, bool) or not isinstance(device_index, int)
                                          or device_index < 0):
             raise InvalidInput(f"device_index: expected a non-negative int or None, got {device_index!r}")
+        if not isinstance(tuning, (bool, str, os.PathLike, TuningTable)):
+            raise InvalidInput(f"tuning: expected True, False, a path or a TuningTable, got {type(tuning).__name__}")
         self._device_index = device_index
+        if isinstance(tuning, (str, os.PathLike)):
+            tuning = TuningTable.load(Path(tuning))  # a bad file is refused here, naming it
+        self._tuning_request = tuning
+        self._tuning: TuningTable | None = None
         self._triton: str | None = None  #: Triton's version, as the probe found it
 
     def _probe_once(self) -> ProbeResult:
@@ -50,10 +65,27 @@ class CudaVendor(Vendor):
         self.require_available()
         return [torch.device("cuda", self._index())]
 
+    def device_memory_bytes(self) -> int | None:
+        """The device's total memory (`torch.cuda.mem_get_info`), None where the query fails."""
+        try:
+            return int(torch.cuda.mem_get_info(self.device)[1])
+        except Exception:  # no device, or a failed query: unknown, which refuses nothing
+            return None
+
     def _detect_capabilities(self) -> Capabilities:
         index = self._index()
-        return cuda_capabilities(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index),
-                                 kernels=self._triton is not None)
+        name = torch.cuda.get_device_name(index)
+        self._tuning = _tuning_table(self._tuning_request, name)
+        if self._triton is None:
+            note = None
+        elif self._tuning is not None:
+            note = f"kernel configurations: {self._tuning.describe()}"
+        else:
+            note = (f"kernel configurations: built-in defaults (no tuned table for {name}: `hal tune --vendor cuda "
+                    f"--output {device_slug(name)}.json` makes one; pass it as CudaVendor(tuning=PATH))"
+                    if self._tuning_request is not False else "kernel configurations: built-in defaults (tuning=False)")
+        return cuda_capabilities(name, torch.cuda.get_device_capability(index), kernels=self._triton is not None,
+                                 extra_notes=(note,) if note else ())
 
     def _make_ops(self) -> VendorOps:
         """The Triton kernels where the probe found Triton (torch._grouped_mm from sm90), else the reference."""
@@ -62,10 +94,19 @@ class CudaVendor(Vendor):
         from vendors.cuda.ops import CudaOps
 
         major, _ = torch.cuda.get_device_capability(self.device)
-        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"))
+        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"), tuning=self._tuning)
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         return {model: cuda_capabilities(name, cc) for model, (name, cc) in DECLARED_MODELS.items()}
+
+
+def _tuning_table(request: bool | str | os.PathLike[str] | TuningTable, device_name: str) -> TuningTable | None:
+    """The table a `tuning` argument names for this device (None: the built-in defaults)."""
+    if request is False:
+        return None
+    if request is True:
+        return TuningTable.packaged(device_name)
+    return request if isinstance(request, TuningTable) else TuningTable.load(Path(request))
 
 
 def _triton_version() -> str | None:

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
-from hal import DispatchConfig, InvalidInput, Vendor, get_vendor, invalid
+from hal import DispatchConfig, InvalidInput, Vendor, invalid
 from moe import MoELayer, QuantScheme, SharedExperts, Unquantized, make_scheme
+from moe.arguments import choose_vendor
 from moe.integrations.transformers.architectures import ARCHITECTURES, Architecture
 from moe.integrations.transformers.block import MoEBlock
 
@@ -92,7 +93,7 @@ def replace_moe_blocks(
         raise invalid(", ".join(taken), "nothing: the architecture entry sets it from the block", "a value")
     model_type, architecture = architecture_of(model, architectures)
     config = _text_config(model.config)
-    chosen_vendor = vendor if isinstance(vendor, Vendor) else get_vendor(vendor, layer_options.get("environ"))
+    chosen_vendor = choose_vendor(vendor, layer_options.get("environ"))
     found = [(name, module) for name, module in model.named_modules() if architecture.matches(module)]
     if not found:
         already = any(isinstance(module, MoEBlock) for module in model.modules())

@@ -9,7 +9,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _combine(rows_ptr, index_ptr, w_ptr, out_ptr, H, stride_r, stride_o,
+def _combine(rows_ptr, index_ptr, w_ptr, out_ptr, H, R, stride_r, stride_o,
              TOPK: tl.constexpr, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -22,13 +22,15 @@ def _combine(rows_ptr, index_ptr, w_ptr, out_ptr, H, stride_r, stride_o,
         else:
             row = pair
         weight = tl.load(w_ptr + pair).to(tl.float32)
-        acc += weight * tl.load(rows_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        inside = (row >= 0) & (row < R)  # an index outside rows (unchecked on the device) reads nothing
+        acc += weight * tl.load(rows_ptr + row * stride_r + cols, mask=mask & inside, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
                      out_dtype: torch.dtype) -> torch.Tensor:
-    """`out[t] = sum_j w[t, j] * rows[index[t*k + j]]` for rows `[R, H]` (contiguous last dim)."""
+    """`out[t] = sum_j w[t, j] * rows[index[t*k + j]]` for rows `[R, H]` (contiguous last dim); an index
+    outside `[0, R)` contributes nothing (never a read outside `rows`)."""
     t, k = topk_weights.shape
     h = rows.shape[-1]
     out = torch.empty((t, h), dtype=out_dtype, device=rows.device)
@@ -36,6 +38,7 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weight
         weights = topk_weights.contiguous()
         block = min(1024, triton.next_power_of_2(h))
         _combine[(t, triton.cdiv(h, block))](
-            rows, index if index is not None else weights, weights, out, h, rows.stride(0), out.stride(0),
+            rows, index if index is not None else weights, weights, out, h, rows.shape[0], rows.stride(0),
+            out.stride(0),
             TOPK=k, HAS_INDEX=index is not None, BLOCK=block, num_warps=4)
     return out

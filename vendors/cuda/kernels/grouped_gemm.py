@@ -6,12 +6,19 @@ The group sizes stay on the device: the grid has a fixed upper bound of row bloc
 per-group block counts computed in the kernel; programs past the last block return at
 once. Nothing is read back on the host, so a call can be captured in a CUDA graph.
 
+The grid is one-dimensional; `N_FASTEST` orders it so that the column blocks of one row
+block run next to each other (a row block of x is read from HBM once and served from L2
+for its other column blocks: the order for many rows), or the row blocks of one column
+block (a weight tile is shared by the row blocks of its group: the order for few rows).
+
 Scales (`SCALE_MODE`): 0 none (float operands); 1 per row of x times per column of each
 group's w (int8 or fp8 row-wise); 2 per 128 channels of x times per 128x128 tile of w
 (fp8 block-scaled, `BLOCK_K` = 128).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -22,15 +29,45 @@ MAX_GROUPS = 1024
 SCALE_NONE, SCALE_ROWWISE, SCALE_BLOCK128 = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the grouped GEMM (what `hal tune` searches over)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    n_fastest: bool = False  #: order the grid column blocks first (see the module docstring)
+
+    def as_list(self) -> list[int]:
+        """`[block_m, block_n, block_k, warps, stages, n_fastest]`, the form tuning tables store."""
+        return [self.block_m, self.block_n, self.block_k, self.warps, self.stages, int(self.n_fastest)]
+
+    @classmethod
+    def from_list(cls, values: list[int]) -> TileConfig:
+        """The inverse of `as_list` (a five-element list means `n_fastest=False`)."""
+        sizes = list(values[:5])
+        if len(values) not in (5, 6) or not all(isinstance(v, int) and v > 0 for v in sizes):
+            raise ValueError(f"a tile config is [block_m, block_n, block_k, warps, stages(, n_fastest)], got {values}")
+        return cls(*sizes, n_fastest=bool(values[5]) if len(values) == 6 else False)
+
+
 @triton.jit
 def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
-                  M, N, K, E,
+                  M, N, K, E, M_BLOCKS,
                   stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
                   stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
                   SCALE_MODE: tl.constexpr, INT_ACC: tl.constexpr, IEEE: tl.constexpr, E_PAD: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr):
+    pid = tl.program_id(0)
+    if N_FASTEST:
+        n_blocks = tl.cdiv(N, BLOCK_N)
+        pid_m = pid // n_blocks
+        pid_n = pid % n_blocks
+    else:
+        pid_m = pid % M_BLOCKS
+        pid_n = pid // M_BLOCKS
     # Which group (and which of its row blocks) this program computes.
     idx = tl.arange(0, E_PAD)
     counts = tl.load(counts_ptr + idx, mask=idx < E, other=0).to(tl.int32)
@@ -84,13 +121,17 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a call's shape.
+def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool) -> TileConfig:
+    """The built-in tile choice for a call's shape (used where no tuned table has an entry).
 
     Chosen from timings on an H100 (qwen3-30b-a3b projections, 1 to 4096 tokens): with few
     rows per group (decode) the call streams weights, and 16-row blocks with deep K tiles
     keep the most bytes in flight; with many rows, large tiles reuse each weight tile.
     """
+    return TileConfig(*_default_tuple(m, groups, element_bytes, block_scaled))
+
+
+def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) -> tuple[int, int, int, int, int]:
     per_group = m / max(groups, 1)
     if element_bytes == 4:  # fp32 (exact, ieee): rare, kept small to fit shared memory
         return 32, 64, 32, 4, 3
@@ -117,12 +158,12 @@ def _tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool) 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dtype: torch.dtype, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  scale_mode: int = SCALE_NONE,
-                 config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+                 config: TileConfig | None = None) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from x `[M, K]`, w `[E, K, N]` and per-group row counts `[E]` (on the device).
 
     `x_scale` / `w_scale`: `[M]` and `[E, N]` (row-wise) or `[M, ceil(K/128)]` and
-    `[E, ceil(K/128), ceil(N/128)]` (block-scaled). `config` overrides the tile choice
-    `(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)` (for tuning).
+    `[E, ceil(K/128), ceil(N/128)]` (block-scaled). `config` overrides the built-in tile
+    choice (a tuned table's entry, or a candidate being timed).
     """
     m, k = x.shape
     e, _, n = w.shape
@@ -134,9 +175,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     if k == 0:
         return y.zero_()
     integer = x.dtype == torch.int8
-    block_m, block_n, block_k, warps, stages = config or _tiles(m, n, e, x.element_size(),
-                                                                 scale_mode == SCALE_BLOCK128)
-    grid = (triton.cdiv(m, block_m) + e, triton.cdiv(n, block_n))
+    tiles = config or default_tiles(m, n, e, x.element_size(), scale_mode == SCALE_BLOCK128)
+    if scale_mode == SCALE_BLOCK128 and tiles.block_k != 128:
+        raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
+    m_blocks = triton.cdiv(m, tiles.block_m) + e  # an upper bound: each group may end in a partial block
+    grid = (m_blocks * triton.cdiv(n, tiles.block_n),)
     xs = x_scale if x_scale is not None else x
     ws = w_scale if w_scale is not None else x
     xs_strides = (xs.stride(0), xs.stride(1) if xs.dim() > 1 else 0) if x_scale is not None else (0, 0)
@@ -147,11 +190,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     else:
         ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2))
     _grouped_gemm[grid](
-        x, w, y, xs, ws, counts, m, n, k, e,
+        x, w, y, xs, ws, counts, m, n, k, e, m_blocks,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
         *xs_strides, *ws_strides,
         SCALE_MODE=scale_mode, INT_ACC=integer, IEEE=x.dtype == torch.float32,
         E_PAD=max(16, triton.next_power_of_2(e)),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest,
+        num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return y

@@ -1,0 +1,81 @@
+"""`hal tune`: search a vendor's kernel configurations for named model shapes and write its table.
+
+The problems are the two grouped matmuls of each model shape's MoE layer (gate/up: K=H,
+N=2I; down: K=I, N=H) for each precision's grouped-matmul kind, at each token count. The
+vendor times them (`Vendor.tune`) and returns its own table; this command writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from bench.cli import writable_file
+from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
+from hal import GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
+from hal.cli import positive_int_argument
+
+_DEFAULT_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `tune` command to the `hal` command line."""
+    text = "search a vendor's kernel configurations for model shapes and write its tuning table"
+    parser = subparsers.add_parser("tune", help=text, description=text)
+    parser.add_argument("--vendor", help="vendor to tune (default: the selected one)")
+    parser.add_argument("--model", action="extend", nargs="+", dest="models", metavar="NAME",
+                        help=f"model shapes ({', '.join(SHAPES)}; default: {' '.join(_DEFAULT_MODELS)})")
+    parser.add_argument("--tokens", action="extend", nargs="+", type=positive_int_argument, metavar="N",
+                        help=f"token counts (default {' '.join(map(str, TOKENS))})")
+    parser.add_argument("--precision", action="extend", nargs="+", choices=sorted(PRECISIONS), dest="precisions",
+                        help="bf16 and/or fp8 (w8a8-fp8-block); default both where declared")
+    parser.add_argument("--output", type=Path, metavar="FILE",
+                        help="where to write the table (default: hal-tuning-<device>.json here)")
+    parser.add_argument("--json", action="store_true", help="also print the table")
+    parser.set_defaults(handler=tune)
+
+
+def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[int, ...]) -> list[GemmProblem]:
+    """Both grouped matmuls of each shape, for each kind (duplicates once)."""
+    out: dict[tuple, GemmProblem] = {}
+    for shape in shapes:
+        for kind in kinds:
+            for k, n in ((shape.hidden, 2 * shape.intermediate), (shape.intermediate, shape.hidden)):
+                out.setdefault((kind, shape.experts, k, n, shape.top_k),
+                               GemmProblem(kind, shape.experts, k, n, shape.top_k, tokens))
+    return list(out.values())
+
+
+def tune(args: argparse.Namespace, console: Console) -> int:
+    """Tune, write the table, print where it went."""
+    writable_file("--output", args.output)
+    vendor = VendorRegistry.discover().select(args.vendor).vendor
+    caps = vendor.capabilities()
+    try:
+        shapes = parse_shapes(args.models, _DEFAULT_MODELS)
+    except ValueError as exc:
+        raise InvalidInput(f"--model: {exc}") from None
+    kinds = []
+    for precision in args.precisions or sorted(PRECISIONS):
+        kind = parse_scheme(PRECISIONS[precision]).compute_kind
+        if kind is not None and caps.supports_gemm(kind):
+            kinds.append(kind)
+        elif args.precisions:
+            raise InvalidInput(f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} "
+                               "grouped matmul")
+    problems = problems_for(shapes, kinds, tuple(args.tokens or TOKENS))
+    progress = Console(stderr=True)
+    progress.print(f"tuning {len(problems)} grouped-matmul problems x {len(problems[0].tokens)} token counts on "
+                   f"{caps.device_name} (vendor {vendor.name})...")
+    table = vendor.tune(problems, progress=progress.print)
+    output = args.output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
+    output.write_text(json.dumps(table, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(table, indent=1))
+    console.print(f"wrote {output} ({sum(len(v) for v in table.get('entries', {}).values())} entries); "
+                  f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)")
+    return 0

@@ -1,0 +1,107 @@
+"""The CUDA vendor's tuning tables (`hal tune`'s output): reading, lookup, validation, the packaged
+H100 table, and the command's refusals on a machine that cannot tune. The search itself runs on
+a GPU only (`tests/test_cuda_kernels.py` checks tuned configurations compute the same results)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.shapes import SHAPES
+from bench.tune_cli import problems_for
+from hal import GemmKind, GemmProblem, InvalidInput
+from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable, device_slug, packaged_devices, problem_key
+from vendors.cuda.vendor import CudaVendor
+
+
+def _table() -> TuningTable:
+    return TuningTable("Test GPU", {problem_key("bf16", 8, 64, 32): {
+        8: Choice(TRITON, (16, 64, 64, 4, 3, 0), 10.0, 12.0),
+        512: Choice(TRITON, (64, 128, 64, 4, 3, 1), 20.0, 30.0),
+        8192: Choice(GROUPED_MM, None, 40.0, 50.0)}}, {"date": "2026-11-23"})
+
+
+@pytest.mark.parametrize("rows, expected", [(1, 8), (8, 8), (60, 8), (70, 512), (512, 512), (2000, 512),
+                                             (2100, 8192), (10**6, 8192)])
+def test_lookup_takes_the_nearest_row_count_on_a_log_scale(rows, expected):
+    table = _table()
+    assert table.lookup("bf16", 8, 64, 32, rows) == table.entries[problem_key("bf16", 8, 64, 32)][expected]
+
+
+def test_a_problem_the_table_does_not_hold_takes_the_defaults():
+    table = _table()
+    assert table.lookup("bf16", 8, 64, 33, 8) is None and table.lookup("fp8-block128", 8, 64, 32, 8) is None
+
+
+def test_a_table_round_trips_through_its_json(tmp_path):
+    path = tmp_path / "t.json"
+    _table().write(path)
+    again = TuningTable.load(path)
+    assert again.entries == _table().entries and again.device == "Test GPU" and again.source == str(path)
+    assert "Test GPU" in again.describe() and "3 entries" in again.describe()
+
+
+@pytest.mark.parametrize("mutate, names", [
+    (lambda d: d.update(format="other"), "format"),
+    (lambda d: d.update(entries=[]), "entries"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"].update({"0": {"backend": "triton", "tiles": [1] * 5}}), "row counts"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, -1, 4, 3]), "tiles"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
+])
+def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
+    data = _table().as_dict()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InvalidInput, match=names):
+        TuningTable.load(path)
+    with pytest.raises(InvalidInput, match="bad.json"):
+        CudaVendor(tuning=path)
+
+
+def test_the_packaged_h100_table_covers_the_benchmarked_models():
+    """fp8 block-128 for the three benchmarked models; bf16 keeps the built-in choice (its tuned entries
+    made the layer slower at 1 token, docs/performance.md)."""
+    assert "nvidia-h100-80gb-hbm3" in packaged_devices()
+    table = TuningTable.packaged("NVIDIA H100 80GB HBM3")
+    assert table is not None and table.device == "NVIDIA H100 80GB HBM3"
+    assert not [key for key in table.entries if key.startswith("bf16")]
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8"):
+        for problem in problems_for([SHAPES[name]], [GemmKind.FP8_BLOCK128], (1,)):
+            key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
+            assert key in table.entries, key
+            for choice in table.entries[key].values():
+                assert choice.us is not None and choice.default_us is not None
+                assert choice.backend == GROUPED_MM or choice.tiles[2] == 128
+    assert TuningTable.packaged("NVIDIA Z80") is None
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_the_vendor_refuses_a_tuning_argument_of_the_wrong_type():
+    with pytest.raises(InvalidInput, match="tuning"):
+        CudaVendor(tuning=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(experts=0), "experts"), (dict(top_k=9), "top_k"),
+                                          (dict(tokens=()), "tokens"), (dict(tokens=(0,)), "tokens"),
+                                          (dict(k=True), "k")])
+def test_a_gemm_problem_validates_its_fields(kwargs, name):
+    fields = dict(kind="bf16", experts=8, k=64, n=32, top_k=2, tokens=(1, 8))
+    with pytest.raises(InvalidInput, match=name):
+        GemmProblem(**{**fields, **kwargs})
+
+
+def test_problems_for_covers_both_projections_once():
+    problems = problems_for([SHAPES["qwen3-30b-a3b"], SHAPES["qwen3-30b-a3b"]], [GemmKind.BF16], (1, 8))
+    assert {(p.k, p.n) for p in problems} == {(2048, 1536), (768, 2048)} and len(problems) == 2
+
+
+@pytest.mark.parametrize("argv, status", [(["--vendor", "cpu"], 1), (["--vendor", "cpu", "--model", "gpt-5"], 2),
+                                          (["--output", "/nonexistent-dir/t.json"], 2), (["--tokens", "0"], 2)])
+def test_hal_tune_refuses_with_the_readme_exit_codes(argv, status):
+    done = subprocess.run([sys.executable, "-m", "hal", "tune", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr

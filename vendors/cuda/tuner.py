@@ -1,0 +1,152 @@
+"""The search behind `hal tune` on CUDA: time candidate grouped-GEMM configurations per problem and
+row count on this device, keep the fastest.
+
+Each (problem, tokens) case is timed on routed row counts (tokens x top-k rows spread over
+the experts as uniform top-k routing spreads them; four routings rotated, so that a decode
+case does not find its few experts' weights in L2 from the previous call), with CUDA
+events around each call, medians of `reps` calls. The search has two rounds: a grid of
+tile shapes chosen by rows per touched expert, then the winner's neighbours (the other
+grid order, one pipeline stage more or less). bf16 also times `torch._grouped_mm`. The
+built-in choice is always timed, so a table records what tuning gained.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+import triton
+
+from hal import GemmKind, GemmProblem, reference
+from vendors.cuda.kernels import grouped_gemm as gg
+from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable, problem_key
+
+_SCALE = {GemmKind.BF16: gg.SCALE_NONE, GemmKind.FP16: gg.SCALE_NONE, GemmKind.INT8: gg.SCALE_ROWWISE,
+          GemmKind.FP8_ROWWISE: gg.SCALE_ROWWISE, GemmKind.FP8_BLOCK128: gg.SCALE_BLOCK128}
+#: The kinds `tune` searches (fp32 is exact and rare: its defaults stay).
+TUNABLE = tuple(_SCALE)
+_ROUTINGS = 4
+
+
+def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool) -> list[gg.TileConfig]:
+    """The first round's grid for a case with `rows_per_expert` rows per touched expert."""
+    ks = (128,) if block_scaled else ((128, 256) if one_byte else (64, 128))
+    if rows_per_expert <= 8:
+        grid = [(16, bn, bk, 4, 4) for bn in (32, 64, 128) for bk in ks]
+    elif rows_per_expert <= 48:
+        grid = [(bm, bn, bk, 4, 3) for bm in (16, 32, 64) for bn in (64, 128) for bk in ks]
+    else:
+        grid = [(bm, bn, bk, w, 3) for bm in (64, 128) for bn in (128, 256) for bk in ks for w in (4, 8)]
+    return [gg.TileConfig(*c, n_fastest=rows_per_expert > 48) for c in grid]
+
+
+def neighbours(best: gg.TileConfig) -> list[gg.TileConfig]:
+    """The second round: the winner in the other grid order, and with one stage more or less."""
+    out = [gg.TileConfig(best.block_m, best.block_n, best.block_k, best.warps, best.stages, not best.n_fastest)]
+    for stages in (best.stages - 1, best.stages + 1):
+        if 2 <= stages <= 6:
+            out.append(gg.TileConfig(best.block_m, best.block_n, best.block_k, best.warps, stages, best.n_fastest))
+    return out
+
+
+class _Case:
+    """The operands of one (problem, tokens) case on the device, and a timer over its routings."""
+
+    def __init__(self, problem: GemmProblem, tokens: int, device: torch.device, generator: torch.Generator) -> None:
+        self.kind = problem.kind
+        e, k, n, top_k = problem.experts, problem.k, problem.n, problem.top_k
+        self.rows = tokens * top_k
+        self.counts = []
+        for _ in range(_ROUTINGS):
+            picks = torch.rand(tokens, e, generator=generator).topk(top_k, dim=1).indices.reshape(-1)
+            self.counts.append(torch.bincount(picks, minlength=e).to(device))
+        touched = sum(int((c > 0).sum()) for c in self.counts) / _ROUTINGS
+        self.rows_per_expert = self.rows / max(touched, 1.0)
+        x = torch.randn(self.rows, k, generator=generator).to(device)
+        w = (torch.randn(e, k, n, generator=generator) / k**0.5).to(device)
+        self.scale_mode = _SCALE[problem.kind]
+        if problem.kind in (GemmKind.BF16, GemmKind.FP16):
+            dtype = torch.bfloat16 if problem.kind is GemmKind.BF16 else torch.float16
+            self.x, self.x_scale = x.to(dtype), None
+            self.w, self.w_scale = w.to(dtype), None
+        else:
+            act = {GemmKind.INT8: ("int8", "per-token"), GemmKind.FP8_ROWWISE: ("fp8", "per-token"),
+                   GemmKind.FP8_BLOCK128: ("fp8", "per-token-group-128")}[problem.kind]
+            layout, dtype = ({GemmKind.INT8: ("per-channel", torch.int8), GemmKind.FP8_ROWWISE:
+                              ("per-channel", torch.float8_e4m3fn)}.get(problem.kind, ("block-128x128", None)))
+            q = reference.quantize(x, *act)
+            qw = reference.quantize_weight(w, layout, dtype)
+            self.x, self.x_scale = q.data, q.scale
+            k_major = qw.data.transpose(1, 2).contiguous().transpose(1, 2)  # as CudaOps.prepare_weight stores it
+            self.w, self.w_scale = k_major, qw.scale
+        del x, w
+
+    def run(self, choice: gg.TileConfig | str, routing: int) -> torch.Tensor:
+        counts = self.counts[routing]
+        if choice == GROUPED_MM:
+            return torch._grouped_mm(self.x, self.w, offs=torch.cumsum(counts, 0).to(torch.int32),
+                                     out_dtype=torch.bfloat16)
+        return gg.grouped_gemm(self.x, self.w, counts, torch.bfloat16, x_scale=self.x_scale, w_scale=self.w_scale,
+                               scale_mode=self.scale_mode, config=choice)  # type: ignore[arg-type]
+
+    def time_us(self, choice: gg.TileConfig | str, reps: int) -> float | None:
+        """The median time of `reps` calls (None: the configuration does not compile or run here)."""
+        try:
+            for routing in range(_ROUTINGS):  # compile and warm up
+                self.run(choice, routing)
+            torch.cuda.synchronize()
+        except (triton.runtime.errors.OutOfResources, RuntimeError, ValueError):
+            return None
+        times = []
+        for i in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.run(choice, i % _ROUTINGS)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+        return statistics.median(times)
+
+
+def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str, *, grouped_mm: bool,
+         reps: int = 12, progress: Callable[[str], None] | None = None) -> TuningTable:
+    """Search every problem's token counts on `device`; the table of the fastest choices."""
+    say = progress or (lambda _line: None)
+    generator = torch.Generator().manual_seed(0)
+    table = TuningTable(device_name, meta={"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                                           "triton": triton.__version__, "reps": reps})
+    total = sum(len(p.tokens) for p in problems)
+    done = 0
+    for problem in problems:
+        if problem.kind not in TUNABLE:
+            raise ValueError(f"hal tune: the CUDA vendor tunes {', '.join(map(str, TUNABLE))}, not {problem.kind}")
+        key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
+        by_rows = table.entries.setdefault(key, {})
+        for tokens in problem.tokens:
+            done += 1
+            case = _Case(problem, tokens, device, generator)
+            one_byte = case.x.element_size() == 1
+            default = gg.default_tiles(case.rows, problem.n, problem.experts, case.x.element_size(),
+                                       case.scale_mode == gg.SCALE_BLOCK128)
+            timed: dict[gg.TileConfig | str, float] = {}
+            for choice in [default, *candidates(case.rows_per_expert, one_byte, case.scale_mode == gg.SCALE_BLOCK128)]:
+                if choice not in timed and (t := case.time_us(choice, reps)) is not None:
+                    timed[choice] = t
+            best_tiles = min((c for c in timed if isinstance(c, gg.TileConfig)), key=timed.__getitem__)
+            for choice in neighbours(best_tiles):
+                if choice not in timed and (t := case.time_us(choice, reps)) is not None:
+                    timed[choice] = t
+            if grouped_mm and problem.kind is GemmKind.BF16 and problem.k % 8 == 0 and problem.n % 8 == 0:
+                if (t := case.time_us(GROUPED_MM, reps)) is not None:
+                    timed[GROUPED_MM] = t
+            best = min(timed, key=timed.__getitem__)
+            by_rows[case.rows] = Choice(GROUPED_MM if best == GROUPED_MM else TRITON,
+                                        None if best == GROUPED_MM else tuple(best.as_list()),  # type: ignore[union-attr]
+                                        timed[best], timed.get(default))
+            say(f"[{done}/{total}] {key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {best} "
+                f"(built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
+            del case
+            torch.cuda.empty_cache()
+    return table

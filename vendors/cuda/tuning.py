@@ -1,0 +1,147 @@
+"""Tuned grouped-GEMM configurations per device: the tables `hal tune` writes and the vendor reads.
+
+A table belongs to one device model (its CUDA device name). For each grouped-GEMM problem
+(`kind E=experts K=.. N=..`) it maps a row count M (tokens x top-k) to the fastest
+measured choice: a Triton tile configuration, or `torch._grouped_mm` (bf16 on sm90+). A
+call takes the entry of its problem whose M is nearest on a log scale; a problem the
+table does not hold takes the built-in defaults. Tables ship in this package
+(`vendors/cuda/tuning/<device>.json`, found by device name) or are passed to
+`CudaVendor(tuning=...)`.
+
+This module imports neither Triton nor CUDA: `hal caps` reads tables on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hal import InvalidInput
+
+#: The `format` field every table carries.
+FORMAT = "moe-hal cuda grouped-gemm tuning v1"
+#: Where the packaged tables live.
+PACKAGED = Path(__file__).with_name("tuning_tables")
+#: The backend names a choice may take.
+TRITON, GROUPED_MM = "triton", "torch-grouped-mm"
+
+
+def device_slug(device_name: str) -> str:
+    """The file stem of a device's table: `NVIDIA H100 80GB HBM3` -> `nvidia-h100-80gb-hbm3`."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+def problem_key(kind: str, experts: int, k: int, n: int) -> str:
+    """The key of one grouped-GEMM problem: `bf16 E=128 K=2048 N=1536`."""
+    return f"{kind} E={experts} K={k} N={n}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The fastest measured way to run one problem at one row count."""
+
+    backend: str
+    tiles: tuple[int, ...] | None = None  #: `TileConfig.as_list()` for the Triton backend
+    us: float | None = None  #: its median time when tuned
+    default_us: float | None = None  #: the built-in choice's median time in the same run
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the JSON table."""
+        out: dict[str, Any] = {"backend": self.backend}
+        if self.tiles is not None:
+            out["tiles"] = list(self.tiles)
+        if self.us is not None:
+            out["us"] = round(self.us, 2)
+        if self.default_us is not None:
+            out["default_us"] = round(self.default_us, 2)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> Choice:
+        """A choice read from a table, checked (`InvalidInput` naming `where`)."""
+        backend = data.get("backend") if isinstance(data, Mapping) else None
+        tiles = data.get("tiles") if isinstance(data, Mapping) else None
+        if backend == TRITON:
+            if not (isinstance(tiles, list) and len(tiles) in (5, 6) and all(isinstance(v, int) for v in tiles)
+                    and all(v > 0 for v in tiles[:5])):
+                raise InvalidInput(f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest], "
+                                   f"got {tiles!r}")
+            return cls(TRITON, tuple(tiles), data.get("us"), data.get("default_us"))
+        if backend == GROUPED_MM:
+            return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))
+        raise InvalidInput(f"{where}: expected backend {TRITON!r} or {GROUPED_MM!r}, got {backend!r}")
+
+
+@dataclass
+class TuningTable:
+    """One device's tuned choices: problem key -> {rows M -> Choice}."""
+
+    device: str
+    entries: dict[str, dict[int, Choice]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  #: torch / Triton versions, date
+    source: str = "measured in this process"  #: where it was read from
+
+    def lookup(self, kind: str, experts: int, k: int, n: int, rows: int) -> Choice | None:
+        """The choice for a call: its problem's entry whose M is nearest to `rows` (log scale), or None."""
+        by_rows = self.entries.get(problem_key(kind, experts, k, n))
+        if not by_rows:
+            return None
+        target = math.log2(max(rows, 1))
+        return by_rows[min(by_rows, key=lambda m: (abs(math.log2(m) - target), m))]
+
+    def describe(self) -> str:
+        """One line for `hal caps`: where the table is from and what it holds."""
+        tuned = ", ".join(f"{k}={v}" for k, v in self.meta.items() if k in ("date", "torch", "triton"))
+        count = sum(len(v) for v in self.entries.values())
+        return (f"tuned table for {self.device} ({self.source}; {len(self.entries)} problems, {count} entries"
+                + (f"; tuned with {tuned}" if tuned else "") + ")")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form `load` reads."""
+        return {"format": FORMAT, "device": self.device, **self.meta,
+                "entries": {key: {str(m): c.as_dict() for m, c in sorted(by_rows.items())}
+                            for key, by_rows in sorted(self.entries.items())}}
+
+    def write(self, path: Path) -> None:
+        """Write the table as JSON."""
+        path.write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path | str) -> TuningTable:
+        """A table from its JSON file; `InvalidInput` naming the file for anything malformed."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"tuning table {str(path)!r}: cannot be read as JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("device"), str):
+            raise InvalidInput(f"tuning table {str(path)!r}: expected a JSON object with format {FORMAT!r} and "
+                               "a device name")
+        entries: dict[str, dict[int, Choice]] = {}
+        raw = data.get("entries")
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"tuning table {str(path)!r}: expected an 'entries' object")
+        for key, by_rows in raw.items():
+            if not isinstance(by_rows, dict) or not all(str(m).isdigit() and int(m) > 0 for m in by_rows):
+                raise InvalidInput(f"tuning table {str(path)!r}: entry {key!r} must map positive row counts "
+                                   "to choices")
+            entries[key] = {int(m): Choice.from_dict(c, f"tuning table {path.name} {key} M={m}")
+                            for m, c in by_rows.items()}
+        meta = {k: v for k, v in data.items() if k not in ("format", "device", "entries")}
+        return cls(data["device"], entries, meta, source=str(path))
+
+    @classmethod
+    def packaged(cls, device_name: str) -> TuningTable | None:
+        """The table shipped in this package for `device_name`, if there is one."""
+        path = PACKAGED / f"{device_slug(device_name)}.json"
+        return cls.load(path) if path.is_file() else None
+
+
+def packaged_devices() -> list[str]:
+    """The device slugs this package ships tables for."""
+    return sorted(p.stem for p in PACKAGED.glob("*.json"))
