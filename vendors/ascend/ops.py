@@ -193,7 +193,8 @@ def _per_expert_fp32(data: torch.Tensor, weight: QuantizedWeight, groups: Groups
 
 def _row_groups(groups: Groups, rows: int) -> torch.Tensor:
     """The group of every row, `[M]` int64 (for scales applied outside the op), without a host sync.
-    Rows past the counts' sum (a dispatcher's padding, which the op leaves at zero) take the last group."""
+    Rows past the counts' sum (a dispatcher's padding: the op leaves them unspecified, and nothing reads
+    them back) take the last group."""
     counts = groups.counts()
     ends = torch.cumsum(counts, 0)
     row = torch.arange(rows, device=counts.device, dtype=ends.dtype)
