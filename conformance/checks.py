@@ -8,7 +8,7 @@ import torch
 from conformance.operands import random_codes_activation, random_codes_weight, spread_scales, strided, to_device
 from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound
-from hal import GemmKind, Groups, Vendor
+from hal import GEMM_KINDS, GemmKind, Groups, Vendor
 from hal.reference import activation_value
 
 def expect(condition: bool, message: str) -> None:
@@ -20,7 +20,7 @@ def expect(condition: bool, message: str) -> None:
 
 K, N = 320, 200  # partial 128-wide tiles in both directions; multiples of 16 and 8
 #: Channels a kind packs or blocks along K (K a multiple of it), and output channels int4 packs per word.
-K_GRANULARITY = {GemmKind.INT4: 8, GemmKind.NVFP4: 16}
+K_GRANULARITY = {kind: spec.k_multiple for kind, spec in GEMM_KINDS.items() if spec.k_multiple > 1}
 N_GRANULARITY = {GemmKind.INT4: 8}
 FLOAT_KINDS = {GemmKind.BF16: torch.bfloat16, GemmKind.FP16: torch.float16, GemmKind.FP32: torch.float32}
 

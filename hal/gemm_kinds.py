@@ -88,7 +88,8 @@ class GemmSpec:
     values, e.g. bf16 rows still wrapped as they were dispatched); `weight_layout` and
     `weight_storage` the weights' (`weight_dtype` is the `dtype` argument of
     `quantize_weight` that makes them); `exact_integer` says the operands are integers
-    whose products the reference accumulates exactly before applying the scales.
+    whose products the reference accumulates exactly before applying the scales; `k_multiple`
+    what K must be a multiple of (int4 packs 8 values per word, nvfp4 scales blocks of 16).
     """
 
     kind: GemmKind
@@ -98,6 +99,7 @@ class GemmSpec:
     weight_dtype: torch.dtype
     exact_integer: bool = False
     also_accepts: tuple[ActivationFormat, ...] = ()
+    k_multiple: int = 1  #: channels packed or scaled together along K (K must be a multiple)
 
     @property
     def is_float(self) -> bool:
@@ -141,9 +143,9 @@ GEMM_KINDS: dict[GemmKind, GemmSpec] = {
         GemmSpec(GemmKind.FP8_BLOCK128, ActivationFormat(dtype=DispatchDtype.FP8, layout=ScaleLayout.GROUP_128),
                  ScaleLayout.BLOCK_128X128, torch.float8_e4m3fn, torch.float8_e4m3fn),
         GemmSpec(GemmKind.INT4, INT4_PACKED, ScaleLayout.PER_CHANNEL, torch.int32, torch.quint4x2,
-                 exact_integer=True),
+                 exact_integer=True, k_multiple=8),
         GemmSpec(GemmKind.NVFP4, ActivationFormat(dtype=DispatchDtype.NVFP4, layout=ScaleLayout.BLOCK_16),
-                 ScaleLayout.BLOCK_16, torch.uint8, torch.uint8),
+                 ScaleLayout.BLOCK_16, torch.uint8, torch.uint8, k_multiple=16),
     )
 }
 

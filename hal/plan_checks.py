@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from hal.activations import Activation, ActivationKind
 from hal.capabilities import Capabilities
-from hal.gemm_kinds import GemmKind
 from hal.schemes import SchemeTraits
-
-#: Channels a kind packs or scales together along K: the hidden size must be a multiple of it.
-K_MULTIPLE = {GemmKind.INT4: 8, GemmKind.NVFP4: 16}
-
 
 def layer_problems(capabilities: Capabilities, scheme: SchemeTraits, hidden_size: int, *,
                    activation: Activation | ActivationKind | str = ActivationKind.SILU_GLU) -> list[str]:
@@ -34,7 +29,7 @@ def layer_problems(capabilities: Capabilities, scheme: SchemeTraits, hidden_size
             declared = ", ".join(sorted(k.value for k in capabilities.grouped_matmul)) or "none"
             problems.append(f"the {kind} grouped matmul that scheme {scheme.name!r} needs is not declared "
                             f"(declared: {declared})")
-        multiple = K_MULTIPLE.get(kind, 1)
+        multiple = kind.spec.k_multiple
         if hidden_size % multiple:
             problems.append(f"hidden size {hidden_size} is not a multiple of {multiple}, which the {kind} grouped "
                             "matmul packs or scales together")

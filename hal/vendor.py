@@ -324,9 +324,9 @@ class Vendor(Platform):
         """Time this vendor's kernel configurations for `problems` on its device and return its tuning
         table (JSON-able; the vendor documents where it reads tables from). `progress` receives a line
         per case. Vendors without tunable kernels raise `UnsupportedCapability`."""
-        problems = list(problems) if not isinstance(problems, (str, bytes)) else problems
-        if not isinstance(problems, list) or not problems or not all(isinstance(p, GemmProblem) for p in problems):
+        if not isinstance(problems, Sequence) or not problems or not all(isinstance(p, GemmProblem) for p in problems):
             raise invalid("problems", "a non-empty sequence of hal.GemmProblem", type(problems).__name__)
+        problems = list(problems)
         if progress is not None and not callable(progress):
             raise invalid("progress", "a callable or None", type(progress).__name__)
         caps = self.capabilities()

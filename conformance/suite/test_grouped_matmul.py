@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conformance.capability import gemm_label, mark, require_gemm
-from conformance.checks import run_gemm_case
+from conformance.checks import K_GRANULARITY, run_gemm_case
 from hal import GemmKind, HalError
 
 #: case -> (rows per group, how the case changes the call)
@@ -41,10 +41,6 @@ def test_grouped_matmul_matches_float64(hal_vendor, kind, case):
 LIMITS = ["max_groups", "max_inner_dim", "max_group_rows"]
 #: Limits larger than this are not reached in a conformance test (it would take too long).
 REACHABLE = 1 << 17
-
-
-#: Channels a kind packs or scales together along K: K must be a multiple of it.
-K_GRANULARITY = {GemmKind.INT4: 8, GemmKind.NVFP4: 16}
 
 
 def _limited_case(name: str, value: int, kind: GemmKind) -> tuple[list[int], int]:
