@@ -13,7 +13,7 @@ import pytest
 from bench.shapes import SHAPES
 from bench.tune_cli import problems_for
 from hal import GemmKind, GemmProblem, InvalidInput
-from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable, device_slug, packaged_devices, problem_key
+from vendors.cuda.tuning import GROUPED_MM, REACH, TRITON, Choice, TuningTable, device_slug, packaged_devices, problem_key
 from vendors.cuda.vendor import CudaVendor
 
 
@@ -24,11 +24,17 @@ def _table() -> TuningTable:
         8192: Choice(GROUPED_MM, None, 40.0, 50.0)}}, {"date": "2026-11-23"})
 
 
-@pytest.mark.parametrize("rows, expected", [(1, 8), (8, 8), (60, 8), (70, 512), (512, 512), (2000, 512),
-                                             (2100, 8192), (10**6, 8192)])
+@pytest.mark.parametrize("rows, expected", [(2, 8), (8, 8), (60, 8), (70, 512), (512, 512), (2000, 512),
+                                             (2100, 8192), (4 * 8192, 8192)])
 def test_lookup_takes_the_nearest_row_count_on_a_log_scale(rows, expected):
     table = _table()
     assert table.lookup("bf16", 8, 64, 32, rows) == table.entries[problem_key("bf16", 8, 64, 32)][expected]
+
+
+@pytest.mark.parametrize("rows", [1, 4 * 8192 + 1, 10**6])
+def test_rows_beyond_the_reach_of_the_tuned_rows_take_the_defaults(rows):
+    assert REACH == 4  # the table's smallest M is 8, its largest 8192
+    assert _table().lookup("bf16", 8, 64, 32, rows) is None
 
 
 def test_a_problem_the_table_does_not_hold_takes_the_defaults():
@@ -62,20 +68,30 @@ def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
         CudaVendor(tuning=path)
 
 
-def test_the_packaged_h100_table_covers_the_benchmarked_models():
-    """fp8 block-128 for the three benchmarked models; bf16 keeps the built-in choice (its tuned entries
-    made the layer slower at 1 token, docs/performance.md)."""
-    assert "nvidia-h100-80gb-hbm3" in packaged_devices()
-    table = TuningTable.packaged("NVIDIA H100 80GB HBM3")
-    assert table is not None and table.device == "NVIDIA H100 80GB HBM3"
-    assert not [key for key in table.entries if key.startswith("bf16")]
-    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8"):
-        for problem in problems_for([SHAPES[name]], [GemmKind.FP8_BLOCK128], (1,)):
-            key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
-            assert key in table.entries, key
-            for choice in table.entries[key].values():
-                assert choice.us is not None and choice.default_us is not None
-                assert choice.backend == GROUPED_MM or choice.tiles[2] == 128
+@pytest.mark.parametrize("device, kinds", [
+    ("NVIDIA H100 80GB HBM3", {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"),
+                               "deepseek-v3-ep8": ("bf16", "fp8")}),
+    ("NVIDIA H200", {"qwen3-30b-a3b": ("bf16", "fp8"), "deepseek-v3-ep8": ("bf16", "fp8")}),
+])
+def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
+    """Both grouped matmuls of each model `hal tune` ran on that device, for each precision, at 1 to 4096
+    tokens at least; every entry records its tuned and built-in time."""
+    assert device_slug(device) in packaged_devices()
+    table = TuningTable.packaged(device)
+    assert table is not None and table.device == device
+    for name, precisions in kinds.items():
+        shape = SHAPES[name]
+        for precision in precisions:
+            kind = GemmKind.BF16 if precision == "bf16" else GemmKind.FP8_BLOCK128
+            for problem in problems_for([shape], [kind], (1,)):
+                key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
+                assert key in table.entries, key
+                rows = table.entries[key]
+                assert min(rows) == shape.top_k and max(rows) >= 4096 * shape.top_k, (key, sorted(rows))
+                for choice in rows.values():
+                    assert choice.us is not None and choice.default_us is not None
+                    assert choice.us <= choice.default_us * 1.0001  # the built-in choice was a candidate
+                    assert choice.backend == GROUPED_MM or kind is GemmKind.BF16 or choice.tiles[2] == 128
     assert TuningTable.packaged("NVIDIA Z80") is None
     assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 

@@ -48,6 +48,19 @@ SCRIPT = textwrap.dedent("""
                   TileConfig(16, 128, 128, 4, 3, n_fastest=True)):  # both grid orders, N not a multiple of BLOCK_N
         y = grouped_gemm(a, w, counts, torch.float32, config=tiles)
         assert (y - expected).abs().max() <= 1e-4 * expected.abs().max(), tiles
+    # The grid's row-block bound is M // BLOCK_M + min(E, M): decode rows scattered over many
+    # groups, and groups that each end in a partial block, fill it exactly.
+    wide = torch.randn(40, 64, 48)
+    for sizes in ({3: 1, 17: 1, 30: 1, 39: 1, 0: 1, 22: 1, 9: 1}, {2: 17, 11: 17, 38: 1, 5: 15}):
+        many = torch.zeros(40, dtype=torch.int64)
+        for g, c in sizes.items():
+            many[g] = c
+        rows = torch.randn(int(many.sum()), 64)
+        ends_many = many.cumsum(0).tolist()
+        want = torch.cat([rows[e - c:e] @ wide[g] for g, (c, e) in enumerate(zip(many.tolist(), ends_many)) if c])
+        for tiles in (TileConfig(16, 32, 64, 4, 3, n_fastest=False), TileConfig(16, 32, 64, 4, 3, n_fastest=True)):
+            y = grouped_gemm(rows, wide, many, torch.float32, config=tiles)
+            assert (y - want).abs().max() <= 1e-4 * want.abs().max(), (sizes, tiles)
     qa, qw = ref.quantize(a, "int8"), ref.quantize_weight(w, "per-channel", torch.int8)
     y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
                      scale_mode=SCALE_ROWWISE)

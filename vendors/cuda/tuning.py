@@ -3,9 +3,12 @@
 A table belongs to one device model (its CUDA device name). For each grouped-GEMM problem
 (`kind E=experts K=.. N=..`) it maps a row count M (tokens x top-k) to the fastest
 measured choice: a Triton tile configuration, or `torch._grouped_mm` (bf16 on sm90+). A
-call takes the entry of its problem whose M is nearest on a log scale; a problem the
-table does not hold takes the built-in defaults. Tables ship in this package
-(`vendors/cuda/tuning/<device>.json`, found by device name) or are passed to
+call takes the entry of its problem whose M is nearest on a log scale, if its M lies within
+`REACH` times the problem's tuned rows (below the smallest / above the largest); a problem
+the table does not hold, or a call outside that reach, takes the built-in defaults. (On the
+H100, entries taken 8-32x beyond the largest tuned M made the layer 6-10 % slower than the
+built-in choice, whose backend changes with the rows: docs/performance.md, "round 2, part 2".) Tables ship in this package
+(`vendors/cuda/tuning_tables/<device>.json`, found by device name) or are passed to
 `CudaVendor(tuning=...)`.
 
 This module imports neither Triton nor CUDA: `hal caps` reads tables on any machine.
@@ -27,6 +30,8 @@ from hal import InvalidInput
 FORMAT = "moe-hal cuda grouped-gemm tuning v1"
 #: Where the packaged tables live.
 PACKAGED = Path(__file__).with_name("tuning_tables")
+#: How far (a factor of rows) beyond its tuned rows a problem's entries are used.
+REACH = 4
 #: The backend names a choice may take.
 TRITON, GROUPED_MM = "triton", "torch-grouped-mm"
 
@@ -87,9 +92,10 @@ class TuningTable:
     source: str = "measured in this process"  #: where it was read from
 
     def lookup(self, kind: str, experts: int, k: int, n: int, rows: int) -> Choice | None:
-        """The choice for a call: its problem's entry whose M is nearest to `rows` (log scale), or None."""
+        """The choice for a call: its problem's entry whose M is nearest to `rows` (log scale), or None
+        (the problem is not in the table, or `rows` lies more than `REACH` times outside its tuned rows)."""
         by_rows = self.entries.get(problem_key(kind, experts, k, n))
-        if not by_rows:
+        if not by_rows or not (min(by_rows) <= REACH * rows and rows <= REACH * max(by_rows)):
             return None
         target = math.log2(max(rows, 1))
         return by_rows[min(by_rows, key=lambda m: (abs(math.log2(m) - target), m))]

@@ -2,7 +2,7 @@
 
 `y[rows of g] = x[rows of g] @ w[g]` for `x` `[M, K]` and `w` `[E, K, N]` (N contiguous).
 The group sizes stay on the device: the grid has a fixed upper bound of row blocks
-(`cdiv(M, BLOCK_M) + E`), and each program finds its group from a cumulative sum of
+(`M // BLOCK_M + min(E, M)`), and each program finds its group from a cumulative sum of
 per-group block counts computed in the kernel; programs past the last block return at
 once. Nothing is read back on the host, so a call can be captured in a CUDA graph.
 
@@ -178,7 +178,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     tiles = config or default_tiles(m, n, e, x.element_size(), scale_mode == SCALE_BLOCK128)
     if scale_mode == SCALE_BLOCK128 and tiles.block_k != 128:
         raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
-    m_blocks = triton.cdiv(m, tiles.block_m) + e  # an upper bound: each group may end in a partial block
+    # An upper bound on the row blocks: the groups' full blocks add up to at most M // BLOCK_M, and
+    # each of the at most min(E, M) non-empty groups may end in one partial block. (At decode this
+    # drops the programs of the untouched experts.)
+    m_blocks = m // tiles.block_m + min(e, m)
     grid = (m_blocks * triton.cdiv(n, tiles.block_n),)
     xs = x_scale if x_scale is not None else x
     ws = w_scale if w_scale is not None else x

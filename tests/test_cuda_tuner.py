@@ -1,0 +1,52 @@
+"""`hal tune`'s search on a CUDA device, through the public `Vendor.tune`: every case gets an entry,
+the table reads back, and the chosen configuration computes what the reference computes when the
+vendor runs with that table. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hal import GemmKind, GemmProblem, Groups, reference
+from vendors.cuda import CudaVendor
+from vendors.cuda.tuning import TuningTable
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("kind", [GemmKind.BF16, GemmKind.FP8_BLOCK128])
+def test_tune_covers_every_case_and_its_choice_computes_the_reference(tmp_path, kind):
+    # K and N not multiples of 128; 1 and 300 tokens reach the decode and the many-rows grids.
+    problem = GemmProblem(kind, 12, 320, 200, 2, (1, 300))
+    table = CudaVendor(tuning=False).tune([problem])
+    json.dumps(table)  # JSON-able as `hal tune` writes it
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    loaded = TuningTable.load(path)
+    (key,) = loaded.entries
+    assert key == f"{kind.value} E=12 K=320 N=200"
+    assert sorted(loaded.entries[key]) == [2, 600]
+    assert all(c.us is not None and c.us > 0 for c in loaded.entries[key].values())
+    assert "CUDA-graph" in loaded.meta["timing"]
+
+    vendor = CudaVendor(tuning=path)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(12, 320, 200, device="cuda", generator=g) / 320**0.5
+    counts = torch.tensor([0, 50, 60, 0, 70, 40, 80, 0, 100, 30, 120, 50], device="cuda")  # 600 rows
+    groups = Groups.from_counts(counts)
+    x = torch.randn(int(counts.sum()), 320, device="cuda", generator=g)
+    if kind is GemmKind.BF16:
+        qw = vendor.quantize_weight(w.to(torch.bfloat16), "none", torch.bfloat16)
+        act = x.to(torch.bfloat16)
+    else:
+        qw = vendor.quantize_weight(w, "block-128x128")
+        act = vendor.quantize(x, "fp8", layout="per-token-group-128")
+    a = (act if isinstance(act, torch.Tensor) else reference.dequantize(act)).double()
+    b = reference.dequantize_weight(qw).double()
+    exact = torch.cat([a[int(s):int(s + c)] @ b[e] for e, (s, c) in enumerate(zip(counts.cumsum(0) - counts, counts))])
+    got = vendor.grouped_matmul(act, vendor.prepare_weight(qw), groups, out_dtype=torch.bfloat16)
+    # one bf16 rounding of the output, plus fp32 accumulation over K = 320
+    bound = (2**-8 + 320 * 2**-23) * exact.abs().max()
+    assert (got.double() - exact).abs().max() <= bound
