@@ -97,6 +97,8 @@ class VendorReport:
             "log": run.log.name if run and run.log else None,
             "matrix": [row.as_dict() for row in self.matrix()] if run else [],
             "tests": [r.as_dict() for r in run.results] if run else [],
+            "unfinished": [{"id": nodeid, "seconds": round(seconds, 1)} for nodeid, seconds in run.unfinished]
+            if run else [],
         }
 
 
@@ -134,6 +136,8 @@ def _summary(report: VendorReport) -> str:
         text += f"; {len(report.run.collection_errors)} collection error(s)"
     if report.run.exit_code not in (0, 1):
         text += f"; pytest exit code {report.run.exit_code}"
+    if report.run.unfinished:
+        text += f"; interrupted with {len(report.run.unfinished)} test(s) unfinished"
     if not report.run.ran and not report.run.collection_errors:
         text += "; no test ran"
     return text
@@ -188,6 +192,10 @@ def write_reports(reports: list[VendorReport], directory: Path,
 _STYLE = {"pass": "green", "FAIL": "bold red", "skipped": "yellow", "no tests": "dim"}
 
 
+#: Unfinished tests listed on the terminal (the JSON report has them all).
+_UNFINISHED_SHOWN = 10
+
+
 def print_matrix(report: VendorReport, console: Console) -> None:
     """The vendor's matrix as a table, then its failures."""
     if report.run is None:
@@ -207,5 +215,10 @@ def print_matrix(report: VendorReport, console: Console) -> None:
         console.print(f"[red]{result.outcome.upper()}[/] {escape(result.nodeid)}: {escape(result.message)}")
     for error in report.run.collection_errors:
         console.print(f"[red]collection error[/] {escape(error.splitlines()[0] if error else '')}")
+    for nodeid, seconds in report.run.unfinished[:_UNFINISHED_SHOWN]:
+        console.print(f"[red]UNFINISHED[/] {escape(nodeid)} (running for {seconds:.0f} s)")
+    if len(report.run.unfinished) > _UNFINISHED_SHOWN:
+        console.print(f"[red]... and {len(report.run.unfinished) - _UNFINISHED_SHOWN} more unfinished (see the JSON "
+                      "report)[/]")
     style = "green" if report.ok else "red"
     console.print(f"[{style}]{escape(report.vendor)}: {escape(_summary(report))}[/]")

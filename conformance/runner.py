@@ -3,7 +3,9 @@
 A `ResultCollector` plugin gathers one `CaseResult` per test (setup, call and teardown
 folded together) and reports progress as tests finish; it works with and without
 pytest-xdist (`workers`), whose worker processes also isolate a crashing kernel.
-pytest's own output goes to a log file, so nothing it prints is lost.
+pytest's own output goes to a log file, so nothing it prints is lost. A run stopped by
+SIGTERM (a time limit) or Ctrl-C ends like an interrupted pytest run, and its `SuiteRun`
+names the tests that were still running and for how long.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +76,9 @@ class SuiteRun:
     log: Path | None = None
     seconds: float = 0.0
     depth: str = DEFAULT_DEPTH  #: the `--hal-depth` it ran at
+    #: tests started but not finished when the run ended (an interrupted run), longest-running first,
+    #: with their seconds so far
+    unfinished: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def ran(self) -> int:
@@ -88,7 +95,7 @@ class SuiteRun:
     @property
     def ok(self) -> bool:
         """Whether pytest finished cleanly, something ran, and nothing failed."""
-        return (self.exit_code == 0 and self.ran > 0 and not self.collection_errors
+        return (self.exit_code == 0 and self.ran > 0 and not self.collection_errors and not self.unfinished
                 and not any(r.failed for r in self.results))
 
 
@@ -102,6 +109,7 @@ class ResultCollector:
         self.results: dict[str, CaseResult] = {}
         self.collection_errors: list[str] = []
         self._finished: set[str] = set()
+        self._started: dict[str, float] = {}  #: running tests -> when they started (monotonic)
         self._tally = {"passed": 0, "failed": 0, "skipped": 0}  #: finished tests by outcome
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -119,6 +127,16 @@ class ResultCollector:
         """Keep collection errors (an unimportable suite module fails the run)."""
         if report.failed:
             self.collection_errors.append(f"{report.nodeid or 'collection'}: {report.longreprtext[:MAX_DETAILS]}")
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        """A test started (with xdist, on some worker)."""
+        self._started.setdefault(nodeid, time.monotonic())
+
+    def unfinished(self) -> list[tuple[str, float]]:
+        """Tests started and not finished, longest-running first, with their seconds so far."""
+        now = time.monotonic()
+        running = [(nodeid, now - start) for nodeid, start in self._started.items() if nodeid not in self._finished]
+        return sorted(running, key=lambda item: -item[1])
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold the setup, call and teardown reports of each test into one result."""
@@ -180,11 +198,33 @@ def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log:
     args = pytest_arguments(vendor, workers=workers, keyword=keyword, depth=depth)
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_sigterm_interrupts())
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
             stream = stack.enter_context(log.open("w", encoding="utf-8"))
             stack.enter_context(contextlib.redirect_stdout(stream))
             stack.enter_context(contextlib.redirect_stderr(stream))
         exit_code = int(pytest.main(args, plugins=[collector]))
-    return SuiteRun(vendor, exit_code, sorted(collector.results.values(), key=lambda r: r.nodeid),
-                    collector.collection_errors, log, time.perf_counter() - start, depth)
+    unfinished = collector.unfinished()
+    stopped = {nodeid for nodeid, _ in unfinished}  # their setup may have reported: they have no outcome
+    results = sorted((r for r in collector.results.values() if r.nodeid not in stopped), key=lambda r: r.nodeid)
+    return SuiteRun(vendor, exit_code, results, collector.collection_errors, log, time.perf_counter() - start,
+                    depth, unfinished)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Any:
+    """While the suite runs, SIGTERM (what `timeout` sends) interrupts it as Ctrl-C does, so pytest stops,
+    the workers are shut down and the report still names what ran. Only the main thread can do this."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,29 @@ def test_plain_pytest_takes_the_depth(tmp_path):
     assert quick.returncode == 0 and "600-tokens" in quick.stdout and "4097" not in quick.stdout
     assert pytest_run("--hal-depth", "deep").returncode == 4
     assert CLI_DEPTHS == DEPTHS  # restated in the CLI, which does not import pytest
+
+
+def test_a_run_stopped_by_sigterm_names_the_tests_still_running(tmp_path):
+    """What `timeout` does to a long device run: the report still comes out, exits 1, and lists the
+    tests that were running (a hang would otherwise leave no name behind)."""
+    log = tmp_path / "pytest-cpu.log"
+    run = subprocess.Popen([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "cpu", "--depth", "full",
+                            "-k", "test_properties", "--report", str(tmp_path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        # pytest writes a test's result character after the test; once one is there the next test runs
+        while not (log.is_file() and any(c in "." for c in log.read_text().partition("test_properties.py")[2])):
+            assert time.monotonic() < deadline and run.poll() is None, "the run ended before a test finished"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 1, stdout + stderr
+    assert "UNFINISHED test_properties.py::" in stdout and "interrupted with" in stdout, stdout
+    (cpu,) = json.loads((tmp_path / "conformance.json").read_text())["vendors"]
+    assert cpu["ok"] is False and cpu["unfinished"] and all(u["id"].startswith("test_properties.py::")
+                                                            for u in cpu["unfinished"])
+    finished = {t["id"] for t in cpu["tests"]}
+    assert finished and not finished & {u["id"] for u in cpu["unfinished"]}
