@@ -209,3 +209,27 @@ def test_a_run_stopped_by_sigterm_names_the_tests_still_running(tmp_path):
                                                             for u in cpu["unfinished"])
     finished = {t["id"] for t in cpu["tests"]}
     assert finished and not finished & {u["id"] for u in cpu["unfinished"]}
+
+
+THREADS_TEST = """
+import os, torch
+def test_threads():
+    cpus = len(os.sched_getaffinity(0))
+    assert torch.get_num_threads() == max(1, cpus // 2), (torch.get_num_threads(), cpus)
+"""
+
+
+def test_xdist_workers_of_a_suite_run_share_the_cpus(tmp_path):
+    """Each of N workers gets its share of the CPU threads (the float64 references of 15 workers of 16
+    threads each stalled the full-depth run on an H100 host); plain pytest sessions are left alone."""
+    (tmp_path / "test_threads.py").write_text(THREADS_TEST)
+    env = {**os.environ, "OMP_NUM_THREADS": str(4 * len(os.sched_getaffinity(0)))}
+
+    def pytest_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_threads.py",
+                               *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    shared = pytest_run("--hal-vendor", "cpu", "-n", "2")
+    assert shared.returncode == 0, shared.stdout + shared.stderr
+    untouched = pytest_run("-n", "2")  # not a suite run: the threads stay as configured
+    assert untouched.returncode == 1 and "assert" in untouched.stdout, untouched.stdout

@@ -53,7 +53,9 @@ class TileConfig:
         return cls(*sizes, n_fastest=bool(values[5]) if len(values) == 6 else False)
 
 
-@triton.jit
+# M, E and M_BLOCKS change with every batch and only bound loops and masks: specializing on their
+# divisibility would compile a kernel per batch-size class and buy nothing.
+@triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
 def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
                   M, N, K, E, M_BLOCKS,
                   stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
