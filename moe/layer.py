@@ -235,7 +235,7 @@ class MoELayer(ExpertLoading, torch.nn.Module):
             out = moe_forward(x, logits, ids, weights, self._handle)
         else:
             out = self._run(x, logits, ids, weights)
-        return out.view(hidden_states.shape)
+        return out if out.shape == hidden_states.shape else out.view(hidden_states.shape)
 
     def _run(self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None,
              weights: torch.Tensor | None) -> torch.Tensor:

@@ -24,7 +24,7 @@ def check_hidden_states(hidden_states: object, hidden_size: int, device: torch.d
         raise invalid("hidden_states", f"shape [..., {hidden_size}]", tuple(hidden_states.shape))
     if hidden_states.dtype not in _INPUT_DTYPES:
         raise invalid("hidden_states", "a bf16, fp16 or fp32 tensor", hidden_states.dtype)
-    return hidden_states.reshape(-1, hidden_size)
+    return hidden_states if hidden_states.dim() == 2 else hidden_states.reshape(-1, hidden_size)
 
 
 def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
@@ -41,7 +41,8 @@ def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: objec
         on_device("router_logits", router_logits, device)
         if tuple(router_logits.shape) != (*lead, layer.num_experts):
             raise invalid("router_logits", f"shape {(*lead, layer.num_experts)}", tuple(router_logits.shape))
-        return router_logits.reshape(-1, layer.num_experts), None, None
+        flat = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, layer.num_experts)
+        return flat, None, None
     if topk_ids is None or topk_weights is None:
         raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got "
                            + ("neither" if topk_ids is None and topk_weights is None else "only one of the two"))

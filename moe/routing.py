@@ -151,8 +151,8 @@ class Router(abc.ABC):
         if router_logits.shape[0] == 0:
             empty = router_logits.new_zeros((0, self.top_k), dtype=torch.int64)
             return Routing(empty, empty.to(torch.float32), self.weights_on_input)
-        ids, weights = self._route(router_logits.to(torch.float32))
-        return Routing(ids.to(torch.int64), weights.to(torch.float32), self.weights_on_input)
+        ids, weights = self._route(_as(router_logits, torch.float32))
+        return Routing(_as(ids, torch.int64), _as(weights, torch.float32), self.weights_on_input)
 
     def to(self, device: torch.device | str) -> Router:
         """Move the router's tensors to `device`, in place, and return the router (as `nn.Module.to`
@@ -351,3 +351,9 @@ class GroupedSigmoidTopK(GroupedTopK):
 
     def __repr__(self) -> str:
         return f"GroupedSigmoidTopK({self._settings()}, {self._tail()})"
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`, without a dispatcher call when it already is (a decode step's host time is
+    mostly such calls)."""
+    return t if t.dtype == dtype else t.to(dtype)

@@ -254,7 +254,7 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
     activated = vendor.activate(gate_up, weights.activation)
     down = vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
                                  out_dtype=out_dtype, **_bias(weights.w2_bias))
-    return down.view(*lead, down.shape[-1])
+    return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
 
 
 def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.quantize import quantize_rows
-    from vendors.cuda.kernels.sorting import sort_pairs
+    from vendors.cuda.kernels.sorting import sort_pairs, sort_pairs_spread
 
     torch.manual_seed(0)
     x = torch.randn(5, 200).to(torch.float16)
@@ -78,6 +78,13 @@ SCRIPT = textwrap.dedent("""
     assert (swiglu(h).float() - act).abs().max() <= 2e-3 * act.abs().max(), "swiglu"
     ids = torch.stack([torch.randperm(40)[:4] for _ in range(9)])
     assert all(torch.equal(m, e) for m, e in zip(sort_pairs(ids, 40), sort_by_expert(ids, 40))), "sort"
+    # The spread sort: spans of one chunk and of several, a last span cut short, idle experts,
+    # one expert taking everything, int32 ids, more experts than one chunk row holds.
+    for tokens, k, experts, spans in ((300, 8, 128, 64), (257, 3, 40, 4), (1000, 1, 7, 3), (64, 8, 1, 2),
+                                      (129, 2, 600, 5), (200, 8, 16, None)):
+        ids = torch.randint(0, experts, (tokens, k), dtype=torch.int32)
+        got, want = sort_pairs_spread(ids, experts, max_spans=spans), sort_by_expert(ids.long(), experts)
+        assert all(torch.equal(m, e) for m, e in zip(got, want)), ("spread sort", tokens, k, experts, spans)
     rows, index, weights = torch.randn(36, 24), torch.randperm(36), torch.rand(9, 4)
     assert torch.allclose(triton_combine(rows, index, weights, torch.float32),
                           weighted_combine(rows, index, weights, torch.float32), atol=1e-6), "combine"

@@ -7,7 +7,7 @@
 | grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
 | grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`) |
 | swiglu | Triton, one pass |
-| sort by expert | Triton, one launch for up to 1024 pairs (decode); the torch radix sort above |
+| sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts |
 | weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
 | weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
 | everything else (dequantize, int4, nvfp4) | the torch reference (`hal.reference.ReferenceOps`) |
@@ -62,7 +62,7 @@ class CudaOps(ReferenceOps):
                           "tile configurations from the device's tuned table where it has the problem, else "
                           f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "swiglu": "Triton, one pass",
-        "sort_by_expert": f"Triton, one launch up to {sorting.MAX_PAIRS} pairs; torch radix sort above",
+        "sort_by_expert": "Triton counting sort: one program for two chunks of pairs, two launches of spans above",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
     }
@@ -144,9 +144,15 @@ class CudaOps(ReferenceOps):
 
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pairs sorted by expert: one Triton launch for small batches, else the torch version."""
-        if 0 < topk_ids.numel() <= sorting.MAX_PAIRS and num_experts <= sorting.MAX_EXPERTS:
+        """The pairs sorted by expert: a Triton counting sort (one launch for small batches, two above);
+        torch's radix sort for more experts than the kernels hold and for the largest batches."""
+        pairs = topk_ids.numel()
+        if pairs == 0 or num_experts > sorting.MAX_EXPERTS:
+            return super().sort_by_expert(topk_ids, num_experts=num_experts)
+        if sorting.one_program(pairs, num_experts):
             return sorting.sort_pairs(topk_ids, num_experts)
+        if sorting.spread(pairs, num_experts):
+            return sorting.sort_pairs_spread(topk_ids, num_experts)
         return super().sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,

@@ -7,7 +7,8 @@ call takes the entry of its problem whose M is nearest on a log scale, if its M 
 `REACH` times the problem's tuned rows (below the smallest / above the largest); a problem
 the table does not hold, or a call outside that reach, takes the built-in defaults. (On the
 H100, entries taken 8-32x beyond the largest tuned M made the layer 6-10 % slower than the
-built-in choice, whose backend changes with the rows: docs/performance.md, "round 2, part 2".) Tables ship in this package
+built-in choice, whose backend changes with the rows; taken 4x beyond, 4-5 % slower on both
+the H100 and the H200: docs/performance.md, "round 2, part 2" and "part 3".) Tables ship in this package
 (`vendors/cuda/tuning_tables/<device>.json`, found by device name) or are passed to
 `CudaVendor(tuning=...)`.
 
@@ -31,7 +32,7 @@ FORMAT = "moe-hal cuda grouped-gemm tuning v1"
 #: Where the packaged tables live.
 PACKAGED = Path(__file__).with_name("tuning_tables")
 #: How far (a factor of rows) beyond its tuned rows a problem's entries are used.
-REACH = 4
+REACH = 2
 #: The backend names a choice may take.
 TRITON, GROUPED_MM = "triton", "torch-grouped-mm"
 
