@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent("""
     # The spread sort: spans of one chunk and of several, a last span cut short, idle experts,
     # one expert taking everything, int32 ids, more experts than one chunk row holds.
     for tokens, k, experts, spans in ((300, 8, 128, 64), (257, 3, 40, 4), (1000, 1, 7, 3), (64, 8, 1, 2),
-                                      (129, 2, 600, 5), (200, 8, 16, None)):
+                                      (129, 2, 600, 5), (200, 8, 16, None), (300, 4, 1000, None)):
         ids = torch.randint(0, experts, (tokens, k), dtype=torch.int32)
         got, want = sort_pairs_spread(ids, experts, max_spans=spans), sort_by_expert(ids.long(), experts)
         assert all(torch.equal(m, e) for m, e in zip(got, want)), ("spread sort", tokens, k, experts, spans)
