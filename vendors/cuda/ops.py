@@ -146,12 +146,10 @@ class CudaOps(ReferenceOps):
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pairs sorted by expert: a Triton counting sort (one launch for small batches, two above);
         torch's radix sort for more experts than the kernels hold and for the largest batches."""
-        pairs = topk_ids.numel()
-        if pairs == 0 or num_experts > sorting.MAX_EXPERTS:
-            return super().sort_by_expert(topk_ids, num_experts=num_experts)
-        if sorting.one_program(pairs, num_experts):
+        method = sorting.sort_method(topk_ids.numel(), num_experts)
+        if method == sorting.ONE_PROGRAM:
             return sorting.sort_pairs(topk_ids, num_experts)
-        if sorting.spread(pairs, num_experts):
+        if method == sorting.SPREAD:
             return sorting.sort_pairs_spread(topk_ids, num_experts)
         return super().sort_by_expert(topk_ids, num_experts=num_experts)
 

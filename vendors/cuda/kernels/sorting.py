@@ -13,7 +13,7 @@ contiguous span of pairs. The first launch writes each span's per-expert counts 
 expert e start after all pairs of earlier experts and after the pairs of e in earlier
 spans, then places its span as above. (torch's radix sort took 34 us for 4096 pairs on an
 H100, a third of a 512-token qwen3 layer's non-GEMM time.) The largest batches of many experts
-still go to the radix sort (`spread`).
+still go to the radix sort (`sort_method`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-#: Most chunks of pairs sorted by one program (`one_program`); more go to `sort_pairs_spread`. On an
+#: Most chunks of pairs sorted by one program (`sort_method`); more go to `sort_pairs_spread`. On an
 #: H100 one program took 52 us for 16 chunks (1024 pairs, 128 experts), the spread sort 11 us.
 ONE_PROGRAM_CHUNKS = 2
 #: Most programs of the spread sort; fewer where experts are many (`spans_for`). Each program reads
@@ -60,19 +60,25 @@ def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, E_PAD: tl.con
         running += tl.sum(onehot, axis=0)
 
 
-def spread(pairs: int, num_experts: int) -> bool:
-    """Whether `sort_pairs_spread` beats torch's radix sort for this many pairs (see `MAX_SPREAD_WORK`)."""
-    return pairs * _padded_and_chunk(num_experts)[0] < MAX_SPREAD_WORK
+#: The ways `sort_method` picks from.
+ONE_PROGRAM, SPREAD, RADIX = "one-program", "spread", "radix"
+
+
+def sort_method(pairs: int, num_experts: int) -> str:
+    """How to sort `pairs` pairs over `num_experts` experts: `ONE_PROGRAM` (`sort_pairs`) for at most
+    `ONE_PROGRAM_CHUNKS` chunks, `SPREAD` (`sort_pairs_spread`) below `MAX_SPREAD_WORK` pairs x padded
+    experts, else `RADIX` (torch's sort; also for none, or more experts than `MAX_EXPERTS`)."""
+    if pairs == 0 or num_experts > MAX_EXPERTS:
+        return RADIX
+    e_pad, chunk = _padded_and_chunk(num_experts)
+    if pairs <= ONE_PROGRAM_CHUNKS * chunk:
+        return ONE_PROGRAM
+    return SPREAD if pairs * e_pad < MAX_SPREAD_WORK else RADIX
 
 
 def spans_for(num_experts: int) -> int:
     """Most programs of a spread sort over `num_experts` experts."""
     return min(MAX_SPANS, max(64, TABLE // _padded_and_chunk(num_experts)[0]))
-
-
-def one_program(pairs: int, num_experts: int) -> bool:
-    """Whether `sort_pairs` (one launch, one program) beats `sort_pairs_spread` for this many pairs."""
-    return pairs <= ONE_PROGRAM_CHUNKS * _padded_and_chunk(num_experts)[1]
 
 
 def _padded_and_chunk(num_experts: int) -> tuple[int, int]:
