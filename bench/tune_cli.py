@@ -1,7 +1,8 @@
 """`hal tune`: search a vendor's kernel configurations for named model shapes and write its table.
 
 The problems are the two grouped matmuls of each model shape's MoE layer (gate/up: K=H,
-N=2I; down: K=I, N=H) for each precision's grouped-matmul kind, at each token count. The
+N=2I, with the experts' SiLU-GLU as the layer applies it in the same call; down: K=I, N=H)
+for each precision's grouped-matmul kind, at each token count. The
 vendor times them (`Vendor.tune`) and returns its own table; this command writes it.
 """
 
@@ -16,7 +17,7 @@ from rich.console import Console
 
 from bench.cli import writable_file
 from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
-from hal import GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
+from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
 from hal.cli import positive_int_argument
 
 _DEFAULT_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
@@ -40,13 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[int, ...]) -> list[GemmProblem]:
-    """Both grouped matmuls of each shape, for each kind (duplicates once)."""
+    """Both grouped matmuls of each shape, for each kind (duplicates once); the gate/up one with SiLU-GLU."""
     out: dict[tuple, GemmProblem] = {}
     for shape in shapes:
         for kind in kinds:
-            for k, n in ((shape.hidden, 2 * shape.intermediate), (shape.intermediate, shape.hidden)):
-                out.setdefault((kind, shape.experts, k, n, shape.top_k),
-                               GemmProblem(kind, shape.experts, k, n, shape.top_k, tokens))
+            for k, n, activation in ((shape.hidden, 2 * shape.intermediate, ActivationKind.SILU_GLU),
+                                     (shape.intermediate, shape.hidden, None)):
+                out.setdefault((kind, shape.experts, k, n, shape.top_k, activation),
+                               GemmProblem(kind, shape.experts, k, n, shape.top_k, tokens, activation))
     return list(out.values())
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight, spread_scales, strided, to_device
+from conformance.reference import activation as reference_activation
 from conformance.reference import generator, grouped_matmul, worst
-from conformance.tolerances import gemm_bound
-from hal import GEMM_KINDS, GemmKind, Groups, Vendor
+from conformance.tolerances import gemm_bound, swiglu_bound
+from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor
 from hal.reference import activation_value
 
 def expect(condition: bool, message: str) -> None:
@@ -62,6 +65,45 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     bound = gemm_bound(ref, magnitude, want_dtype)
     if not bool((error <= bound).all()):
         pytest.fail(worst(error, bound) + _group_of_worst(error, bound, counts))
+
+
+def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], activation_kind: ActivationKind,
+                            k: int = K, n: int = 2 * N) -> None:
+    """`grouped_matmul(..., activation=...)` against the float64 activation of the float64 product.
+
+    The bound: the product's own (`gemm_bound`), carried through the activation by evaluating
+    it at the corners of each element's error box (twice that, for curvature), plus the
+    activation's rounding (`swiglu_bound`). A vendor may apply the activation to the rounded
+    product or to its accumulators; both fall inside."""
+    gen = generator("gemm-activated", kind, counts, k, n, activation_kind.value)
+    x = random_codes_activation(kind.value, sum(counts), k, gen)
+    w = random_codes_weight(kind.value, len(counts), k, n, gen)
+    product, magnitude = grouped_matmul(x, w, counts)
+    rms = float(product.square().mean().sqrt()) if product.numel() else 1.0
+    if rms > 0 and not 0.5 <= rms <= 8:  # products of order one, where the activation's shape shows
+        w = spread_scales(w, gen, math.log10(2 / rms), math.log10(2 / rms))
+        product, magnitude = grouped_matmul(x, w, counts)
+    device = vendor.device
+    groups = Groups.from_counts(torch.tensor(counts).to(device))
+    y = vendor.grouped_matmul(to_device(x, device), to_device(w, device), groups, activation=activation_kind)
+    out_dtype = default_out_dtype(kind)
+    width = n // 2 if activation_kind.gated else n
+    expect(y.dtype == out_dtype, f"{activation_kind}: output dtype {y.dtype}, expected {out_dtype}")
+    expect(tuple(y.shape) == (sum(counts), width),
+           f"{activation_kind}: output shape {tuple(y.shape)}, expected {(sum(counts), width)}")
+    ref, act_magnitude = reference_activation(product, activation_kind.value)
+    slack = gemm_bound(product, magnitude, out_dtype)
+    halves = 2 if activation_kind.gated else 1
+    signs = [(a, b) for a in (-1, 1) for b in ((-1, 1) if halves == 2 else (1,))]
+    carried = torch.zeros_like(ref)
+    for a, b in signs:
+        moved = product + slack * torch.cat([torch.full((1, n // halves), float(a), dtype=torch.float64),
+                                             torch.full((1, n - n // halves), float(b), dtype=torch.float64)], 1)
+        carried = torch.maximum(carried, (reference_activation(moved, activation_kind.value)[0] - ref).abs())
+    error = (y.double().cpu() - ref).abs()
+    bound = 2 * carried + swiglu_bound(ref, act_magnitude, out_dtype)
+    if not bool((error <= bound).all()):
+        pytest.fail(f"{kind} with {activation_kind}: " + worst(error, bound) + _group_of_worst(error, bound, counts))
 
 
 def _group_of_worst(error: torch.Tensor, bound: torch.Tensor, counts: list[int]) -> str:

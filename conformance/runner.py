@@ -111,6 +111,23 @@ class ResultCollector:
         self._finished: set[str] = set()
         self._started: dict[str, float] = {}  #: running tests -> when they started (monotonic)
         self._tally = {"passed": 0, "failed": 0, "skipped": 0}  #: finished tests by outcome
+        self.interrupted: str | None = None  #: why the run was told to stop (a signal), once it was
+        self._session: pytest.Session | None = None
+
+    def interrupt(self, reason: str) -> None:
+        """The run was told to stop: no further test starts, and a test that reports after this point
+        stays unfinished, even where its own code caught the KeyboardInterrupt (hypothesis, for one,
+        can turn an interrupted example into a flaky-test failure and carry on)."""
+        self.interrupted = reason
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._session is not None:
+            self._session.shouldstop = f"interrupted by {self.interrupted}"
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Keep the session, to stop it when interrupted."""
+        self._session = session
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Without xdist: the number of tests collected."""
@@ -140,6 +157,9 @@ class ResultCollector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold the setup, call and teardown reports of each test into one result."""
+        if self.interrupted is not None:
+            self._stop()
+            return
         properties = dict(report.user_properties)
         result = self.results.setdefault(
             report.nodeid, CaseResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled"))))
@@ -198,7 +218,7 @@ def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log:
     args = pytest_arguments(vendor, workers=workers, keyword=keyword, depth=depth)
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_sigterm_interrupts())
+        stack.enter_context(_sigterm_interrupts(collector.interrupt))
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
             stream = stack.enter_context(log.open("w", encoding="utf-8"))
@@ -213,14 +233,16 @@ def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Any:
+def _sigterm_interrupts(on_signal: Callable[[str], None]) -> Any:
     """While the suite runs, SIGTERM (what `timeout` sends) interrupts it as Ctrl-C does, so pytest stops,
-    the workers are shut down and the report still names what ran. Only the main thread can do this."""
+    the workers are shut down and the report still names what ran; `on_signal` hears of it first, so the
+    run stops even if a test swallows the KeyboardInterrupt. Only the main thread can do this."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        on_signal(f"signal {signum}")
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -234,6 +234,19 @@ def index_range(name: str, t: torch.Tensor, bound: int, what: str) -> None:
         raise invalid(name, f"{what} in [0, {bound})", f"values in [{low}, {high}]")
 
 
+def router_logits(logits: object, top_k: object) -> torch.Tensor:
+    """Float logits `[T, E]` and an int `top_k` in `[1, E]`."""
+    if not isinstance(logits, torch.Tensor):
+        raise invalid("logits", "a torch.Tensor", type(logits).__name__)
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise invalid("logits", "a [tokens, experts] tensor with at least one expert", tuple(logits.shape))
+    if logits.dtype not in FLOAT_DTYPES:
+        raise invalid("logits", "a bf16, fp16 or fp32 tensor", logits.dtype)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= logits.shape[1]:
+        raise invalid("top_k", f"an int in [1, {logits.shape[1]}] (the experts)", top_k)
+    return logits
+
+
 def expert_ids(topk_ids: object, num_experts: object, *, host_synchronous: bool = False) -> torch.Tensor:
     """Expert ids `[T, k]` (int32 or int64) and `num_experts` a positive int; the ids' range
     `[0, num_experts)` too where reading them is free (`values_are_free`)."""

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from hal.tuning import GemmProblem
 
 #: Every op a vendor provides, in the order reports list them.
-OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "add_expert_bias",
-            "swiglu", "activate", "prepare_weight", "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe",
-            "prepare_fused", "ep_dispatch", "ep_combine")
+OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
+            "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight", "sort_by_expert", "weighted_combine",
+            "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch", "ep_combine")
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,14 @@ class VendorOps(abc.ABC):
 
         return apply_activation(x, activation)
 
+    def grouped_matmul_activated(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                                 groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
+                                 activation: Activation) -> torch.Tensor:
+        """`activate(grouped_matmul(x, weight, groups))` (`[M, N / 2]` for gated kinds). The default makes
+        the two calls; a vendor that applies the activation in its GEMM's epilogue overrides this."""
+        y = self.grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
+        return self.activate(y, activation=activation)
+
     def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
         """`y` `[M, N]` plus the bias row `[N]` of each row's group (the reference unless overridden)."""
         from hal.reference.bias import add_group_bias
@@ -139,6 +147,14 @@ class VendorOps(abc.ABC):
         """A checkpoint's weight in hal's reference format made ready for this vendor's grouped matmul,
         once, at load (a layout change, a tile permutation...). The reference keeps it as it is."""
         return weight
+
+    def softmax_topk(self, logits: torch.Tensor, *, top_k: int,
+                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Softmax top-k routing of logits `[T, E]`: fp32 weights and int64 ids `[T, k]` (the reference
+        unless a subclass overrides this)."""
+        from hal.reference.routing import topk_of_softmax
+
+        return topk_of_softmax(logits, top_k, renormalize)
 
     @abc.abstractmethod
     def sort_by_expert(self, topk_ids: torch.Tensor, *,

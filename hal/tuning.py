@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hal.activations import ActivationKind
 from hal.errors import invalid
 from hal.gemm_kinds import GemmKind
 
@@ -15,7 +16,9 @@ from hal.gemm_kinds import GemmKind
 @dataclass(frozen=True)
 class GemmProblem:
     """One grouped matmul of a model's MoE layer: `kind`, `experts` groups, `[K] x [K, N]` per row,
-    rows routed top-`top_k` out of the experts, timed at each of `tokens`."""
+    rows routed top-`top_k` out of the experts, timed at each of `tokens`. `activation`: the
+    experts' activation applied by the same call (the gate/up projection, as the MoE layer
+    calls it: `Vendor.grouped_matmul(..., activation=...)`), or None."""
 
     kind: GemmKind
     experts: int
@@ -23,9 +26,16 @@ class GemmProblem:
     n: int
     top_k: int
     tokens: tuple[int, ...]
+    activation: ActivationKind | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", GemmKind(self.kind))
+        if self.activation is not None:
+            try:
+                object.__setattr__(self, "activation", ActivationKind(self.activation))
+            except ValueError:
+                raise invalid("activation", f"None or one of {', '.join(a.value for a in ActivationKind)}",
+                              self.activation) from None
         for name in ("experts", "k", "n", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -112,15 +112,22 @@ class Vendor(Platform):
 
     def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
                        groups: Groups, *, out_dtype: torch.dtype | None = None,
-                       bias: torch.Tensor | None = None) -> torch.Tensor:
+                       bias: torch.Tensor | None = None,
+                       activation: Activation | ActivationKind | str | None = None) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g] (+ bias[g])` for every group g, scales applied.
 
         x is `[M, K]` with rows sorted by group; the result is `[M, N]` in `out_dtype`
         (default: the activation dtype for float kinds, bf16 for quantized kinds). The kind
         must be declared and the vendor's kernel limits hold; `bias` (`[groups, N]`, float)
-        needs `capabilities().expert_bias`.
+        needs `capabilities().expert_bias`. `activation` (declared, see `activate`) is applied
+        to the product (after the bias): `[M, N / 2]` for gated kinds. Vendors may apply it in
+        the GEMM's epilogue, from the unrounded product.
         """
+        parsed = None if activation is None else self._declared_activation(activation)
         checks.gemm_operands(x, weight, groups)
+        if parsed is not None and parsed.gated and weight.out_features % 2:
+            raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}",
+                          weight.out_features)
         if out_dtype is not None:
             checks.out_dtype("out_dtype", out_dtype)
         device = self.device
@@ -150,11 +157,15 @@ class Vendor(Platform):
             if bias.dtype not in checks.FLOAT_DTYPES:
                 raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
             checks.on_device("bias", bias, device)
-        y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=checks.gemm_out_dtype(kind, out_dtype))
-        if bias is None:
-            return y
-        checks.expert_bias_operands(y, bias, groups)
-        return self.ops.add_expert_bias(y, bias, groups=groups)
+        resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
+        if parsed is not None and bias is None:
+            return self.ops.grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=resolved_dtype,
+                                                     activation=parsed)
+        y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
+        if bias is not None:
+            checks.expert_bias_operands(y, bias, groups)
+            y = self.ops.add_expert_bias(y, bias, groups=groups)
+        return y if parsed is None else self.ops.activate(y, activation=parsed)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
@@ -165,15 +176,20 @@ class Vendor(Platform):
     def activate(self, x: torch.Tensor, activation: Activation | ActivationKind | str) -> torch.Tensor:
         """The experts' activation (see `hal.ActivationKind`): `[..., 2I]` as `[gate | up]` to `[..., I]`
         for gated kinds, elementwise for plain ones; the kind must be declared."""
+        parsed = self._declared_activation(activation)
+        checks.activation_input(x, parsed)
+        checks.on_device("x", x, self.device)
+        return self.ops.activate(x, activation=parsed)
+
+    def _declared_activation(self, activation: Activation | ActivationKind | str) -> Activation:
+        """`activation` parsed, refused unless the vendor declares its kind."""
         parsed = Activation.parse(activation)
         caps = self.capabilities()
         if parsed.kind not in caps.activations:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the activation {parsed.kind} "
                 f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})")
-        checks.activation_input(x, parsed)
-        checks.on_device("x", x, self.device)
-        return self.ops.activate(x, activation=parsed)
+        return parsed
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """Run `work` (a function of hal ops returning a tensor) concurrently with what the caller issues
@@ -242,7 +258,25 @@ class Vendor(Platform):
             raise invalid(f"{self.name} prepare_weight result", "a hal.QuantizedWeight", type(prepared).__name__)
         return prepared
 
-    # -- routing permutation and combine ---------------------------------------------------------
+    # -- routing, permutation and combine --------------------------------------------------------
+
+    def softmax_topk(self, logits: torch.Tensor, top_k: int, *,
+                     renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`.
+
+        The k experts of largest `softmax(logits)` (computed in fp32) and their probabilities,
+        divided by their sum when `renormalize`. Equal probabilities may be picked in any order
+        (which of them is kept at the k-th place is the vendor's); weights are within fp32
+        rounding of the reference `hal.reference.softmax_topk`. Without a host synchronisation.
+        """
+        checks.router_logits(logits, top_k)
+        checks.on_device("logits", logits, self.device)
+        if not isinstance(renormalize, bool):
+            raise invalid("renormalize", "True or False", renormalize)
+        if logits.shape[0] == 0:
+            empty = torch.empty((0, top_k), device=logits.device)
+            return empty.to(torch.float32), empty.to(torch.int64)
+        return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
 
     def sort_by_expert(self, topk_ids: torch.Tensor,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

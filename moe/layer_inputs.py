@@ -67,7 +67,7 @@ def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None,
     if logits is not None:
         if check and torch.is_floating_point(logits):
             _require_finite("router_logits", logits)
-        return layer.router(logits)
+        return layer.router(logits, layer.vendor)
     if ids is None or weights is None:
         raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got neither")
     if check:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hal import InvalidInput, invalid, positive_int
+from hal import InvalidInput, Vendor, invalid, positive_int
+from hal.reference import softmax_topk
 from moe.arguments import with_data
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -145,14 +146,21 @@ class Router(abc.ABC):
         if top_k > num_experts:
             raise InvalidInput(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
 
-    def __call__(self, router_logits: torch.Tensor) -> Routing:
-        """Route every token; raises `InvalidInput` for logits of the wrong type, shape or dtype."""
+    def __call__(self, router_logits: torch.Tensor, vendor: Vendor | None = None) -> Routing:
+        """Route every token; raises `InvalidInput` for logits of the wrong type, shape or dtype. With a
+        `vendor`, routers whose rule is a hal op (`SoftmaxTopK`: `Vendor.softmax_topk`) take the vendor's
+        kernel; the others compute in torch on the logits' device."""
         self._check_logits(router_logits)
         if router_logits.shape[0] == 0:
             empty = router_logits.new_zeros((0, self.top_k), dtype=torch.int64)
             return Routing(empty, empty.to(torch.float32), self.weights_on_input)
-        ids, weights = self._route(_as(router_logits, torch.float32))
+        routed = self._route_on(vendor, router_logits) if vendor is not None else None
+        ids, weights = routed if routed is not None else self._route(_as(router_logits, torch.float32))
         return Routing(_as(ids, torch.int64), _as(weights, torch.float32), self.weights_on_input)
+
+    def _route_on(self, vendor: Vendor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids, weights) through the vendor's ops, or None where this router has no hal op (the default)."""
+        return None
 
     def to(self, device: torch.device | str) -> Router:
         """Move the router's tensors to `device`, in place, and return the router (as `nn.Module.to`
@@ -198,10 +206,11 @@ class SoftmaxTopK(Router):
                 f"routed_scaling_factor={self.routed_scaling_factor})")
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(logits, dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:  # the k largest softmax probabilities sum to at least k / E: no guard needed
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = softmax_topk(logits, self.top_k, self.renormalize)
+        return ids, _scaled(weights, self.routed_scaling_factor)
+
+    def _route_on(self, vendor: Vendor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = vendor.softmax_topk(logits, self.top_k, renormalize=self.renormalize)
         return ids, _scaled(weights, self.routed_scaling_factor)
 
 

@@ -14,6 +14,8 @@ layer, never a process-wide table.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import warnings
@@ -24,6 +26,7 @@ import torch
 
 from hal import (
     GemmKind,
+    Groups,
     InvalidInput,
     PluginFailure,
     QuantizedTensor,
@@ -35,7 +38,7 @@ from hal import (
 )
 from moe.dispatch.base import DispatchFormat, DispatchOutput
 from moe.schemes import SCHEMES, QuantScheme
-from moe.schemes.base import ExpertWeights
+from moe.schemes.base import ExpertWeights, GemmOperand
 
 #: The entry-point group through which plugins add runners.
 RUNNER_ENTRY_POINT_GROUP = "moe.expert_runners"
@@ -249,12 +252,29 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
     rows = _flatten_rows(payload)
     groups = dispatched.groups()
     out_dtype = scheme.output_dtype()
-    gate_up = vendor.grouped_matmul(scheme.first_operand(vendor, rows, weights), weights.w13, groups,
-                                    out_dtype=out_dtype, **_bias(weights.w13_bias))
-    activated = vendor.activate(gate_up, weights.activation)
+    activated = first_projection(vendor, scheme.first_operand(vendor, rows, weights), weights, groups, out_dtype)
     down = vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
                                  out_dtype=out_dtype, **_bias(weights.w2_bias))
     return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
+
+
+def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeights, groups: Groups,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    """The gate/up GEMM and the experts' activation, as one `hal` call (the vendor may apply the
+    activation in the GEMM's epilogue). A vendor class whose `grouped_matmul` override predates the
+    `activation` keyword gets the GEMM and `activate` as two calls."""
+    if _takes_activation(type(vendor)):
+        return vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype,
+                                     activation=weights.activation, **_bias(weights.w13_bias))
+    gate_up = vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype, **_bias(weights.w13_bias))
+    return vendor.activate(gate_up, weights.activation)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_activation(vendor_type: type) -> bool:
+    """Whether `vendor_type.grouped_matmul` accepts `activation` (a fact of the class, looked up once)."""
+    params = inspect.signature(vendor_type.grouped_matmul).parameters  # type: ignore[attr-defined]
+    return "activation" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:

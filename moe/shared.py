@@ -16,6 +16,7 @@ import torch
 
 from hal import Activation, Groups, InvalidInput, ScaleLayout, Vendor, invalid, positive_int
 from moe.schemes import ExpertWeights, QuantScheme
+from moe.runners import first_projection
 from moe.weight_store import WeightStore
 
 
@@ -70,9 +71,8 @@ class SharedExpertsBlock(torch.nn.Module):
             raise InvalidInput("MoELayer: expected shared expert weights; call load_shared_experts()")
         groups = Groups.from_counts(torch.full((1,), x.shape[0], dtype=torch.int64, device=x.device))
         out_dtype = scheme.output_dtype()
-        up = vendor.grouped_matmul(scheme.gemm_operand(vendor, x, weights.input_global_scale), weights.w13, groups,
-                                   out_dtype=out_dtype, bias=weights.w13_bias)
-        h = vendor.activate(up, weights.activation)
+        h = first_projection(vendor, scheme.gemm_operand(vendor, x, weights.input_global_scale), weights, groups,
+                             out_dtype)
         out = vendor.grouped_matmul(scheme.gemm_operand(vendor, h, weights.intermediate_global_scale), weights.w2,
                                     groups, out_dtype=out_dtype, bias=weights.w2_bias).to(torch.float32)
         if self.gate is not None:

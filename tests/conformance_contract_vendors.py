@@ -34,8 +34,8 @@ class WritesIntoInput(CpuVendor):
 
     name = "writes-into-input"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None):
-        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias)
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
+        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
         for t in (x, weight.data, weight.scale, weight.global_scale):
             _round_trip_in_place(t)
         return y
@@ -46,8 +46,8 @@ class NonContiguousOutputs(CpuVendor):
 
     name = "non-contiguous-outputs"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None):
-        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias)
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
+        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
         return y.t().contiguous().t()
 
     def weighted_combine(self, rows, index, topk_weights, out_dtype):

@@ -25,12 +25,12 @@ class DropsLastGroup(CpuVendor):
 
     name = "drops-last-group"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None):
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, activation=None):
         y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
         last = int(groups.counts()[-1])
         if last:
             y[y.shape[0] - last:] = 0
-        return y
+        return y if activation is None else self.activate(y, activation)
 
 
 class TruncatingFp8(CpuVendor):
@@ -125,11 +125,11 @@ class SixteenGroups(CpuVendor):
 
     name = "sixteen-groups"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None):
+    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
         count = getattr(groups, "num_groups", 0)  # bad arguments go on to the checks unchanged
         if count > 16 and isinstance(weight, QuantizedWeight) and weight.num_experts == count:
             weight = _experts(weight, torch.arange(count) % 16)
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias)
+        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
 
 
 class TailColumnsUnwritten(CpuVendor):

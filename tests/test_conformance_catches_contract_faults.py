@@ -26,6 +26,8 @@ OP_CONTIGUOUS = f"{CONTRACTS}::test_op_returns_contiguous_tensors"
 OP_REPEATS = f"{CONTRACTS}::test_op_repeats_bit_identically"
 LAYER_INPUTS = f"{CONTRACTS}::test_layer_keeps_its_inputs_and_returns_a_contiguous_output"
 LAYER_REPEATS = f"{CONTRACTS}::test_layer_repeats_bit_identically"
+#: the grouped-matmul op cases: the product, and the product with SiLU-GLU applied by the same call
+GEMM_FORMS = ("", "-silu-glu")
 #: the suite's one other test that compares two layer outputs bit for bit
 ROUND_TRIP = "test_moe_features.py::test_state_dict_round_trip_onto_a_fresh_layer"
 
@@ -76,10 +78,10 @@ def test_an_op_that_writes_into_its_inputs(conformance):
     failed = _failed(result)
     # the grouped matmul scales its float operands in place and back; nvfp4 operands have none that
     # change (uint8 codes, e4m3 scales, a global scale that triples exactly)
-    must = {f"{OP_INPUTS}[grouped_matmul-{k}]" for k in GemmKind if k is not GemmKind.NVFP4}
+    must = {f"{OP_INPUTS}[grouped_matmul-{k}{a}]" for k in GemmKind if k is not GemmKind.NVFP4 for a in GEMM_FORMS}
     must |= {f"{OP_INPUTS}[grouped_matmul-bias]"} | {f"{LAYER_INPUTS}[{s}]" for s in KNOWN_SCHEMES}
     assert must <= failed, sorted(must - failed)
-    assert failed <= must | {f"{OP_INPUTS}[grouped_matmul-nvfp4]"}, sorted(failed - must)
+    assert failed <= must | {f"{OP_INPUTS}[grouped_matmul-nvfp4{a}]" for a in GEMM_FORMS}, sorted(failed - must)
     assert _functions(failed) == {OP_INPUTS, LAYER_INPUTS}
     assert result["exit"] == 1 and _row(result, "op contracts")["result"] == "FAIL"
 
@@ -87,7 +89,7 @@ def test_an_op_that_writes_into_its_inputs(conformance):
 def test_ops_that_return_non_contiguous_tensors(conformance):
     result = conformance("non-contiguous-outputs")
     failed = _failed(result)
-    must = {f"{OP_CONTIGUOUS}[grouped_matmul-{k}]" for k in GemmKind}
+    must = {f"{OP_CONTIGUOUS}[grouped_matmul-{k}{a}]" for k in GemmKind for a in GEMM_FORMS}
     must |= {f"{OP_CONTIGUOUS}[grouped_matmul-bias]", f"{OP_CONTIGUOUS}[weighted_combine]"}
     must |= {f"{LAYER_INPUTS}[{s}]" for s in KNOWN_SCHEMES}  # the layer's output is the combine's
     assert failed == must, sorted(failed ^ must)
@@ -99,7 +101,8 @@ def test_a_grouped_matmul_that_is_not_bit_reproducible(conformance):
     """Only the reproducibility tests fail: every numeric test of the whole suite passes."""
     result = conformance("non-deterministic-gemm", whole_suite=True)
     failed = _failed(result)
-    must = {f"{OP_REPEATS}[grouped_matmul-{k}]" for k in GemmKind} | {f"{OP_REPEATS}[grouped_matmul-bias]"}
+    must = {f"{OP_REPEATS}[grouped_matmul-{k}{a}]" for k in GemmKind for a in GEMM_FORMS}
+    must |= {f"{OP_REPEATS}[grouped_matmul-bias]"}
     must |= {f"{LAYER_REPEATS}[{s}]" for s in KNOWN_SCHEMES}
     assert must <= failed, sorted(must - failed)
     assert failed <= must | {ROUND_TRIP}, sorted(failed - must)

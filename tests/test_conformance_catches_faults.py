@@ -36,6 +36,7 @@ def _outcomes(result: dict) -> tuple[set[str], set[str]]:
 
 
 GEMM = "test_grouped_matmul.py::test_grouped_matmul_matches_float64"
+GEMM_ACTIVATED = "test_grouped_matmul.py::test_grouped_matmul_with_activation_matches_float64"
 LAYER = "test_moe_layer.py::test_layer_matches_the_float64_moe"
 MODEL_DTYPE = "test_model_dtype.py::test_a_model_computes_in_its_own_dtype"
 #: The shape sweeps and property tests (`tests/test_conformance_catches_shape_faults.py` proves them
@@ -53,6 +54,7 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     result = _run(tmp_path, "drops-last-group")
     failed, ran = _outcomes(result)
     must = {f"{GEMM}[{kind}-{case}]" for kind in GemmKind for case in LAST_GROUP_USED}
+    must |= {t for t in ran if t.startswith(GEMM_ACTIVATED)}  # every activated case has rows in its last group
     # the bias cases whose last group has rows, and every model-features layer (300 tokens, 16 experts)
     must |= {f"test_activations_and_bias.py::test_grouped_matmul_bias_matches_float64[{c}]"
              for c in ("40-groups", "one-row", "uneven")}

@@ -211,6 +211,41 @@ def test_a_run_stopped_by_sigterm_names_the_tests_still_running(tmp_path):
     assert finished and not finished & {u["id"] for u in cpu["unfinished"]}
 
 
+SWALLOWS_TEST = """
+import os, signal, time
+def test_catches_the_interrupt():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt:  # as hypothesis may, replaying an example the interrupt cut short
+        raise AssertionError("flaky")
+def test_never_starts():
+    pass
+"""
+
+SWALLOWS_RUN = """
+import json, sys, pytest
+from conformance.runner import ResultCollector, _sigterm_interrupts
+collector = ResultCollector("cpu")
+with _sigterm_interrupts(collector.interrupt):
+    code = int(pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-c", "/dev/null"], plugins=[collector]))
+print(json.dumps({"code": code, "results": sorted(collector.results), "unfinished": [n for n, _ in collector.unfinished()]}))
+"""
+
+
+def test_a_test_that_catches_the_interrupt_still_stops_the_run(tmp_path):
+    """SIGTERM during a test whose code turns the KeyboardInterrupt into a failure: the run stops there,
+    and that test is reported unfinished, not failed."""
+    (tmp_path / "test_swallows.py").write_text(SWALLOWS_TEST)
+    done = subprocess.run([sys.executable, "-c", SWALLOWS_RUN, str(tmp_path / "test_swallows.py")],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["code"] == 2, out  # pytest's "interrupted"
+    assert [n.rpartition("::")[2] for n in out["unfinished"]] == ["test_catches_the_interrupt"], out
+    assert not any("never_starts" in r for r in out["results"]), out
+
+
 THREADS_TEST = """
 import os, torch
 def test_threads():

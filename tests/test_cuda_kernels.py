@@ -2,7 +2,8 @@
 
 The conformance suite checks quantize, grouped matmul and swiglu against float64; these
 tests cover the ops it does not reach: the sort by expert, the weighted combine and the
-K-major weight storage, at the sizes where the kernel or the torch path is chosen.
+K-major weight storage, at the sizes where the kernel or the torch path is chosen, and the
+first projection with its activation and the fp8 quantize at a real model's sizes.
 """
 
 from __future__ import annotations
@@ -49,3 +50,32 @@ def test_eight_bit_weights_are_stored_k_major_with_the_reference_values(layout, 
     ref = reference.quantize_weight(w, layout, dtype)
     assert mine.data.shape == ref.data.shape and mine.data.stride(1) == 1  # K contiguous
     assert torch.equal(mine.data.float(), ref.data.float()) and torch.equal(mine.scale, ref.scale)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8-block128", "int8"])
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (37, 8, 128), (256, 8, 128), (300, 2, 8)])
+def test_the_first_projection_with_its_activation_matches_float64(kind, tokens, top_k, experts):
+    """qwen3-30b-a3b's gate/up projection (K 2048, 2I 1536) with SiLU-GLU applied by the same call: the
+    Triton epilogue, and for bf16 at 300 rows per group torch._grouped_mm then the swiglu pass."""
+    from conformance.checks import run_activated_gemm_case
+    from hal import ActivationKind, GemmKind
+
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.rand(tokens, experts, generator=g).argsort(dim=-1)[:, :top_k]
+    counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
+    run_activated_gemm_case(CudaVendor(), GemmKind(kind), counts, ActivationKind.SILU_GLU, k=2048, n=1536)
+
+
+@pytest.mark.parametrize("rows, width, layout", [(4099, 2000, "per-token-group-128"), (33, 7168, "per-token-group-128"),
+                                                 (5000, 768, "per-token"), (3, 20000, "per-token")])
+def test_fp8_quantize_in_tiles_of_rows_matches_the_reference(rows, width, layout):
+    """Tiles of rows (a partial last tile, zero rows) and the two-pass loop for very long rows: the reference's
+    scales, and values at most one e4m3 step from the reference's."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = (torch.randn(rows, width, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    x[rows // 2] = 0
+    mine = CudaVendor().quantize(x, "fp8", layout=layout)
+    ref = reference.quantize(x, "fp8", layout)
+    torch.testing.assert_close(mine.scale, ref.scale, rtol=1e-6, atol=0)
+    step = ref.data.float().abs() * 2.0**-3 + 2.0**-9
+    assert bool(((mine.data.float() - ref.data.float()).abs() <= step).all())

@@ -50,3 +50,33 @@ def test_tune_covers_every_case_and_its_choice_computes_the_reference(tmp_path, 
     # one bf16 rounding of the output, plus fp32 accumulation over K = 320
     bound = (2**-8 + 320 * 2**-23) * exact.abs().max()
     assert (got.double() - exact).abs().max() <= bound
+
+
+def test_a_gate_up_problem_is_tuned_with_its_activation_and_computes_it(tmp_path):
+    """A problem with SiLU-GLU gets a `+silu-glu` entry (the epilogue, the plain kernel then the pass, or
+    torch._grouped_mm then the pass); the vendor reading it computes silu(gate) * up."""
+    from hal import ActivationKind
+    from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION
+
+    problem = GemmProblem(GemmKind.BF16, 12, 320, 400, 2, (1, 300), ActivationKind.SILU_GLU)
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(CudaVendor(tuning=False).tune([problem])))
+    loaded = TuningTable.load(path)
+    assert list(loaded.entries) == ["bf16 E=12 K=320 N=400 +silu-glu"]
+    choices = loaded.entries["bf16 E=12 K=320 N=400 +silu-glu"]
+    assert sorted(choices) == [2, 600]
+    assert {c.backend for c in choices.values()} <= {TRITON, TRITON_THEN_ACTIVATION, GROUPED_MM}
+
+    vendor = CudaVendor(tuning=path)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    w = (torch.randn(12, 320, 400, device="cuda", generator=g) / 320**0.5).to(torch.bfloat16)
+    for counts in ([0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], [0, 50, 60, 0, 70, 40, 80, 0, 100, 30, 120, 50]):
+        c = torch.tensor(counts, device="cuda")
+        x = torch.randn(int(c.sum()), 320, device="cuda", generator=g).to(torch.bfloat16)
+        got = vendor.grouped_matmul(x, vendor.quantize_weight(w, "none", torch.bfloat16), Groups.from_counts(c),
+                                    activation="silu-glu")
+        full = torch.cat([x[int(s):int(s + n)].double() @ w[e].double()
+                          for e, (s, n) in enumerate(zip(c.cumsum(0) - c, c))])
+        exact = torch.nn.functional.silu(full[:, :200]) * full[:, 200:]
+        assert got.shape == (int(c.sum()), 200)
+        assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max()

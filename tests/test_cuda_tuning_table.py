@@ -12,8 +12,18 @@ import pytest
 
 from bench.shapes import SHAPES
 from bench.tune_cli import problems_for
-from hal import GemmKind, GemmProblem, InvalidInput
-from vendors.cuda.tuning import GROUPED_MM, REACH, TRITON, Choice, TuningTable, device_slug, packaged_devices, problem_key
+from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput
+from vendors.cuda.tuning import (
+    GROUPED_MM,
+    REACH,
+    TRITON,
+    TRITON_THEN_ACTIVATION,
+    Choice,
+    TuningTable,
+    device_slug,
+    packaged_devices,
+    problem_key,
+)
 from vendors.cuda.vendor import CudaVendor
 
 
@@ -40,6 +50,18 @@ def test_rows_beyond_the_reach_of_the_tuned_rows_take_the_defaults(rows):
 def test_a_problem_the_table_does_not_hold_takes_the_defaults():
     table = _table()
     assert table.lookup("bf16", 8, 64, 33, 8) is None and table.lookup("fp8-block128", 8, 64, 32, 8) is None
+
+
+def test_a_call_with_its_activation_takes_its_own_entry_else_the_plain_one_then_the_pass():
+    table = _table()
+    plain = table.lookup("bf16", 8, 64, 32, 8)
+    fallback = table.lookup_activated("bf16", 8, 64, 32, 8, "silu-glu")
+    assert plain.backend == TRITON and fallback.backend == TRITON_THEN_ACTIVATION and fallback.tiles == plain.tiles
+    own = Choice(TRITON, (16, 32, 128, 4, 4, 0), 5.0)
+    table.entries[problem_key("bf16", 8, 64, 32, "silu-glu")] = {16: own}
+    assert problem_key("bf16", 8, 64, 32, "silu-glu") == "bf16 E=8 K=64 N=32 +silu-glu"
+    assert table.lookup_activated("bf16", 8, 64, 32, 8, "silu-glu") == own
+    assert table.lookup_activated("bf16", 8, 64, 33, 8, "silu-glu") is None
 
 
 def test_a_table_round_trips_through_its_json(tmp_path):
@@ -71,7 +93,8 @@ def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
 @pytest.mark.parametrize("device, kinds", [
     ("NVIDIA H100 80GB HBM3", {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"),
                                "deepseek-v3-ep8": ("bf16", "fp8")}),
-    ("NVIDIA H200", {"qwen3-30b-a3b": ("bf16", "fp8"), "deepseek-v3-ep8": ("bf16", "fp8")}),
+    ("NVIDIA H200", {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"),
+                     "deepseek-v3-ep8": ("bf16", "fp8")}),
 ])
 def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
     """Both grouped matmuls of each model `hal tune` ran on that device, for each precision, at 1 to 4096
@@ -84,7 +107,8 @@ def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
         for precision in precisions:
             kind = GemmKind.BF16 if precision == "bf16" else GemmKind.FP8_BLOCK128
             for problem in problems_for([shape], [kind], (1,)):
-                key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
+                activation = problem.activation.value if problem.activation else None
+                key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n, activation)
                 assert key in table.entries, key
                 rows = table.entries[key]
                 assert min(rows) == shape.top_k and max(rows) >= 4096 * shape.top_k, (key, sorted(rows))
@@ -103,7 +127,7 @@ def test_the_vendor_refuses_a_tuning_argument_of_the_wrong_type():
 
 @pytest.mark.parametrize("kwargs, name", [(dict(experts=0), "experts"), (dict(top_k=9), "top_k"),
                                           (dict(tokens=()), "tokens"), (dict(tokens=(0,)), "tokens"),
-                                          (dict(k=True), "k")])
+                                          (dict(k=True), "k"), (dict(activation="tanh"), "activation")])
 def test_a_gemm_problem_validates_its_fields(kwargs, name):
     fields = dict(kind="bf16", experts=8, k=64, n=32, top_k=2, tokens=(1, 8))
     with pytest.raises(InvalidInput, match=name):
@@ -112,7 +136,8 @@ def test_a_gemm_problem_validates_its_fields(kwargs, name):
 
 def test_problems_for_covers_both_projections_once():
     problems = problems_for([SHAPES["qwen3-30b-a3b"], SHAPES["qwen3-30b-a3b"]], [GemmKind.BF16], (1, 8))
-    assert {(p.k, p.n) for p in problems} == {(2048, 1536), (768, 2048)} and len(problems) == 2
+    assert {(p.k, p.n, p.activation) for p in problems} == {(2048, 1536, ActivationKind.SILU_GLU), (768, 2048, None)}
+    assert len(problems) == 2
 
 
 @pytest.mark.parametrize("argv, status", [(["--vendor", "cpu"], 1), (["--vendor", "cpu", "--model", "gpt-5"], 2),

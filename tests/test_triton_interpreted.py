@@ -24,17 +24,22 @@ SCRIPT = textwrap.dedent("""
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.quantize import quantize_rows
+    from vendors.cuda.kernels.routing import softmax_topk
     from vendors.cuda.kernels.sorting import sort_pairs, sort_pairs_spread
+
+    def check_quantize(x, what):
+        q, s = quantize_rows(x, torch.int8, None, qmax=127.0, rounds=True)
+        r = ref.quantize(x, "int8")
+        assert torch.equal(q, r.data) and torch.allclose(s, r.scale), "int8 quantize" + what
+        q, s = quantize_rows(x, torch.float8_e4m3fn, 128, qmax=448.0, rounds=False)
+        r = ref.quantize(x, "fp8", "per-token-group-128")
+        groups = -(-x.shape[1] // 128)  # the interpreter's fp8 cast is not the GPU's: scales only
+        assert s.shape == (x.shape[0], groups) and torch.allclose(s, r.scale), "fp8 group scales" + what
 
     torch.manual_seed(0)
     x = torch.randn(5, 200).to(torch.float16)
     x[2] = 0
-    q, s = quantize_rows(x, torch.int8, None, qmax=127.0, rounds=True)
-    r = ref.quantize(x, "int8")
-    assert torch.equal(q, r.data) and torch.allclose(s, r.scale), "int8 quantize"
-    q, s = quantize_rows(x, torch.float8_e4m3fn, 128, qmax=448.0, rounds=False)
-    r = ref.quantize(x, "fp8", "per-token-group-128")
-    assert torch.allclose(s, r.scale), "fp8 group scales"  # the interpreter's fp8 cast is not the GPU's
+    check_quantize(x, "")
 
     counts = torch.tensor([3, 0, 9, 4])
     ends = counts.cumsum(0).tolist()
@@ -73,6 +78,30 @@ SCRIPT = textwrap.dedent("""
                          scale_mode=SCALE_BLOCK128, config=tiles)
         assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), "fp8 block gemm"
 
+    # The gated epilogue: silu(x @ gate) * (x @ up) from the accumulators, a width that is not a
+    # multiple of 128 (the up half's scale tiles start mid-tile), every scale mode, tiles halved.
+    wg = torch.randn(4, 320, 300)
+    full = torch.cat([a[e - c:e] @ wg[g] for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
+    glu = torch.nn.functional.silu(full[:, :150]) * full[:, 150:]
+    for tiles in (None, TileConfig(16, 32, 64, 4, 3, n_fastest=True), TileConfig(32, 128, 32, 4, 3)):
+        y = grouped_gemm(a, wg, counts, torch.float32, config=tiles, gated=True)
+        assert y.shape == (16, 150) and (y - glu).abs().max() <= 1e-4 * glu.abs().max(), ("gated", tiles)
+    qa, qw = ref.quantize(a, "int8"), ref.quantize_weight(wg, "per-channel", torch.int8)
+    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                     scale_mode=SCALE_ROWWISE, gated=True)
+    exact = torch.cat([(qa.data[e - c:e].double() @ qw.data[g].double()) * qa.scale[e - c:e, None].double()
+                       * qw.scale[g].double() for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
+    exact = torch.nn.functional.silu(exact[:, :150]) * exact[:, 150:]
+    assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), "gated int8 gemm"
+    qa, qw = ref.quantize(a, "fp8", "per-token-group-128"), ref.quantize_weight(wg, "block-128x128")
+    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                     scale_mode=SCALE_BLOCK128, gated=True)
+    assert (y - glu).abs().max() <= 0.1 * glu.abs().max(), "gated fp8 block gemm"
+    # Tiles of rows: more rows than one tile, a partial last tile, a zero row, widths of one group and several.
+    wide_x = torch.randn(70, 300)
+    wide_x[33] = 0
+    check_quantize(wide_x, ", tiles of rows")
+
     h = torch.randn(4, 64).to(torch.float16)
     act = torch.nn.functional.silu(h[:, :32].float()) * h[:, 32:].float()
     assert (swiglu(h).float() - act).abs().max() <= 2e-3 * act.abs().max(), "swiglu"
@@ -85,6 +114,14 @@ SCRIPT = textwrap.dedent("""
         ids = torch.randint(0, experts, (tokens, k), dtype=torch.int32)
         got, want = sort_pairs_spread(ids, experts, max_spans=spans), sort_by_expert(ids.long(), experts)
         assert all(torch.equal(m, e) for m, e in zip(got, want)), ("spread sort", tokens, k, experts, spans)
+    # Softmax top-k: a token per program (up to SMALL_BATCH tokens), tiles of tokens above with a partial
+    # last tile, experts not a power of two, k = 1 and k = E.
+    for tokens, experts, k, renorm in ((37, 60, 4, True), (5, 128, 8, False), (1, 8, 2, True), (40, 3, 3, True),
+                                       (70, 1000, 1, False), (300, 60, 4, True), (270, 1000, 2, False)):
+        logits = torch.randn(tokens, experts) * 3
+        w, i = softmax_topk(logits, k, renorm)
+        rw, ri = ref.softmax_topk(logits, k, renorm)
+        assert torch.equal(i, ri) and torch.allclose(w, rw, rtol=1e-5, atol=1e-7), ("softmax top-k", tokens, experts, k)
     rows, index, weights = torch.randn(36, 24), torch.randperm(36), torch.rand(9, 4)
     assert torch.allclose(triton_combine(rows, index, weights, torch.float32),
                           weighted_combine(rows, index, weights, torch.float32), atol=1e-6), "combine"

@@ -170,3 +170,10 @@ def test_caps_and_vendors_show_the_ops(capsys):
     assert rows["cpu"]["ops"]["grouped_matmul"] == "reference"
     assert rows["ascend-emulated"]["ops"]["swiglu"] == "native"
     assert rows["ascend"]["ops"] is None  # unavailable: no ops are built
+
+
+def test_op_names_list_every_op_of_the_interface():
+    """`hal caps` reports the source of each name in OP_NAMES: an op added to VendorOps without a name there
+    would go unreported. `tune` searches kernel configurations and `sources` reports; neither computes."""
+    methods = {name for name, value in vars(VendorOps).items() if callable(value) and not name.startswith("_")}
+    assert methods - {"tune", "sources"} == set(OP_NAMES)

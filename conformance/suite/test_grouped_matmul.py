@@ -1,14 +1,15 @@
 """Grouped matmul for every declared kind: counts and offsets, empty groups, no rows, one group,
-non-contiguous operands, output dtypes, and the declared kernel limits, against float64."""
+non-contiguous operands, output dtypes, the declared kernel limits, and the experts' activation
+applied by the same call, against float64."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from conformance.capability import gemm_label, mark, require_gemm
-from conformance.checks import K_GRANULARITY, run_gemm_case
-from hal import GemmKind, HalError
+from conformance.capability import activation_label, gemm_label, mark, require_activation, require_gemm
+from conformance.checks import K_GRANULARITY, run_activated_gemm_case, run_gemm_case
+from hal import ActivationKind, GemmKind, HalError
 
 #: case -> (rows per group, how the case changes the call)
 CASES: dict[str, tuple[list[int], dict[str, object]]] = {
@@ -36,6 +37,32 @@ def test_grouped_matmul_matches_float64(hal_vendor, kind, case):
     require_gemm(hal_vendor, kind)
     counts, how = CASES[case]
     run_gemm_case(hal_vendor, kind, counts, **how)
+
+
+#: case -> (rows per group, K, 2I): small groups with an empty one, and 64 experts with widths off 128.
+ACTIVATED_CASES: dict[str, tuple[list[int], int, int]] = {
+    "small": ([5, 0, 9, 3], 320, 400),
+    "64-experts": ([(7 * g) % 23 for g in range(64)], 1024, 720),
+}
+
+
+def _activated_params():
+    silu_glu = [pytest.param(kind, ActivationKind.SILU_GLU, case, id=f"{kind}-silu-glu-{case}",
+                             marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))])
+                for kind in GemmKind for case in ACTIVATED_CASES]
+    others = [pytest.param(GemmKind.BF16, act, "small", id=f"bf16-{act}-small",
+                           marks=[mark(gemm_label(GemmKind.BF16)), mark(activation_label(act))])
+              for act in ActivationKind if act is not ActivationKind.SILU_GLU]
+    return silu_glu + others
+
+
+@pytest.mark.parametrize("kind, activation, case", _activated_params())
+def test_grouped_matmul_with_activation_matches_float64(hal_vendor, kind, activation, case):
+    """`grouped_matmul(..., activation=...)`: the product's activation, `[M, I]` for gated kinds."""
+    require_gemm(hal_vendor, kind)
+    require_activation(hal_vendor, activation)
+    counts, k, n = ACTIVATED_CASES[case]
+    run_activated_gemm_case(hal_vendor, kind, counts, activation, k=k, n=n)
 
 
 LIMITS = ["max_groups", "max_inner_dim", "max_group_rows"]

@@ -191,7 +191,7 @@ def _quantize_weight_case(vendor: Vendor, n: Sizes, kind: GemmKind):
     return {"weight": w}, lambda: vendor.quantize_weight(w, spec.weight_layout, spec.weight_dtype)
 
 
-def _gemm_case(vendor: Vendor, n: Sizes, kind: GemmKind | None, bias: bool = False):
+def _gemm_case(vendor: Vendor, n: Sizes, kind: GemmKind | None, bias: bool = False, activated: bool = False):
     if kind is None:  # the bias case: the first float kind declared
         caps = vendor.capabilities()
         kind = next((k for k in (GemmKind.BF16, GemmKind.FP32, GemmKind.FP16) if caps.supports_gemm(k)), GemmKind.BF16)
@@ -200,12 +200,14 @@ def _gemm_case(vendor: Vendor, n: Sizes, kind: GemmKind | None, bias: bool = Fal
         require_expert_bias(vendor)
     gen = generator("contract-gemm", kind, bias)
     x = to_device(random_codes_activation(kind.value, n.rows, n.hidden, gen), vendor.device)
+    if activated:
+        require_activation(vendor, ActivationKind.SILU_GLU)
     w = to_device(random_codes_weight(kind.value, n.experts, n.hidden, n.hidden, gen), vendor.device)
     w = vendor.prepare_weight(w)  # type: ignore[arg-type]
     groups = _groups(vendor.device, n)
     b = torch.randn(n.experts, n.hidden, generator=gen).to(vendor.device) if bias else None
-    return ({"x": x, "weight": w, "groups": groups, "bias": b},
-            lambda: vendor.grouped_matmul(x, w, groups, **({"bias": b} if bias else {})))
+    extra = {"bias": b} if bias else {"activation": ActivationKind.SILU_GLU} if activated else {}
+    return ({"x": x, "weight": w, "groups": groups, "bias": b}, lambda: vendor.grouped_matmul(x, w, groups, **extra))
 
 
 def _swiglu_case(vendor: Vendor, n: Sizes):
@@ -223,6 +225,11 @@ def _routing(device: torch.device, n: Sizes, seed: str) -> tuple[torch.Tensor, t
     logits = torch.randn(n.tokens, n.experts, generator=generator("contract-routing", seed))
     weights, ids = torch.softmax(logits, dim=-1).topk(n.top_k, dim=-1)
     return ids.to(device), (weights / weights.sum(-1, keepdim=True)).to(device)
+
+
+def _softmax_topk_case(vendor: Vendor, n: Sizes):
+    logits = torch.randn(n.tokens, n.experts, generator=generator("contract-softmax-topk")).to(vendor.device)
+    return {"logits": logits}, lambda: vendor.softmax_topk(logits, n.top_k)
 
 
 def _sort_case(vendor: Vendor, n: Sizes):
@@ -247,10 +254,12 @@ def _op_cases() -> dict[str, Case]:
     for k in GemmKind:
         cases[f"quantize_weight-{k}"] = lambda v, n, k=k: _quantize_weight_case(v, n, k)
         cases[f"grouped_matmul-{k}"] = lambda v, n, k=k: _gemm_case(v, n, k)
+        cases[f"grouped_matmul-{k}-silu-glu"] = lambda v, n, k=k: _gemm_case(v, n, k, activated=True)
     cases["grouped_matmul-bias"] = lambda v, n: _gemm_case(v, n, None, bias=True)
     cases["swiglu"] = _swiglu_case
     for a in ActivationKind:
         cases[f"activate-{a}"] = lambda v, n, a=a: _activate_case(v, n, a)
+    cases["softmax_topk"] = _softmax_topk_case
     cases["sort_by_expert"] = _sort_case
     cases["weighted_combine"] = _combine_case
     return cases

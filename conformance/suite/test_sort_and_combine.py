@@ -1,5 +1,6 @@
 """The permutation ops every dispatcher uses: `sort_by_expert` (stable, counts every expert) and
-`weighted_combine` (each token's fp32 weighted sum of its rows), against plain references."""
+`weighted_combine` (each token's fp32 weighted sum of its rows), against plain references; and
+the softmax top-k routing the default router asks the vendor for (`softmax_topk`), against float64."""
 
 from __future__ import annotations
 
@@ -51,4 +52,35 @@ def test_weighted_combine_matches_float64(hal_vendor, tokens, top_k, hidden, ind
     ref = terms.sum(dim=1)
     bound = OUTPUT_ROUNDING[out_dtype] * ref.abs() + 4 * SLACK * terms.abs().sum(dim=1)
     error = (out.double().cpu() - ref).abs()
+    assert bool((error <= bound).all()), worst(error, bound)
+
+
+#: (tokens, experts, top_k, logits dtype): decode, Qwen3-MoE, OLMoE, DeepSeek-V2-Lite, experts off powers of two.
+TOPK_CASES = {"decode": (1, 128, 8, torch.float32), "qwen3-prefill": (3000, 128, 8, torch.bfloat16),
+              "mixtral": (257, 8, 2, torch.bfloat16), "olmoe": (100, 64, 8, torch.float32),
+              "deepseek-v2-lite": (64, 66, 6, torch.float16), "top-1-of-1000": (33, 1000, 1, torch.float32),
+              "all-experts": (9, 4, 4, torch.float32)}
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "raw"])
+@pytest.mark.parametrize("case", TOPK_CASES)
+def test_softmax_topk_picks_the_largest_probabilities(hal_vendor, case, renormalize):
+    """The k chosen experts are distinct and hold the k largest float64 probabilities (ties may go either
+    way); their weights are those probabilities (renormalized over the k) within fp32 rounding."""
+    tokens, experts, top_k, dtype = TOPK_CASES[case]
+    gen = generator("softmax-topk", case)
+    logits = (torch.randn(tokens, experts, generator=gen) * 2).to(dtype)
+    weights, ids = hal_vendor.softmax_topk(logits.to(hal_vendor.device), top_k, renormalize=renormalize)
+    assert tuple(weights.shape) == tuple(ids.shape) == (tokens, top_k)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int64
+    assert weights.device == ids.device == hal_vendor.device
+    ids, weights = ids.cpu(), weights.cpu().double()
+    assert bool(((ids >= 0) & (ids < experts)).all()), "an expert id out of range"
+    assert all(len(set(row)) == top_k for row in ids.tolist()), "an expert chosen twice for one token"
+    probs = torch.softmax(logits.double(), dim=-1)
+    chosen = probs.gather(1, ids)
+    kth = probs.topk(top_k, dim=-1).values[:, -1:]
+    assert bool((chosen >= kth * (1 - 2.0**-18)).all()), "an expert below the k-th largest probability"
+    want = chosen / chosen.sum(dim=-1, keepdim=True) if renormalize else chosen
+    error, bound = (weights - want).abs(), 2.0**-18 * want.abs() + 2.0**-40  # fp32 softmax: a few ulp
     assert bool((error <= bound).all()), worst(error, bound)

@@ -5,7 +5,8 @@
 - The functions behind it, usable on their own: `quantize` / `dequantize` (activations,
   every dispatch dtype of `hal.DTYPES`), `quantize_weight` / `dequantize_weight`,
   `quantize_int4` / `dequantize_int4` / `pack_int4` / `unpack_int4`, `grouped_matmul`,
-  `add_expert_bias`, `swiglu`, `activate` (every `hal.ActivationKind`), `sort_by_expert`, `weighted_combine`.
+  `add_expert_bias`, `swiglu`, `activate` (every `hal.ActivationKind`), `softmax_topk`, `sort_by_expert`,
+  `weighted_combine`.
 - `activation_value` / `weight_value`: the float64 value of any operand, straight from the
   formats' definitions (what references and the conformance suite compare against).
 
@@ -19,6 +20,7 @@ from hal.reference.int4 import dequantize_int4, pack_int4, quantize_int4, unpack
 from hal.reference.ops import ReferenceOps
 from hal.reference.permute import sort_by_expert, weighted_combine
 from hal.reference.quantize import dequantize, quantize
+from hal.reference.routing import softmax_topk
 from hal.reference.values import activation_value, decode_e2m1, decode_int4, weight_value
 from hal.reference.weights import dequantize_weight, quantize_weight
 
@@ -26,6 +28,6 @@ __all__ = [
     "ReferenceOps",
     "quantize", "dequantize", "quantize_weight", "dequantize_weight",
     "quantize_int4", "dequantize_int4", "pack_int4", "unpack_int4",
-    "grouped_matmul", "add_expert_bias", "swiglu", "activate", "sort_by_expert", "weighted_combine",
+    "grouped_matmul", "add_expert_bias", "swiglu", "activate", "softmax_topk", "sort_by_expert", "weighted_combine",
     "activation_value", "weight_value", "decode_e2m1", "decode_int4",
 ]

@@ -23,7 +23,7 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
     """
     major, minor = compute_capability
     sm = major * 10 + minor
-    path = ("Triton kernels (quantize, grouped GEMM, swiglu)"
+    path = ("Triton kernels (quantize, grouped GEMM with a SiLU-GLU epilogue, swiglu, softmax-top-k, sort, combine)"
             + (" and torch._grouped_mm for bf16" if sm >= 90 else "")) if kernels else (
         "Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
     notes = [f"compute capability sm{sm}", path, *extra_notes]

@@ -6,7 +6,9 @@
 | quantize, cast dtypes (bf16) | a cast |
 | grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
 | grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`) |
+| grouped matmul + SiLU-GLU (the experts' first projection) | the Triton grouped GEMM with the activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after |
 | swiglu | Triton, one pass |
+| softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
 | sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts |
 | weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
 | weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
@@ -26,6 +28,8 @@ import torch
 
 from hal import (
     FLOAT_DTYPES,
+    Activation,
+    ActivationKind,
     FP8_GROUP_SIZE,
     Codec,
     DispatchDtype,
@@ -37,9 +41,9 @@ from hal import (
     ReferenceOps,
     ScaleLayout,
 )
-from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, sorting
+from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
-from vendors.cuda.tuning import GROUPED_MM, TuningTable
+from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
 
 _TRITON_KINDS = {GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.FP8_ROWWISE,
                  GemmKind.FP8_BLOCK128}
@@ -55,13 +59,16 @@ class CudaOps(ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+)."""
 
     notes = {
-        "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels); a cast for bf16",
+        "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
                           "tile configurations from the device's tuned table where it has the problem, else "
                           f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
+        "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
+                                    "torch._grouped_mm and for other activations",
         "swiglu": "Triton, one pass",
+        "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
         "sort_by_expert": "Triton counting sort: one program for two chunks of pairs, two launches of spans above",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
@@ -106,29 +113,59 @@ class CudaOps(ReferenceOps):
         """`y[rows of g] = x[rows of g] @ weight[g]` on the device, without a host synchronisation."""
         if kind not in _TRITON_KINDS:
             return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
+        return self._grouped(x, weight, groups, kind, out_dtype, gated=False)
+
+    def grouped_matmul_activated(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
+                                 groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
+                                 activation: Activation) -> torch.Tensor:
+        """SiLU-GLU in the Triton GEMM's epilogue (from the fp32 accumulators); otherwise the GEMM, then
+        the activation (torch._grouped_mm's calls, other activations, the reference's kinds)."""
+        if kind not in _TRITON_KINDS or activation.kind is not ActivationKind.SILU_GLU:
+            return super().grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=out_dtype,
+                                                    activation=activation)
+        return self._grouped(x, weight, groups, kind, out_dtype, gated=True)
+
+    def _grouped(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
+                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool) -> torch.Tensor:
+        """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. The device's table picks the backend and
+        tiles (for a gated call: its `+silu-glu` entry, else the plain product's entry with the activation
+        after it, as tables tuned before gated entries ran it); without an entry, the built-in rule:
+        torch._grouped_mm from many rows per group (bf16), else the Triton kernel (gated: in its epilogue)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
-        e, k, n = weight.data.shape
-        choice = self.tuning.lookup(kind.value, e, k, n, data.shape[0]) if self.tuning is not None else None
+        choice = self._choice(kind, weight, data.shape[0], gated)
         grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
                            and _aligned(weight.data))
         wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
                             else data.shape[0] >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups.num_groups)
         if grouped_mm_fits and wants_grouped_mm:
             offsets = torch.cumsum(counts, 0).to(torch.int32)
-            return torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
+            y = torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
+            return self.swiglu(y) if gated else y
         tiles = None
         if choice is not None and choice.tiles is not None:
             tiles = self._tiles.get(choice.tiles)
             if tiles is None:
                 tiles = self._tiles[choice.tiles] = grouped_gemm.TileConfig.from_list(list(choice.tiles))
+        fused = gated and (choice is None or choice.backend == TRITON)
         mode = _SCALE_MODE.get(kind)
         if mode is None:
-            return grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles)
-        return grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
-                                         w_scale=weight.scale, scale_mode=mode, config=tiles)
+            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles, gated=fused)
+        else:
+            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
+                                          w_scale=weight.scale, scale_mode=mode, config=tiles, gated=fused)
+        return self.swiglu(y) if gated and not fused else y
+
+    def _choice(self, kind: GemmKind, weight: QuantizedWeight, rows: int, gated: bool) -> Choice | None:
+        """The table's choice for a call (None: no table, or no entry within reach)."""
+        if self.tuning is None:
+            return None
+        e, k, n = weight.data.shape
+        if gated:
+            return self.tuning.lookup_activated(kind.value, e, k, n, rows, ActivationKind.SILU_GLU.value)
+        return self.tuning.lookup(kind.value, e, k, n, rows)
 
     def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
                         dtype: torch.dtype | None) -> QuantizedWeight:
@@ -141,6 +178,13 @@ class CudaOps(ReferenceOps):
             return weight
         k_major = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
         return QuantizedWeight(k_major, weight.layout, weight.scale, weight.global_scale)
+
+    def softmax_topk(self, logits: torch.Tensor, *, top_k: int,
+                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Softmax, top-k and the renormalization in one Triton launch (up to 1024 experts; the reference above)."""
+        if logits.shape[1] > routing.MAX_EXPERTS:
+            return super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
+        return routing.softmax_topk(logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize)
 
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

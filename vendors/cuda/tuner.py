@@ -12,6 +12,11 @@ search has two rounds: a grid of
 tile shapes chosen by rows per touched expert, then the winner's neighbours (the other
 grid order, one pipeline stage more or less). bf16 also times `torch._grouped_mm`. The
 built-in choice is always timed, so a table records what tuning gained.
+
+A problem with the experts' activation (the gate/up projection) is searched three ways, each
+timed with everything the layer's call does: the Triton kernel with SiLU-GLU in its epilogue
+(its own grid and neighbours), the plain kernel followed by the swiglu pass, and for bf16
+`torch._grouped_mm` followed by it. The fastest is kept under the problem's `+silu-glu` key.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from collections.abc import Callable, Sequence
 import torch
 import triton
 
-from hal import GemmKind, GemmProblem, reference
+from hal import ActivationKind, GemmKind, GemmProblem, reference
+from vendors.cuda.kernels import activation as act
 from vendors.cuda.kernels import grouped_gemm as gg
-from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable, problem_key
+from vendors.cuda.ops import GROUPED_MM_MIN_ROWS_PER_GROUP
+from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
 
 _SCALE = {GemmKind.BF16: gg.SCALE_NONE, GemmKind.FP16: gg.SCALE_NONE, GemmKind.INT8: gg.SCALE_ROWWISE,
           GemmKind.FP8_ROWWISE: gg.SCALE_ROWWISE, GemmKind.FP8_BLOCK128: gg.SCALE_BLOCK128}
@@ -34,6 +41,8 @@ TUNABLE = tuple(_SCALE)
 _ROUTINGS = 4
 #: About 20 us of device-side sleep before each timed replay (cycles at ~2 GHz).
 _SLEEP_CYCLES = 40_000
+#: A candidate: (backend, tiles); tiles None for torch._grouped_mm.
+Candidate = tuple[str, "gg.TileConfig | None"]
 
 
 def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool) -> list[gg.TileConfig]:
@@ -90,24 +99,29 @@ class _Case:
             self.w, self.w_scale = k_major, qw.scale
         del x, w
 
-    def run(self, choice: gg.TileConfig | str, routing: int) -> torch.Tensor:
-        counts = self.counts[routing]
-        if choice == GROUPED_MM:
-            return torch._grouped_mm(self.x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
-        return gg.grouped_gemm(self.x, self.w, counts, torch.bfloat16, x_scale=self.x_scale, w_scale=self.w_scale,
-                               scale_mode=self.scale_mode, config=choice)  # type: ignore[arg-type]
+    def run(self, choice: Candidate, routing: int, activation: bool) -> torch.Tensor:
+        """One call as the layer makes it: the product, and with `activation` its SiLU-GLU (in the epilogue
+        for the `triton` backend, a separate pass for the others)."""
+        backend, tiles = choice
+        if backend == GROUPED_MM:
+            y = torch._grouped_mm(self.x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
+        else:
+            y = gg.grouped_gemm(self.x, self.w, self.counts[routing], torch.bfloat16, x_scale=self.x_scale,
+                                w_scale=self.w_scale, scale_mode=self.scale_mode, config=tiles,
+                                gated=activation and backend == TRITON)
+        return act.swiglu(y) if activation and backend != TRITON else y
 
-    def time_us(self, choice: gg.TileConfig | str, reps: int) -> float | None:
+    def time_us(self, choice: Candidate, reps: int, activation: bool = False) -> float | None:
         """The median per-call time over `reps` graph replays (None: the configuration does not compile
         or run here)."""
         try:
             for routing in range(_ROUTINGS):  # compile and warm up, outside the capture
-                self.run(choice, routing)
+                self.run(choice, routing, activation)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for routing in range(_ROUTINGS):
-                    self.run(choice, routing)
+                    self.run(choice, routing, activation)
             graph.replay()
             torch.cuda.synchronize()
         except (triton.runtime.errors.OutOfResources, RuntimeError, ValueError):
@@ -139,31 +153,68 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
     for problem in problems:
         if problem.kind not in TUNABLE:
             raise ValueError(f"hal tune: the CUDA vendor tunes {', '.join(map(str, TUNABLE))}, not {problem.kind}")
-        key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n)
+        if problem.activation not in (None, ActivationKind.SILU_GLU):
+            raise ValueError(f"hal tune: the CUDA vendor fuses only the {ActivationKind.SILU_GLU} activation, "
+                             f"not {problem.activation}")
+        activation = problem.activation is not None
+        if activation and problem.n % 2:
+            raise ValueError(f"hal tune: a problem with {problem.activation} needs an even N, got {problem.n}")
+        key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n,
+                          problem.activation.value if activation else None)
         by_rows = table.entries.setdefault(key, {})
         for tokens in problem.tokens:
             done += 1
             case = _Case(problem, tokens, device, generator)
-            one_byte = case.x.element_size() == 1
-            default = gg.default_tiles(case.rows, problem.n, problem.experts, case.x.element_size(),
-                                       case.scale_mode == gg.SCALE_BLOCK128)
-            timed: dict[gg.TileConfig | str, float] = {}
-            for choice in [default, *candidates(case.rows_per_expert, one_byte, case.scale_mode == gg.SCALE_BLOCK128)]:
-                if choice not in timed and (t := case.time_us(choice, reps)) is not None:
-                    timed[choice] = t
-            best_tiles = min((c for c in timed if isinstance(c, gg.TileConfig)), key=timed.__getitem__)
-            for choice in neighbours(best_tiles):
-                if choice not in timed and (t := case.time_us(choice, reps)) is not None:
-                    timed[choice] = t
-            if grouped_mm and problem.kind is GemmKind.BF16 and problem.k % 8 == 0 and problem.n % 8 == 0:
-                if (t := case.time_us(GROUPED_MM, reps)) is not None:
-                    timed[GROUPED_MM] = t
-            best = min(timed, key=timed.__getitem__)
-            by_rows[case.rows] = Choice(GROUPED_MM if best == GROUPED_MM else TRITON,
-                                        None if best == GROUPED_MM else tuple(best.as_list()),  # type: ignore[union-attr]
-                                        timed[best], timed.get(default))
-            say(f"[{done}/{total}] {key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {best} "
-                f"(built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
+            timed = _search(case, problem, reps, activation, grouped_mm)
+            default = _builtin(case, problem, activation, grouped_mm)
+            backend, tiles = best = min(timed, key=timed.__getitem__)
+            by_rows[case.rows] = Choice(backend, None if tiles is None else tuple(tiles.as_list()), timed[best],
+                                        timed.get(default))
+            say(f"[{done}/{total}] {key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
+                f"{tiles or ''} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
             del case
             torch.cuda.empty_cache()
     return table
+
+
+def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bool) -> Candidate:
+    """What `CudaOps` runs for this case without a table."""
+    if (grouped_mm and problem.kind is GemmKind.BF16 and _grouped_mm_aligned(problem)
+            and case.rows >= GROUPED_MM_MIN_ROWS_PER_GROUP * problem.experts):
+        return GROUPED_MM, None
+    tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
+                             case.x.element_size(), case.scale_mode == gg.SCALE_BLOCK128, gated=activation)
+    return TRITON, tiles
+
+
+def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
+            grouped_mm: bool) -> dict[Candidate, float]:
+    """Every candidate timed for one case: the built-in choice, the grid and the winner's neighbours for
+    each Triton backend (with an activation: in the epilogue, and before the separate pass), and
+    torch._grouped_mm for bf16."""
+    one_byte = case.x.element_size() == 1
+    block_scaled = case.scale_mode == gg.SCALE_BLOCK128
+    timed: dict[Candidate, float] = {}
+
+    def time(choices: list[Candidate]) -> None:
+        for choice in choices:
+            if choice not in timed and (t := case.time_us(choice, reps, activation)) is not None:
+                timed[choice] = t
+
+    time([_builtin(case, problem, activation, grouped_mm)])
+    for backend in (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,):
+        time([(backend, c) for c in candidates(case.rows_per_expert, one_byte, block_scaled)])
+        tiled = [c for c in timed if c[0] == backend]
+        if tiled:
+            best = min(tiled, key=timed.__getitem__)[1]
+            time([(backend, c) for c in neighbours(best)])  # type: ignore[arg-type]
+    if grouped_mm and problem.kind is GemmKind.BF16 and _grouped_mm_aligned(problem):
+        time([(GROUPED_MM, None)])
+    if not timed:
+        raise RuntimeError(f"hal tune: no candidate configuration ran for {problem} at M={case.rows}")
+    return timed
+
+
+def _grouped_mm_aligned(problem: GemmProblem) -> bool:
+    """torch._grouped_mm needs 16-byte aligned K and N (bf16: multiples of 8)."""
+    return problem.k % 8 == 0 and problem.n % 8 == 0

@@ -1,8 +1,12 @@
 """Tuned grouped-GEMM configurations per device: the tables `hal tune` writes and the vendor reads.
 
 A table belongs to one device model (its CUDA device name). For each grouped-GEMM problem
-(`kind E=experts K=.. N=..`) it maps a row count M (tokens x top-k) to the fastest
-measured choice: a Triton tile configuration, or `torch._grouped_mm` (bf16 on sm90+). A
+(`kind E=experts K=.. N=..`, with ` +silu-glu` where the call applies the experts'
+activation) it maps a row count M (tokens x top-k) to the fastest measured choice: a Triton
+tile configuration, or `torch._grouped_mm` (bf16 on sm90+); for a problem with the
+activation, the Triton kernel with the activation in its epilogue (`triton`; `block_n`
+counts the output columns of each half) or without it, the activation then a separate pass
+(`triton-then-activation`, `torch-grouped-mm`). A
 call takes the entry of its problem whose M is nearest on a log scale, if its M lies within
 `REACH` times the problem's tuned rows (below the smallest / above the largest); a problem
 the table does not hold, or a call outside that reach, takes the built-in defaults. (On the
@@ -33,8 +37,9 @@ FORMAT = "moe-hal cuda grouped-gemm tuning v1"
 PACKAGED = Path(__file__).with_name("tuning_tables")
 #: How far (a factor of rows) beyond its tuned rows a problem's entries are used.
 REACH = 2
-#: The backend names a choice may take.
-TRITON, GROUPED_MM = "triton", "torch-grouped-mm"
+#: The backend names a choice may take (`TRITON_THEN_ACTIVATION` only for a problem with an activation).
+TRITON, GROUPED_MM, TRITON_THEN_ACTIVATION = "triton", "torch-grouped-mm", "triton-then-activation"
+_TILED = (TRITON, TRITON_THEN_ACTIVATION)
 
 
 def device_slug(device_name: str) -> str:
@@ -42,9 +47,9 @@ def device_slug(device_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
 
 
-def problem_key(kind: str, experts: int, k: int, n: int) -> str:
-    """The key of one grouped-GEMM problem: `bf16 E=128 K=2048 N=1536`."""
-    return f"{kind} E={experts} K={k} N={n}"
+def problem_key(kind: str, experts: int, k: int, n: int, activation: str | None = None) -> str:
+    """The key of one grouped-GEMM problem: `bf16 E=128 K=2048 N=1536` (`... +silu-glu` with the activation)."""
+    return f"{kind} E={experts} K={k} N={n}" + (f" +{activation}" if activation else "")
 
 
 @dataclass(frozen=True)
@@ -72,15 +77,16 @@ class Choice:
         """A choice read from a table, checked (`InvalidInput` naming `where`)."""
         backend = data.get("backend") if isinstance(data, Mapping) else None
         tiles = data.get("tiles") if isinstance(data, Mapping) else None
-        if backend == TRITON:
+        if backend in _TILED:
             if not (isinstance(tiles, list) and len(tiles) in (5, 6) and all(isinstance(v, int) for v in tiles)
                     and all(v > 0 for v in tiles[:5])):
                 raise InvalidInput(f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest], "
                                    f"got {tiles!r}")
-            return cls(TRITON, tuple(tiles), data.get("us"), data.get("default_us"))
+            return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"))
         if backend == GROUPED_MM:
             return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))
-        raise InvalidInput(f"{where}: expected backend {TRITON!r} or {GROUPED_MM!r}, got {backend!r}")
+        raise InvalidInput(f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}, "
+                           f"got {backend!r}")
 
 
 @dataclass
@@ -92,14 +98,28 @@ class TuningTable:
     meta: dict[str, Any] = field(default_factory=dict)  #: torch / Triton versions, date
     source: str = "measured in this process"  #: where it was read from
 
-    def lookup(self, kind: str, experts: int, k: int, n: int, rows: int) -> Choice | None:
+    def lookup(self, kind: str, experts: int, k: int, n: int, rows: int,
+               activation: str | None = None) -> Choice | None:
         """The choice for a call: its problem's entry whose M is nearest to `rows` (log scale), or None
         (the problem is not in the table, or `rows` lies more than `REACH` times outside its tuned rows)."""
-        by_rows = self.entries.get(problem_key(kind, experts, k, n))
+        by_rows = self.entries.get(problem_key(kind, experts, k, n, activation))
         if not by_rows or not (min(by_rows) <= REACH * rows and rows <= REACH * max(by_rows)):
             return None
         target = math.log2(max(rows, 1))
         return by_rows[min(by_rows, key=lambda m: (abs(math.log2(m) - target), m))]
+
+    def lookup_activated(self, kind: str, experts: int, k: int, n: int, rows: int,
+                         activation: str) -> Choice | None:
+        """The choice for a call that applies `activation`: its `+activation` entry, else the plain product's
+        entry run as tables tuned before such entries ran it (a Triton entry becomes `triton-then-activation`;
+        `torch-grouped-mm` is followed by the activation pass anyway), else None."""
+        choice = self.lookup(kind, experts, k, n, rows, activation)
+        if choice is not None:
+            return choice
+        choice = self.lookup(kind, experts, k, n, rows)
+        if choice is not None and choice.backend == TRITON:
+            return Choice(TRITON_THEN_ACTIVATION, choice.tiles, choice.us, choice.default_us)
+        return choice
 
     def describe(self) -> str:
         """One line for `hal caps`: where the table is from and what it holds."""

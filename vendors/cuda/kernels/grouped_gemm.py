@@ -11,6 +11,11 @@ block run next to each other (a row block of x is read from HBM once and served 
 for its other column blocks: the order for many rows), or the row blocks of one column
 block (a weight tile is shared by the row blocks of its group: the order for few rows).
 
+`GATED`: the experts' SiLU-GLU in the epilogue. w's columns are `[gate | up]` (2N of them);
+a program accumulates the same column block of both halves and writes `silu(gate) * up`,
+`[M, N]`, from the fp32 accumulators: the `[M, 2N]` product is never written, read back
+and rounded, and the separate activation pass and its launch are gone.
+
 Scales (`SCALE_MODE`): 0 none (float operands); 1 per row of x times per column of each
 group's w (int8 or fp8 row-wise); 2 per 128 channels of x times per 128x128 tile of w
 (fp8 block-scaled, `BLOCK_K` = 128).
@@ -61,7 +66,8 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
                   stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
                   stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
                   SCALE_MODE: tl.constexpr, INT_ACC: tl.constexpr, IEEE: tl.constexpr, E_PAD: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr,
+                  GATED: tl.constexpr):
     pid = tl.program_id(0)
     if N_FASTEST:
         n_blocks = tl.cdiv(N, BLOCK_N)
@@ -92,45 +98,68 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
     group64 = group.to(tl.int64)
     x_rows = x_ptr + rows64[:, None] * stride_xm
     w_cols = w_ptr + group64 * stride_we + cols[None, :] * stride_wn
-    if INT_ACC:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_up = w_cols + N * stride_wn  # GATED: the up half's column block (N is the output width)
+    acc_type = tl.int32 if INT_ACC else tl.float32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         a = tl.load(x_rows + ks[None, :] * stride_xk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_cols + ks[:, None] * stride_wk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        b_mask = k_ok[:, None] & col_ok[None, :]
+        b = tl.load(w_cols + ks[:, None] * stride_wk, mask=b_mask, other=0.0)
+        if GATED:
+            b_up = tl.load(w_up + ks[:, None] * stride_wk, mask=b_mask, other=0.0)
         if SCALE_MODE == 2:
             kb = k0 // BLOCK_K
             a_s = tl.load(xs_ptr + rows64 * stride_xsm + kb * stride_xsk, mask=row_ok, other=0.0)
-            b_s = tl.load(ws_ptr + group64 * stride_wse + kb * stride_wsk + (cols // 128) * stride_wsn,
-                          mask=col_ok, other=0.0)
+            w_s = ws_ptr + group64 * stride_wse + kb * stride_wsk
+            b_s = tl.load(w_s + (cols // 128) * stride_wsn, mask=col_ok, other=0.0)
             acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+            if GATED:
+                b_s_up = tl.load(w_s + ((cols + N) // 128) * stride_wsn, mask=col_ok, other=0.0)
+                acc_up += tl.dot(a, b_up) * a_s[:, None] * b_s_up[None, :]
         elif INT_ACC:
             acc += tl.dot(a, b, out_dtype=tl.int32)
+            if GATED:
+                acc_up += tl.dot(a, b_up, out_dtype=tl.int32)
         elif IEEE:
             acc += tl.dot(a, b, input_precision="ieee")
+            if GATED:
+                acc_up += tl.dot(a, b_up, input_precision="ieee")
         else:
             acc += tl.dot(a, b)
+            if GATED:
+                acc_up += tl.dot(a, b_up)
+    out = acc.to(tl.float32)
+    up = acc_up.to(tl.float32)
     if SCALE_MODE == 1:
         a_s = tl.load(xs_ptr + rows64 * stride_xsm, mask=row_ok, other=0.0)
         b_s = tl.load(ws_ptr + group64 * stride_wse + cols * stride_wsn, mask=col_ok, other=0.0)
-        out = acc.to(tl.float32) * a_s[:, None] * b_s[None, :]
-    else:
-        out = acc.to(tl.float32)
+        out = out * a_s[:, None] * b_s[None, :]
+        if GATED:
+            b_s_up = tl.load(ws_ptr + group64 * stride_wse + (cols + N) * stride_wsn, mask=col_ok, other=0.0)
+            up = up * a_s[:, None] * b_s_up[None, :]
+    if GATED:
+        out = out / (1.0 + tl.exp(-out)) * up
     y = y_ptr + rows64[:, None] * stride_ym + cols[None, :] * stride_yn
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool) -> TileConfig:
+def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool,
+                  gated: bool = False) -> TileConfig:
     """The built-in tile choice for a call's shape (used where no tuned table has an entry).
 
     Chosen from timings on an H100 (qwen3-30b-a3b projections, 1 to 4096 tokens): with few
     rows per group (decode) the call streams weights, and 16-row blocks with deep K tiles
     keep the most bytes in flight; with many rows, large tiles reuse each weight tile.
+    `gated`: a program holds two accumulators, so tiles of 64 rows and more take half the
+    columns (the same registers as the plain product's tile).
     """
-    return TileConfig(*_default_tuple(m, groups, element_bytes, block_scaled))
+    bm, bn, bk, warps, stages = _default_tuple(m, groups, element_bytes, block_scaled)
+    if gated and bm >= 64:
+        bn //= 2
+    return TileConfig(bm, bn, bk, warps, stages)
 
 
 def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) -> tuple[int, int, int, int, int]:
@@ -160,8 +189,12 @@ def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dtype: torch.dtype, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  scale_mode: int = SCALE_NONE,
-                 config: TileConfig | None = None) -> torch.Tensor:
+                 config: TileConfig | None = None, gated: bool = False) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from x `[M, K]`, w `[E, K, N]` and per-group row counts `[E]` (on the device).
+
+    `gated`: w's columns are `[gate | up]` and the result is `silu(x @ gate) * (x @ up)`,
+    `[M, N / 2]`; a config's `block_n` counts output columns (each program reads that many
+    columns of both halves).
 
     `x_scale` / `w_scale`: `[M]` and `[E, N]` (row-wise) or `[M, ceil(K/128)]` and
     `[E, ceil(K/128), ceil(N/128)]` (block-scaled). `config` overrides the built-in tile
@@ -169,6 +202,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     """
     m, k = x.shape
     e, _, n = w.shape
+    if gated:
+        if n % 2:
+            raise ValueError(f"grouped_gemm: a gated product needs an even number of columns [gate | up], got {n}")
+        n //= 2
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return y
@@ -177,7 +214,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     if k == 0:
         return y.zero_()
     integer = x.dtype == torch.int8
-    tiles = config or default_tiles(m, n, e, x.element_size(), scale_mode == SCALE_BLOCK128)
+    tiles = config or default_tiles(m, n, e, x.element_size(), scale_mode == SCALE_BLOCK128, gated)
     if scale_mode == SCALE_BLOCK128 and tiles.block_k != 128:
         raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
     # An upper bound on the row blocks: the groups' full blocks add up to at most M // BLOCK_M, and
@@ -200,7 +237,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         *xs_strides, *ws_strides,
         SCALE_MODE=scale_mode, INT_ACC=integer, IEEE=x.dtype == torch.float32,
         E_PAD=max(16, triton.next_power_of_2(e)),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest, GATED=gated,
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return y
