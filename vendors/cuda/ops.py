@@ -139,7 +139,7 @@ class CudaOps(ReferenceOps):
         grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
                            and _aligned(weight.data))
         wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
-                            else data.shape[0] >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups.num_groups)
+                            else grouped_mm_by_default(data.shape[0], groups.num_groups))
         if grouped_mm_fits and wants_grouped_mm:
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             y = torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
@@ -214,6 +214,16 @@ class CudaOps(ReferenceOps):
         return activation.swiglu(rows).view(*x.shape[:-1], x.shape[-1] // 2)
 
 
-def _aligned(w: torch.Tensor) -> bool:
+def grouped_mm_aligned(k: int, n: int) -> bool:
     """torch._grouped_mm needs 16-byte aligned strides: K and N multiples of 8 bf16 values."""
-    return w.shape[1] % 8 == 0 and w.shape[2] % 8 == 0 and w.is_contiguous()
+    return k % 8 == 0 and n % 8 == 0
+
+
+def grouped_mm_by_default(rows: int, groups: int) -> bool:
+    """The built-in rule where the table has no entry: torch._grouped_mm (where it fits) from
+    `GROUPED_MM_MIN_ROWS_PER_GROUP` rows per group, the Triton kernel below."""
+    return rows >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups
+
+
+def _aligned(w: torch.Tensor) -> bool:
+    return grouped_mm_aligned(w.shape[1], w.shape[2]) and w.is_contiguous()

@@ -31,7 +31,7 @@ import triton
 from hal import ActivationKind, GemmKind, GemmProblem, reference
 from vendors.cuda.kernels import activation as act
 from vendors.cuda.kernels import grouped_gemm as gg
-from vendors.cuda.ops import GROUPED_MM_MIN_ROWS_PER_GROUP
+from vendors.cuda.ops import grouped_mm_aligned, grouped_mm_by_default
 from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
 
 _SCALE = {GemmKind.BF16: gg.SCALE_NONE, GemmKind.FP16: gg.SCALE_NONE, GemmKind.INT8: gg.SCALE_ROWWISE,
@@ -179,8 +179,8 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
 
 def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bool) -> Candidate:
     """What `CudaOps` runs for this case without a table."""
-    if (grouped_mm and problem.kind is GemmKind.BF16 and _grouped_mm_aligned(problem)
-            and case.rows >= GROUPED_MM_MIN_ROWS_PER_GROUP * problem.experts):
+    if (grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n)
+            and grouped_mm_by_default(case.rows, problem.experts)):
         return GROUPED_MM, None
     tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
                              case.x.element_size(), case.scale_mode == gg.SCALE_BLOCK128, gated=activation)
@@ -208,13 +208,8 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
         if tiled:
             best = min(tiled, key=timed.__getitem__)[1]
             time([(backend, c) for c in neighbours(best)])  # type: ignore[arg-type]
-    if grouped_mm and problem.kind is GemmKind.BF16 and _grouped_mm_aligned(problem):
+    if grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n):
         time([(GROUPED_MM, None)])
     if not timed:
         raise RuntimeError(f"hal tune: no candidate configuration ran for {problem} at M={case.rows}")
     return timed
-
-
-def _grouped_mm_aligned(problem: GemmProblem) -> bool:
-    """torch._grouped_mm needs 16-byte aligned K and N (bf16: multiples of 8)."""
-    return problem.k % 8 == 0 and problem.n % 8 == 0
