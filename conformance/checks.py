@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from conformance.operands import random_codes_activation, random_codes_weight, s
 from conformance.reference import activation as reference_activation
 from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound, swiglu_bound
-from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor
+from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, take_rows
 from hal.reference import activation_value
 
 def expect(condition: bool, message: str) -> None:
@@ -37,17 +38,21 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     """Build operands from random codes, call the vendor, and check against float64.
 
     `how` may ask for counts given as offsets, an int32 group list, strided operands, an output
-    dtype, or `spread=((low, high), (low, high))`: the activations' and the weights' scales (float
-    kinds: rows and 128x128 tiles) multiplied by factors `10^[low, high]`."""
+    dtype, `spread=((low, high), (low, high))`: the activations' and the weights' scales (float
+    kinds: rows and 128x128 tiles) multiplied by factors `10^[low, high]`, or `gather_from=T`:
+    the product's rows read from T source rows through `row_index` (`index_dtype`, default int64)."""
+    if how.get("gather_from") is not None:
+        require_row_index(vendor)
     gen = generator("gemm", kind, counts, k, n, sorted(how.items(), key=str))
-    x = random_codes_activation(kind.value, sum(counts), k, gen)
+    source, row_index = _gathered_rows(kind, sum(counts), k, gen, how)
+    x = random_codes_activation(kind.value, sum(counts), k, gen) if source is None else take_rows(source, row_index)
     w = random_codes_weight(kind.value, len(counts), k, n, gen)
     if how.get("spread"):
         (x_low, x_high), (w_low, w_high) = how["spread"]
         x, w = spread_scales(x, gen, x_low, x_high), spread_scales(w, gen, w_low, w_high)
     ref, magnitude = grouped_matmul(x, w, counts)
     device = vendor.device
-    x_dev, w_dev = to_device(x, device), to_device(w, device)
+    x_dev, w_dev = to_device(x if source is None else source, device), to_device(w, device)
     if how.get("strided_x"):
         x_dev = strided(x_dev)
     if how.get("strided_w"):
@@ -56,7 +61,10 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     groups = Groups.from_offsets(values.cumsum(0).to(values.dtype)) if how.get("offsets") else Groups.from_counts(values)
     groups = Groups(groups.tensor.to(device), groups.kind)
     out_dtype = how.get("out_dtype")
-    y = vendor.grouped_matmul(x_dev, w_dev, groups, **({"out_dtype": out_dtype} if out_dtype else {}))
+    extra = {"out_dtype": out_dtype} if out_dtype else {}
+    if row_index is not None:
+        extra["row_index"] = row_index.to(device)
+    y = vendor.grouped_matmul(x_dev, w_dev, groups, **extra)
     want_dtype = out_dtype or default_out_dtype(kind)
     expect(y.dtype == want_dtype, f"output dtype {y.dtype}, expected {want_dtype}")
     expect(tuple(y.shape) == (sum(counts), n), f"output shape {tuple(y.shape)}, expected {(sum(counts), n)}")
@@ -68,15 +76,20 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
 
 
 def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], activation_kind: ActivationKind,
-                            k: int = K, n: int = 2 * N) -> None:
+                            k: int = K, n: int = 2 * N, gather_from: int | None = None) -> None:
     """`grouped_matmul(..., activation=...)` against the float64 activation of the float64 product.
 
     The bound: the product's own (`gemm_bound`), carried through the activation by evaluating
     it at the corners of each element's error box (twice that, for curvature), plus the
     activation's rounding (`swiglu_bound`). A vendor may apply the activation to the rounded
-    product or to its accumulators; both fall inside."""
-    gen = generator("gemm-activated", kind, counts, k, n, activation_kind.value)
-    x = random_codes_activation(kind.value, sum(counts), k, gen)
+    product or to its accumulators; both fall inside. `gather_from=T`: the rows are read from T
+    source rows through `row_index`, as a dispatch hands them over."""
+    if gather_from is not None:
+        require_row_index(vendor)
+    gen = generator("gemm-activated", kind, counts, k, n, activation_kind.value,
+                    *(() if gather_from is None else (gather_from,)))
+    source, row_index = _gathered_rows(kind, sum(counts), k, gen, {"gather_from": gather_from})
+    x = random_codes_activation(kind.value, sum(counts), k, gen) if source is None else take_rows(source, row_index)
     w = random_codes_weight(kind.value, len(counts), k, n, gen)
     product, magnitude = grouped_matmul(x, w, counts)
     rms = float(product.square().mean().sqrt()) if product.numel() else 1.0
@@ -85,7 +98,9 @@ def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], a
         product, magnitude = grouped_matmul(x, w, counts)
     device = vendor.device
     groups = Groups.from_counts(torch.tensor(counts).to(device))
-    y = vendor.grouped_matmul(to_device(x, device), to_device(w, device), groups, activation=activation_kind)
+    gather = {} if row_index is None else {"row_index": row_index.to(device)}
+    y = vendor.grouped_matmul(to_device(x if source is None else source, device), to_device(w, device), groups,
+                              activation=activation_kind, **gather)
     out_dtype = default_out_dtype(kind)
     width = n // 2 if activation_kind.gated else n
     expect(y.dtype == out_dtype, f"{activation_kind}: output dtype {y.dtype}, expected {out_dtype}")
@@ -104,6 +119,27 @@ def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], a
     bound = 2 * carried + swiglu_bound(ref, act_magnitude, out_dtype)
     if not bool((error <= bound).all()):
         pytest.fail(f"{kind} with {activation_kind}: " + worst(error, bound) + _group_of_worst(error, bound, counts))
+
+
+def require_row_index(vendor: Vendor) -> None:
+    """Skip a case read through `row_index` where the vendor's `grouped_matmul` override does not take
+    the keyword (it predates it; the MoE layer gathers the rows for such a vendor)."""
+    params = inspect.signature(type(vendor).grouped_matmul).parameters
+    if "row_index" not in params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        pytest.skip(f"vendor {vendor.name}: its grouped_matmul override takes no row_index "
+                    "(the layer gathers the rows for it)")
+
+
+def _gathered_rows(kind: GemmKind, rows: int, k: int, gen: torch.Generator, how: dict):
+    """`(source rows, row_index)` for a case read through an index (`how["gather_from"]` source rows,
+    every one of them read at least once when there are rows enough, some twice), else `(None, None)`."""
+    tokens = how.get("gather_from")
+    if tokens is None:
+        return None, None
+    source = random_codes_activation(kind.value, tokens, k, gen)
+    index = torch.randint(0, tokens, (rows,), generator=gen)
+    index[: min(rows, tokens)] = torch.randperm(tokens, generator=gen)[:rows]
+    return source, index.to(how.get("index_dtype", torch.int64))
 
 
 def _group_of_worst(error: torch.Tensor, bound: torch.Tensor, counts: list[int]) -> str:

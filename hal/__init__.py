@@ -50,7 +50,7 @@ from hal.errors import (
     invalid,
     positive_int,
 )
-from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gemm_kind_of, gemm_kinds_consuming
 from hal.checks import environ_mapping
 from hal.plan_checks import layer_problems
@@ -82,7 +82,7 @@ __all__ = [
     "FLOAT_DTYPES", "FP8_GROUP_SIZE", "NVFP4_BLOCK_SIZE", "INT8_MAX", "FP8_MAX", "FP4_MAX", "INT4_MAX",
     "INT4_PER_WORD", "E2M1_VALUES",
     # operands
-    "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "GroupListKind", "Groups",
+    "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "GroupListKind", "Groups", "take_rows",
     # vendors: the platform, the checked op methods, the op implementations
     "Platform", "ProbeResult", "Vendor", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
     "DispatchFallbackWarning",

@@ -157,9 +157,12 @@ def gemm_operands(x: object, weight: object, groups: object) -> None:
 
 
 def gemm_shapes(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
-                limits: KernelLimits | None = None) -> tuple[int, int, int]:
-    """Check K, the group count and `limits` (when given); return the logical `(M, K, N)`."""
+                limits: KernelLimits | None = None, *, rows: int | None = None) -> tuple[int, int, int]:
+    """Check K, the group count and `limits` (when given); return the logical `(M, K, N)`
+    (`rows`: M when the product reads x through a row index)."""
     m, k = x.shape  # logical (unpacked) shapes throughout
+    if rows is not None:
+        m = rows
     e, wk, n = weight.num_experts, weight.in_features, weight.out_features
     if k != wk:
         raise invalid("x, weight", "x [M, K] and weight [E, K, N] with the same K",
@@ -258,6 +261,16 @@ def expert_ids(topk_ids: object, num_experts: object, *, host_synchronous: bool 
     if values_are_free(host_synchronous, topk_ids):
         index_range("topk_ids", topk_ids, experts, "expert ids")
     return topk_ids
+
+
+def row_index(index: object, source_rows: int, *, host_synchronous: bool = False) -> None:
+    """A grouped matmul's `row_index`: int32/int64 `[M]`, its range `[0, source_rows)` where reading it is free."""
+    if not isinstance(index, torch.Tensor) or index.dim() != 1:
+        raise invalid("row_index", "None or a 1-D int32/int64 tensor of row indices into x", _describe(index))
+    if index.dtype not in INDEX_DTYPES:
+        raise invalid("row_index", "int32 or int64 row indices", index.dtype)
+    if values_are_free(host_synchronous, index):
+        index_range("row_index", index, source_rows, "rows of x")
 
 
 def combine_operands(rows: object, index: object, topk_weights: object, *,

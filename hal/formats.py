@@ -51,7 +51,8 @@ from hal.dtypes import (
 from hal.errors import InvalidInput
 from hal.gemm_kinds import GEMM_KINDS
 
-__all__ = ["FLOAT_DTYPES", "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight"]
+__all__ = ["FLOAT_DTYPES", "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight",
+           "take_rows"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,18 @@ class PackedInt4Tensor:
     def shape(self) -> torch.Size:
         """The logical (unpacked) shape."""
         return torch.Size((*self.data.shape[:-1], self.hidden_size))
+
+    def rows(self, index: torch.Tensor | slice) -> PackedInt4Tensor:
+        """The rows `index` of `[N, H]` activations (scales follow their rows)."""
+        return PackedInt4Tensor(self.data[index], self.scale[index])
+
+
+def take_rows(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+              index: torch.Tensor) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
+    """The rows `index` (1-D int) of activations `[N, H]` in any activation format (scales follow)."""
+    if isinstance(x, torch.Tensor):
+        return x.index_select(0, index)
+    return x.rows(index)
 
 
 @dataclass(frozen=True)

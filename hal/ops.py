@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
-            "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight", "sort_by_expert", "weighted_combine",
-            "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch", "ep_combine")
+            "grouped_matmul_gathered", "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight",
+            "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch",
+            "ep_combine")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,21 @@ class VendorOps(abc.ABC):
         the two calls; a vendor that applies the activation in its GEMM's epilogue overrides this."""
         y = self.grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
         return self.activate(y, activation=activation)
+
+    def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
+                                weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
+                                activation: Activation | None) -> torch.Tensor:
+        """`grouped_matmul(x[row_index], ...)`, activated when `activation` is given: the product over the
+        rows `row_index` of x (`[M]` int32/int64, M the groups' rows). The default gathers the rows, then
+        makes the plain or activated call; a vendor whose GEMM reads its rows through the index overrides
+        this (the dispatch's gather is then never written out)."""
+        from hal.formats import take_rows
+
+        rows = take_rows(x, row_index)
+        if activation is None:
+            return self.grouped_matmul(rows, weight, groups, kind=kind, out_dtype=out_dtype)
+        return self.grouped_matmul_activated(rows, weight, groups, kind=kind, out_dtype=out_dtype,
+                                             activation=activation)
 
     def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
         """`y` `[M, N]` plus the bias row `[N]` of each row's group (the reference unless overridden)."""

@@ -26,7 +26,7 @@ from hal import checks
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
-from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
 from hal.ops import OpSource, VendorOps
@@ -113,7 +113,8 @@ class Vendor(Platform):
     def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
                        groups: Groups, *, out_dtype: torch.dtype | None = None,
                        bias: torch.Tensor | None = None,
-                       activation: Activation | ActivationKind | str | None = None) -> torch.Tensor:
+                       activation: Activation | ActivationKind | str | None = None,
+                       row_index: torch.Tensor | None = None) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g] (+ bias[g])` for every group g, scales applied.
 
         x is `[M, K]` with rows sorted by group; the result is `[M, N]` in `out_dtype`
@@ -122,9 +123,19 @@ class Vendor(Platform):
         needs `capabilities().expert_bias`. `activation` (declared, see `activate`) is applied
         to the product (after the bias): `[M, N / 2]` for gated kinds. Vendors may apply it in
         the GEMM's epilogue, from the unrounded product.
+
+        `row_index` (int32/int64 `[M]`): the product's row i is x's row `row_index[i]` (x is then
+        `[T, K]`, any T), the same as passing `x[row_index]`; vendors may read the rows through the
+        index inside the GEMM, so a dispatch's gather is never written out. Indices outside `[0, T)`
+        are refused where reading them is free (host-synchronous vendors), else undefined.
         """
         parsed = None if activation is None else self._declared_activation(activation)
         checks.gemm_operands(x, weight, groups)
+        if row_index is not None:
+            checks.row_index(row_index, x.shape[0], host_synchronous=self.capabilities().host_synchronous)
+            checks.on_device("row_index", row_index, self.device)
+            if bias is not None:  # the bias is added between the GEMM and the activation: gather first
+                x, row_index = take_rows(x, row_index), None
         if parsed is not None and parsed.gated and weight.out_features % 2:
             raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}",
                           weight.out_features)
@@ -146,7 +157,7 @@ class Vendor(Platform):
         if kind not in caps.grouped_matmul:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}")
-        checks.gemm_shapes(x, weight, groups, caps.limits)
+        checks.gemm_shapes(x, weight, groups, caps.limits, rows=None if row_index is None else row_index.numel())
         if bias is not None:
             if not caps.expert_bias:
                 raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare "
@@ -158,6 +169,9 @@ class Vendor(Platform):
                 raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
             checks.on_device("bias", bias, device)
         resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
+        if row_index is not None:
+            return self.ops.grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype,
+                                                    activation=parsed)
         if parsed is not None and bias is None:
             return self.ops.grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=resolved_dtype,
                                                      activation=parsed)

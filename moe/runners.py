@@ -35,6 +35,7 @@ from hal import (
     environ_mapping,
     invalid,
     load_plugins,
+    take_rows,
 )
 from moe.dispatch.base import DispatchFormat, DispatchOutput
 from moe.schemes import SCHEMES, QuantScheme
@@ -246,35 +247,52 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
 
     The masked low-latency payload is computed slot by slot (empty slots hold zeros), so
     the shapes never depend on the counts.
+    The rows a dispatcher hands over through an index (`dispatched.row_index`) are read through it
+    by the first GEMM (the tokens are brought into the scheme's operand format once each, not once
+    per expert).
     """
-    payload = dispatched.payload
-    lead = payload.data.shape[:-1]
-    rows = _flatten_rows(payload)
     groups = dispatched.groups()
     out_dtype = scheme.output_dtype()
-    activated = first_projection(vendor, scheme.first_operand(vendor, rows, weights), weights, groups, out_dtype)
+    if dispatched.row_index is not None:
+        lead, rows, row_index = dispatched.row_index.shape, dispatched.source, dispatched.row_index
+    else:
+        payload = dispatched.payload
+        lead, rows, row_index = payload.data.shape[:-1], _flatten_rows(payload), None
+    operand = scheme.first_operand(vendor, rows, weights)
+    activated = first_projection(vendor, operand, weights, groups, out_dtype, row_index=row_index)
     down = vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
                                  out_dtype=out_dtype, **_bias(weights.w2_bias))
     return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
 
 
 def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeights, groups: Groups,
-                     out_dtype: torch.dtype) -> torch.Tensor:
+                     out_dtype: torch.dtype, *, row_index: torch.Tensor | None = None) -> torch.Tensor:
     """The gate/up GEMM and the experts' activation, as one `hal` call (the vendor may apply the
-    activation in the GEMM's epilogue). A vendor class whose `grouped_matmul` override predates the
-    `activation` keyword gets the GEMM and `activate` as two calls."""
-    if _takes_activation(type(vendor)):
+    activation in the GEMM's epilogue), over the operand's rows `row_index` when given (the vendor
+    may read them through the index). A vendor class whose `grouped_matmul` override predates the
+    `activation` or `row_index` keyword gets the rows gathered first, and the GEMM and `activate` as
+    two calls."""
+    takes = _keywords(type(vendor))
+    if row_index is not None and "row_index" not in takes:
+        operand, row_index = take_rows(operand, row_index), None
+    gather = {} if row_index is None else {"row_index": row_index}
+    if "activation" in takes:
         return vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype,
-                                     activation=weights.activation, **_bias(weights.w13_bias))
+                                     activation=weights.activation, **_bias(weights.w13_bias), **gather)
     gate_up = vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype, **_bias(weights.w13_bias))
     return vendor.activate(gate_up, weights.activation)
 
 
+_OPTIONAL_KEYWORDS = ("activation", "row_index")
+
+
 @functools.lru_cache(maxsize=None)
-def _takes_activation(vendor_type: type) -> bool:
-    """Whether `vendor_type.grouped_matmul` accepts `activation` (a fact of the class, looked up once)."""
+def _keywords(vendor_type: type) -> frozenset[str]:
+    """Which of the optional `grouped_matmul` keywords `vendor_type` accepts (a fact of the class, looked up once)."""
     params = inspect.signature(vendor_type.grouped_matmul).parameters  # type: ignore[attr-defined]
-    return "activation" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return frozenset(_OPTIONAL_KEYWORDS)
+    return frozenset(k for k in _OPTIONAL_KEYWORDS if k in params)
 
 
 def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:

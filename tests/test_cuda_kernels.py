@@ -3,7 +3,8 @@
 The conformance suite checks quantize, grouped matmul and swiglu against float64; these
 tests cover the ops it does not reach: the sort by expert, the weighted combine and the
 K-major weight storage, at the sizes where the kernel or the torch path is chosen, and the
-first projection with its activation and the fp8 quantize at a real model's sizes.
+first projection with its activation (also through the dispatch's row index) and the fp8 quantize at a
+real model's sizes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,47 @@ def test_the_first_projection_with_its_activation_matches_float64(kind, tokens, 
     ids = torch.rand(tokens, experts, generator=g).argsort(dim=-1)[:, :top_k]
     counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
     run_activated_gemm_case(CudaVendor(), GemmKind(kind), counts, ActivationKind.SILU_GLU, k=2048, n=1536)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8-block128", "fp8-rowwise", "int8"])
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (37, 8, 128), (512, 8, 128), (300, 2, 8)])
+def test_the_first_projection_through_the_dispatch_index_matches_float64(kind, tokens, top_k, experts):
+    """The gate/up projection reading the tokens through the dispatch's row index (the gather inside the
+    Triton GEMM; for bf16 at 300 rows per group torch._grouped_mm after a gather), against float64."""
+    from conformance.checks import run_activated_gemm_case
+    from hal import ActivationKind, GemmKind
+
+    g = torch.Generator().manual_seed(tokens + 1)
+    ids = torch.rand(tokens, experts, generator=g).argsort(dim=-1)[:, :top_k]
+    counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
+    run_activated_gemm_case(CudaVendor(), GemmKind(kind), counts, ActivationKind.SILU_GLU, k=2048, n=1536,
+                            gather_from=tokens)
+
+
+@pytest.mark.parametrize("scheme", ["unquantized", "w8a8-fp8-block"])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+def test_reading_through_the_row_index_equals_the_gathered_rows_bit_for_bit(scheme, gated, tokens):
+    """The GEMM's gathered loads compute exactly what the gathered copy does (same tiles, same sums)."""
+    from hal import Groups
+
+    vendor = CudaVendor()
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, top_k, hidden, width = 128, 8, 2048, 1536
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).argsort(dim=-1)[:, :top_k]
+    order, _, counts = vendor.sort_by_expert(ids, experts)
+    index = torch.div(order, top_k, rounding_mode="floor")
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(experts, hidden, width, device="cuda", generator=g) / hidden**0.5
+    if scheme == "unquantized":
+        rows, weight = x, vendor.quantize_weight(w, "none", torch.bfloat16)
+    else:
+        rows, weight = vendor.quantize(x, "fp8", layout="per-token-group-128"), vendor.quantize_weight(w, "block-128x128")
+    activation = {"activation": "silu-glu"} if gated else {}
+    groups = Groups.from_counts(counts)
+    gathered = rows.index_select(0, index) if isinstance(rows, torch.Tensor) else rows.rows(index)
+    through_index = vendor.grouped_matmul(rows, weight, groups, row_index=index, **activation)
+    assert torch.equal(through_index, vendor.grouped_matmul(gathered, weight, groups, **activation))
 
 
 @pytest.mark.parametrize("rows, width, layout", [(4099, 2000, "per-token-group-128"), (33, 7168, "per-token-group-128"),

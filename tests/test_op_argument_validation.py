@@ -1,6 +1,6 @@
 """The op methods of `hal.Vendor` refuse bad arguments with `InvalidInput` naming the argument, for
 every vendor (here the CPU and the emulated Ascend vendor, which does not run in step with the
-host): expert ids and row indices of the wrong dtype or out of range, int32 and int64 giving
+host): expert ids, row indices and a GEMM's `row_index` of the wrong dtype or out of range, int32 and int64 giving
 the same results, output dtypes that are strings or integers, counts that are bools."""
 
 from __future__ import annotations
@@ -134,6 +134,41 @@ def test_an_integer_out_dtype_never_wraps_around(vendor):
     rows = torch.full((T * K, H), 100.0, dtype=torch.bfloat16)  # each sum is 200: an int8 would wrap to -56
     with pytest.raises(InvalidInput, match="out_dtype"):
         vendor.weighted_combine(rows, None, torch.ones(T, K), torch.int8)
+
+
+# -- grouped_matmul(row_index=) ---------------------------------------------------------------------
+
+def _gemm_operands() -> tuple[torch.Tensor, hal.QuantizedWeight, hal.Groups, torch.Tensor]:
+    """Six tokens, their twelve (token, slot) rows sorted by expert, and bf16 weights of eight experts."""
+    ids = _ids()
+    order, _, counts = reference_sort(ids, E)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w = hal.QuantizedWeight(torch.randn(E, H, 2 * H, generator=gen).to(torch.bfloat16), ScaleLayout.NONE)
+    return x, w, hal.Groups.from_counts(counts), torch.div(order, K, rounding_mode="floor")
+
+
+@pytest.mark.parametrize("case", ["float", "two-dim", "negative", "past-the-tokens", "a-list"])
+def test_bad_gemm_row_indices_are_refused(vendor, case):
+    x, w, groups, index = _gemm_operands()
+    bad = {"float": index.float(), "two-dim": index[None], "negative": index - 1, "past-the-tokens": index + T,
+           "a-list": index.tolist()}[case]
+    message = _raises(lambda: vendor.grouped_matmul(x, w, groups, row_index=bad), "row_index")
+    if case in ("negative", "past-the-tokens"):
+        assert f"rows of x in [0, {T})" in message
+
+
+@pytest.mark.parametrize("activation", [None, "silu-glu"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_read_through_an_index_equal_the_gathered_rows(vendor, activation, bias):
+    """int32 and int64 indices, with the activation and an expert bias (which the call adds before it)."""
+    x, w, groups, index = _gemm_operands()
+    extra = {} if activation is None else {"activation": activation}
+    if bias:
+        extra["bias"] = torch.randn(E, 2 * H, generator=torch.Generator().manual_seed(4))
+    want = vendor.grouped_matmul(x[index], w, groups, **extra)
+    for dtype in (torch.int64, torch.int32):
+        assert torch.equal(vendor.grouped_matmul(x, w, groups, row_index=index.to(dtype), **extra), want)
 
 
 # -- where value checks are made ---------------------------------------------------------------------

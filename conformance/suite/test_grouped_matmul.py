@@ -1,6 +1,6 @@
 """Grouped matmul for every declared kind: counts and offsets, empty groups, no rows, one group,
-non-contiguous operands, output dtypes, the declared kernel limits, and the experts' activation
-applied by the same call, against float64."""
+non-contiguous operands, output dtypes, the declared kernel limits, the experts' activation
+applied by the same call, and rows read through a row index (a dispatch's gather), against float64."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ CASES: dict[str, tuple[list[int], dict[str, object]]] = {
     "strided-weights": ([4, 6, 1, 5], {"strided_w": True}),
     "out-fp32": ([5, 0, 9, 3], {"out_dtype": torch.float32}),
     "out-bf16": ([2, 8, 3, 1], {"out_dtype": torch.bfloat16}),
+    # rows read through row_index: each of T source rows taken by up to k groups, as a dispatch does
+    "row-index": ([5, 0, 9, 3], {"gather_from": 7}),
+    "row-index-int32": ([4, 6, 1, 5], {"gather_from": 16, "index_dtype": torch.int32}),
+    "row-index-strided": ([4, 6, 1, 5], {"gather_from": 5, "strided_x": True}),
+    "row-index-no-rows": ([0, 0, 0, 0], {"gather_from": 3}),
 }
 
 
@@ -44,6 +49,12 @@ ACTIVATED_CASES: dict[str, tuple[list[int], int, int]] = {
     "small": ([5, 0, 9, 3], 320, 400),
     "64-experts": ([(7 * g) % 23 for g in range(64)], 1024, 720),
 }
+#: case -> (rows per group, K, 2I, source rows): the first projection as a dispatch hands it over: 1 and
+#: 100 tokens top-8 over 128 experts, I off a multiple of 128.
+GATHERED_CASES: dict[str, tuple[list[int], int, int, int]] = {
+    "decode-top8": ([1 if g in (3, 17, 40, 41, 77, 90, 101, 127) else 0 for g in range(128)], 1152, 400, 1),
+    "100-tokens-top8": ([(5 * g + 3) % 12 for g in range(128)], 1152, 400, 100),
+}
 
 
 def _activated_params():
@@ -63,6 +74,18 @@ def test_grouped_matmul_with_activation_matches_float64(hal_vendor, kind, activa
     require_activation(hal_vendor, activation)
     counts, k, n = ACTIVATED_CASES[case]
     run_activated_gemm_case(hal_vendor, kind, counts, activation, k=k, n=n)
+
+
+@pytest.mark.parametrize("kind, case", [
+    pytest.param(kind, case, id=f"{kind}-silu-glu-{case}",
+                 marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))])
+    for kind in GemmKind for case in GATHERED_CASES])
+def test_grouped_matmul_through_row_index_with_activation_matches_float64(hal_vendor, kind, case):
+    """The experts' first projection over rows read through `row_index` (`x[row_index]` never handed over)."""
+    require_gemm(hal_vendor, kind)
+    require_activation(hal_vendor, ActivationKind.SILU_GLU)
+    counts, k, n, tokens = GATHERED_CASES[case]
+    run_activated_gemm_case(hal_vendor, kind, counts, ActivationKind.SILU_GLU, k=k, n=n, gather_from=tokens)
 
 
 LIMITS = ["max_groups", "max_inner_dim", "max_group_rows"]

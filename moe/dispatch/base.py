@@ -45,12 +45,29 @@ class DispatchOutput:
     (standard and ep-normal) or `[L, capacity * ranks, H]` (ep-low-latency).
     `expert_counts` (int64 `[L]`) counts the valid rows of each local expert. `handle`
     is the dispatcher's private state for `combine`.
+
+    A dispatcher that has the rows where they already are (one rank) may hand over `source`
+    (`[T, H]`) and `row_index` (`[R]`, the source row of each sorted row) instead of the
+    gathered rows: runners pass both to `hal.Vendor.grouped_matmul(row_index=)`, whose kernels
+    may read the rows through the index, and `payload` gathers them on first use (once).
     """
 
     format: DispatchFormat
-    payload: QuantizedTensor
+    source: QuantizedTensor  #: the rows, or with `row_index` the rows they are taken from
     expert_counts: torch.Tensor
     handle: Any = None
+    row_index: torch.Tensor | None = None
+
+    @property
+    def payload(self) -> QuantizedTensor:
+        """The rows the experts receive (`source[row_index]` when the rows are taken through an index)."""
+        if self.row_index is None:
+            return self.source
+        gathered = self.__dict__.get("_gathered")
+        if gathered is None:
+            gathered = self.source.rows(self.row_index)
+            object.__setattr__(self, "_gathered", gathered)
+        return gathered
 
     @property
     def num_local_experts(self) -> int:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher
-from moe.dispatch.wire import take_rows
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -25,11 +24,12 @@ class LocalDispatcher(Dispatcher):
     format = DispatchFormat.STANDARD
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
-        """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one)."""
+        """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one), handed over
+        as the quantized tokens and the token of each sorted row: the gather is left to the experts' GEMM."""
         order, inverse, counts = self.sort_pairs(routing.topk_ids)
         token_of_row = torch.div(order, routing.top_k, rounding_mode="floor")
-        payload = take_rows(quantize(hidden_states), token_of_row)
-        return DispatchOutput(self.format, payload, counts, _LocalHandle(routing, inverse))
+        return DispatchOutput(self.format, quantize(hidden_states), counts, _LocalHandle(routing, inverse),
+                              row_index=token_of_row)
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:

@@ -7,6 +7,7 @@
 | grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
 | grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`) |
 | grouped matmul + SiLU-GLU (the experts' first projection) | the Triton grouped GEMM with the activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after |
+| grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index (one-byte rows: up to 32 rows per group); otherwise, and for torch._grouped_mm, a gather first |
 | swiglu | Triton, one pass |
 | softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
 | sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts |
@@ -53,6 +54,12 @@ _SCALE_MODE = {GemmKind.INT8: grouped_gemm.SCALE_ROWWISE, GemmKind.FP8_ROWWISE: 
 #: at 256 rows per group (qwen3, 4096 tokens) 463 us against 642 us for the gate/up projection; at
 #: 128 (mixtral, 512 tokens) 1120 us against 756 us; at 32 (qwen3, 512 tokens) even.
 GROUPED_MM_MIN_ROWS_PER_GROUP = 192
+#: Most rows per group at which the Triton GEMM reads one-byte rows (fp8, int8) through the dispatch's index;
+#: above, they are gathered first (16-bit rows are always read through it). Measured on an H200, the gated
+#: first projection, gather + GEMM against the GEMM's own gathered loads (interleaved graph replays): bf16
+#: 1.00-1.23x faster at every size of qwen3-30b-a3b, mixtral-8x7b and deepseek-v3-ep8; fp8 block-128 1.03-1.23x
+#: up to 32 rows per group, but 0.93-0.98x at 64-256 (mixtral at 512 tokens: 577 -> 622 us).
+ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
 class CudaOps(ReferenceOps):
@@ -67,6 +74,9 @@ class CudaOps(ReferenceOps):
                           f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
                                     "torch._grouped_mm and for other activations",
+        "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy; "
+                                   f"one-byte rows up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group), "
+                                   "else a gather first",
         "swiglu": "Triton, one pass",
         "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
         "sort_by_expert": "Triton counting sort: one program for two chunks of pairs, two launches of spans above",
@@ -125,22 +135,42 @@ class CudaOps(ReferenceOps):
                                                     activation=activation)
         return self._grouped(x, weight, groups, kind, out_dtype, gated=True)
 
+    def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
+                                weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
+                                activation: Activation | None) -> torch.Tensor:
+        """The Triton kinds read x's rows through `row_index` inside the GEMM (SiLU-GLU in its epilogue);
+        the other kinds and activations, and one-byte rows in groups of many rows (`gather_in_gemm`), gather
+        first."""
+        gated = activation is not None
+        if (kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU)  # type: ignore[union-attr]
+                or not gather_in_gemm(row_index.numel(), groups.num_groups,
+                                      (x if isinstance(x, torch.Tensor) else x.data).element_size())):
+            return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
+                                                   activation=activation)
+        return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
+
     def _grouped(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
-                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool) -> torch.Tensor:
+                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool,
+                 row_index: torch.Tensor | None = None) -> torch.Tensor:
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. The device's table picks the backend and
         tiles (for a gated call: its `+silu-glu` entry, else the plain product's entry with the activation
         after it, as tables tuned before gated entries ran it); without an entry, the built-in rule:
-        torch._grouped_mm from many rows per group (bf16), else the Triton kernel (gated: in its epilogue)."""
+        torch._grouped_mm from many rows per group (bf16), else the Triton kernel (gated: in its epilogue).
+        `row_index`: the product's rows are x's rows through it (read by the Triton kernel; gathered for
+        torch._grouped_mm)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
-        choice = self._choice(kind, weight, data.shape[0], gated)
+        rows = data.shape[0] if row_index is None else row_index.numel()
+        choice = self._choice(kind, weight, rows, gated)
         grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
                            and _aligned(weight.data))
         wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
-                            else grouped_mm_by_default(data.shape[0], groups.num_groups))
+                            else grouped_mm_by_default(rows, groups.num_groups))
         if grouped_mm_fits and wants_grouped_mm:
+            if row_index is not None:
+                data = data.index_select(0, row_index)
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             y = torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
             return self.swiglu(y) if gated else y
@@ -152,10 +182,12 @@ class CudaOps(ReferenceOps):
         fused = gated and (choice is None or choice.backend == TRITON)
         mode = _SCALE_MODE.get(kind)
         if mode is None:
-            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles, gated=fused)
+            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles, gated=fused,
+                                          row_index=row_index)
         else:
             y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
-                                          w_scale=weight.scale, scale_mode=mode, config=tiles, gated=fused)
+                                          w_scale=weight.scale, scale_mode=mode, config=tiles, gated=fused,
+                                          row_index=row_index)
         return self.swiglu(y) if gated and not fused else y
 
     def _choice(self, kind: GemmKind, weight: QuantizedWeight, rows: int, gated: bool) -> Choice | None:
@@ -212,6 +244,12 @@ class CudaOps(ReferenceOps):
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         return activation.swiglu(rows).view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def gather_in_gemm(rows: int, groups: int, element_bytes: int) -> bool:
+    """Whether the Triton GEMM reads its rows through the index (16-bit and wider rows always, one-byte rows
+    up to `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per group); else they are gathered first."""
+    return element_bytes > 1 or rows <= ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP * groups
 
 
 def grouped_mm_aligned(k: int, n: int) -> bool:

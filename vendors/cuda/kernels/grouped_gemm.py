@@ -16,6 +16,10 @@ a program accumulates the same column block of both halves and writes `silu(gate
 `[M, N]`, from the fp32 accumulators: the `[M, 2N]` product is never written, read back
 and rounded, and the separate activation pass and its launch are gone.
 
+`GATHER`: the product's row i is x's row `index[i]` (the rows of a dispatch sorted by
+expert, read straight from the tokens): the gather is done by the GEMM's loads, and the
+`[M, K]` copy of the tokens is never written and read back. Row scales follow the index.
+
 Scales (`SCALE_MODE`): 0 none (float operands); 1 per row of x times per column of each
 group's w (int8 or fp8 row-wise); 2 per 128 channels of x times per 128x128 tile of w
 (fp8 block-scaled, `BLOCK_K` = 128).
@@ -61,13 +65,13 @@ class TileConfig:
 # M, E and M_BLOCKS change with every batch and only bound loops and masks: specializing on their
 # divisibility would compile a kernel per batch-size class and buy nothing.
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
-def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
+def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
                   M, N, K, E, M_BLOCKS,
                   stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
                   stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
                   SCALE_MODE: tl.constexpr, INT_ACC: tl.constexpr, IEEE: tl.constexpr, E_PAD: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr,
-                  GATED: tl.constexpr):
+                  GATED: tl.constexpr, GATHER: tl.constexpr):
     pid = tl.program_id(0)
     if N_FASTEST:
         n_blocks = tl.cdiv(N, BLOCK_N)
@@ -95,8 +99,12 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
     row_ok = rows < group_end
     col_ok = cols < N
     rows64 = rows.to(tl.int64)
+    if GATHER:  # the x row (and scale row) each output row reads
+        src64 = tl.load(index_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+    else:
+        src64 = rows64
     group64 = group.to(tl.int64)
-    x_rows = x_ptr + rows64[:, None] * stride_xm
+    x_rows = x_ptr + src64[:, None] * stride_xm
     w_cols = w_ptr + group64 * stride_we + cols[None, :] * stride_wn
     w_up = w_cols + N * stride_wn  # GATED: the up half's column block (N is the output width)
     acc_type = tl.int32 if INT_ACC else tl.float32
@@ -112,7 +120,7 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
             b_up = tl.load(w_up + ks[:, None] * stride_wk, mask=b_mask, other=0.0)
         if SCALE_MODE == 2:
             kb = k0 // BLOCK_K
-            a_s = tl.load(xs_ptr + rows64 * stride_xsm + kb * stride_xsk, mask=row_ok, other=0.0)
+            a_s = tl.load(xs_ptr + src64 * stride_xsm + kb * stride_xsk, mask=row_ok, other=0.0)
             w_s = ws_ptr + group64 * stride_wse + kb * stride_wsk
             b_s = tl.load(w_s + (cols // 128) * stride_wsn, mask=col_ok, other=0.0)
             acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
@@ -134,7 +142,7 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr,
     out = acc.to(tl.float32)
     up = acc_up.to(tl.float32)
     if SCALE_MODE == 1:
-        a_s = tl.load(xs_ptr + rows64 * stride_xsm, mask=row_ok, other=0.0)
+        a_s = tl.load(xs_ptr + src64 * stride_xsm, mask=row_ok, other=0.0)
         b_s = tl.load(ws_ptr + group64 * stride_wse + cols * stride_wsn, mask=col_ok, other=0.0)
         out = out * a_s[:, None] * b_s[None, :]
         if GATED:
@@ -189,8 +197,12 @@ def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dtype: torch.dtype, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  scale_mode: int = SCALE_NONE,
-                 config: TileConfig | None = None, gated: bool = False) -> torch.Tensor:
+                 config: TileConfig | None = None, gated: bool = False,
+                 row_index: torch.Tensor | None = None) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from x `[M, K]`, w `[E, K, N]` and per-group row counts `[E]` (on the device).
+
+    `row_index` (int32/int64 `[M]`): row i of the product reads x's row `row_index[i]` (x is then
+    `[T, K]`, its scales `[T, ...]`), as `x[row_index]` would, without writing that copy.
 
     `gated`: w's columns are `[gate | up]` and the result is `silu(x @ gate) * (x @ up)`,
     `[M, N / 2]`; a config's `block_n` counts output columns (each program reads that many
@@ -200,7 +212,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     `[E, ceil(K/128), ceil(N/128)]` (block-scaled). `config` overrides the built-in tile
     choice (a tuned table's entry, or a candidate being timed).
     """
-    m, k = x.shape
+    k = x.shape[1]
+    m = x.shape[0] if row_index is None else row_index.numel()
     e, _, n = w.shape
     if gated:
         if n % 2:
@@ -231,13 +244,15 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         ws_strides = (w_scale.stride(0), 0, w_scale.stride(1))
     else:
         ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2))
+    index = row_index if row_index is not None else counts
     _grouped_gemm[grid](
-        x, w, y, xs, ws, counts, m, n, k, e, m_blocks,
+        x, w, y, xs, ws, counts, index, m, n, k, e, m_blocks,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
         *xs_strides, *ws_strides,
         SCALE_MODE=scale_mode, INT_ACC=integer, IEEE=x.dtype == torch.float32,
         E_PAD=max(16, triton.next_power_of_2(e)),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest, GATED=gated,
+        GATHER=row_index is not None,
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return y
