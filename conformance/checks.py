@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
@@ -12,7 +11,7 @@ from conformance.operands import random_codes_activation, random_codes_weight, s
 from conformance.reference import activation as reference_activation
 from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound, swiglu_bound
-from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, take_rows
+from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, grouped_matmul_keywords, take_rows
 from hal.reference import activation_value
 
 def expect(condition: bool, message: str) -> None:
@@ -124,8 +123,7 @@ def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], a
 def require_row_index(vendor: Vendor) -> None:
     """Skip a case read through `row_index` where the vendor's `grouped_matmul` override does not take
     the keyword (it predates it; the MoE layer gathers the rows for such a vendor)."""
-    params = inspect.signature(type(vendor).grouped_matmul).parameters
-    if "row_index" not in params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    if "row_index" not in grouped_matmul_keywords(type(vendor)):
         pytest.skip(f"vendor {vendor.name}: its grouped_matmul override takes no row_index "
                     "(the layer gathers the rows for it)")
 

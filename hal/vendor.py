@@ -131,11 +131,10 @@ class Vendor(Platform):
         """
         parsed = None if activation is None else self._declared_activation(activation)
         checks.gemm_operands(x, weight, groups)
+        caps = self.capabilities()
         if row_index is not None:
-            checks.row_index(row_index, x.shape[0], host_synchronous=self.capabilities().host_synchronous)
+            checks.row_index(row_index, x.shape[0], host_synchronous=caps.host_synchronous)
             checks.on_device("row_index", row_index, self.device)
-            if bias is not None:  # the bias is added between the GEMM and the activation: gather first
-                x, row_index = take_rows(x, row_index), None
         if parsed is not None and parsed.gated and weight.out_features % 2:
             raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}",
                           weight.out_features)
@@ -153,7 +152,6 @@ class Vendor(Platform):
         if groups.tensor.device.type != "cpu":  # group lists may also live on the host
             checks.on_device("groups", groups.tensor, device)
         kind = gemm_kind_of(x, weight)
-        caps = self.capabilities()
         if kind not in caps.grouped_matmul:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}")
@@ -170,8 +168,10 @@ class Vendor(Platform):
             checks.on_device("bias", bias, device)
         resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
         if row_index is not None:
-            return self.ops.grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype,
-                                                    activation=parsed)
+            if bias is None:
+                return self.ops.grouped_matmul_gathered(x, row_index, weight, groups, kind=kind,
+                                                        out_dtype=resolved_dtype, activation=parsed)
+            x = take_rows(x, row_index)  # the bias goes between the GEMM and the activation: the rows first
         if parsed is not None and bias is None:
             return self.ops.grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=resolved_dtype,
                                                      activation=parsed)

@@ -14,8 +14,6 @@ layer, never a process-wide table.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import os
 import warnings
@@ -33,6 +31,7 @@ from hal import (
     UnsupportedCapability,
     Vendor,
     environ_mapping,
+    grouped_matmul_keywords,
     invalid,
     load_plugins,
     take_rows,
@@ -272,7 +271,7 @@ def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeight
     may read them through the index). A vendor class whose `grouped_matmul` override predates the
     `activation` or `row_index` keyword gets the rows gathered first, and the GEMM and `activate` as
     two calls."""
-    takes = _keywords(type(vendor))
+    takes = grouped_matmul_keywords(type(vendor))
     if row_index is not None and "row_index" not in takes:
         operand, row_index = take_rows(operand, row_index), None
     gather = {} if row_index is None else {"row_index": row_index}
@@ -281,18 +280,6 @@ def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeight
                                      activation=weights.activation, **_bias(weights.w13_bias), **gather)
     gate_up = vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype, **_bias(weights.w13_bias))
     return vendor.activate(gate_up, weights.activation)
-
-
-_OPTIONAL_KEYWORDS = ("activation", "row_index")
-
-
-@functools.lru_cache(maxsize=None)
-def _keywords(vendor_type: type) -> frozenset[str]:
-    """Which of the optional `grouped_matmul` keywords `vendor_type` accepts (a fact of the class, looked up once)."""
-    params = inspect.signature(vendor_type.grouped_matmul).parameters  # type: ignore[attr-defined]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return frozenset(_OPTIONAL_KEYWORDS)
-    return frozenset(k for k in _OPTIONAL_KEYWORDS if k in params)
 
 
 def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hal import take_rows
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
-from moe.dispatch.wire import as_bytes, from_bytes, pack, take_rows, unpack
+from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 

@@ -15,11 +15,6 @@ import torch
 from hal import DispatchPlan, InvalidInput, QuantizedTensor
 
 
-def take_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
-    """The rows `index` of quantized activations `[N, H]` (scales follow their rows)."""
-    return q.rows(index)
-
-
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor `[..., C]` viewed as uint8 `[..., C * itemsize]` (copied only if not contiguous)."""
     t = t.contiguous()
