@@ -58,6 +58,24 @@ def test_the_first_gemm_reads_the_tokens_through_the_dispatch_index(scheme, toke
     assert torch.equal(y, legacy)
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_through_the_index_at_a_realistic_shape(top_k):
+    """128 experts, 1500 tokens, H and I off multiples of 128: the layer reading through the index computes the
+    same bits as the layer that gathers first, and the index holds each token k times."""
+    experts, hidden, inter, tokens = 128, 1000, 360, 1500
+    gen = torch.Generator().manual_seed(top_k)
+    w13 = torch.randn(experts, hidden, 2 * inter, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, inter, hidden, generator=gen) / inter**0.5
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, generator=gen)
+    recording = RecordsRowIndex()
+    y = moe.MoELayer.from_float(w13, w2, top_k, scheme="w8a8-fp8-block", vendor=recording)(x, logits)
+    index = recording.row_indices[0]
+    assert torch.equal(torch.bincount(index, minlength=tokens), torch.full((tokens,), top_k))
+    legacy = moe.MoELayer.from_float(w13, w2, top_k, scheme="w8a8-fp8-block", vendor=PredatesRowIndex())(x, logits)
+    assert torch.equal(y, legacy)
+
+
 def test_the_payload_is_the_rows_sorted_by_expert_gathered_once():
     """Runners that read `payload` get the `[T*k, H]` rows sorted by expert, token order within one."""
     vendor, tokens = CpuVendor(), 9

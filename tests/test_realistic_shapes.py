@@ -1,4 +1,5 @@
-"""The reference ops and the layer on realistic shapes: many experts, hundreds to thousands of tokens,
+"""The reference ops and the layer on realistic shapes: many experts, hundreds to thousands of tokens
+(rows read through a dispatch's index too),
 dimensions that are not multiples of 128, top-1 and top-8, against float64 references built here."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from conformance.operands import random_codes_activation, random_codes_weight
 from conformance.reference import grouped_matmul as reference_grouped_matmul
 from conformance.reference import moe_features, relative_error, seed_of, softmax_topk
 from conformance.tolerances import gemm_bound, layer_tolerance
-from hal import GemmKind, Groups
+from hal import GemmKind, Groups, take_rows
 from moe import MoELayer
 from vendors.cpu import CpuVendor
 
@@ -32,6 +33,25 @@ def test_grouped_matmul_with_128_groups_and_unaligned_dims(kind):
     w = random_codes_weight(kind.value, experts, k, n, gen)
     y = CpuVendor().grouped_matmul(x, w, Groups.from_counts(torch.tensor(counts)))
     ref, magnitude = reference_grouped_matmul(x, w, counts)
+    assert bool(((y.double() - ref).abs() <= gemm_bound(ref, magnitude, y.dtype)).all())
+
+
+@pytest.mark.parametrize("kind", [GemmKind.BF16, GemmKind.INT8, GemmKind.FP8_BLOCK128, GemmKind.NVFP4], ids=str)
+@pytest.mark.parametrize("top_k", [1, 8])
+def test_grouped_matmul_through_a_dispatch_index_with_128_groups(kind, top_k):
+    """The rows of a dispatch read through `row_index`: 2000 tokens' top-k pairs sorted by expert, unaligned
+    K and N, against float64 over the gathered rows."""
+    gen = torch.Generator().manual_seed(11 + top_k)
+    experts, k, n, tokens = 128, 1008, 200, 2000
+    ids = torch.rand(tokens, experts, generator=gen).argsort(dim=-1)[:, :top_k]
+    order = torch.sort(ids.flatten(), stable=True).indices
+    index = torch.div(order, top_k, rounding_mode="floor")
+    counts = torch.bincount(ids.flatten(), minlength=experts)
+    x = random_codes_activation(kind.value, tokens, k, gen)
+    w = random_codes_weight(kind.value, experts, k, n, gen)
+    y = CpuVendor().grouped_matmul(x, w, Groups.from_counts(counts), row_index=index)
+    ref, magnitude = reference_grouped_matmul(take_rows(x, index), w, counts.tolist())
+    assert y.shape == (tokens * top_k, n)
     assert bool(((y.double() - ref).abs() <= gemm_bound(ref, magnitude, y.dtype)).all())
 
 
