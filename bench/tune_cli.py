@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench.cli import writable_file
+from bench.tuning_merge import check_device, merge_tables, read_table
 from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
 from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
 from hal.cli import positive_int_argument
@@ -36,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="bf16 and/or fp8 (w8a8-fp8-block); default both where declared")
     parser.add_argument("--output", type=Path, metavar="FILE",
                         help="where to write the table (default: hal-tuning-<device>.json here)")
+    parser.add_argument("--merge", type=Path, metavar="FILE",
+                        help="merge into this earlier table of the same device: its entries are kept unless tuned "
+                             "again now (default --output: FILE itself)")
     parser.add_argument("--json", action="store_true", help="also print the table")
     parser.set_defaults(handler=tune)
 
@@ -54,9 +58,13 @@ def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[
 
 def tune(args: argparse.Namespace, console: Console) -> int:
     """Tune, write the table, print where it went."""
-    writable_file("--output", args.output)
+    output = args.output or args.merge
+    writable_file("--output", output)
+    earlier = read_table(args.merge) if args.merge is not None else None
     vendor = VendorRegistry.discover().select(args.vendor).vendor
     caps = vendor.capabilities()
+    if earlier is not None:
+        check_device(earlier, caps.device_name, args.merge)
     try:
         shapes = parse_shapes(args.models, _DEFAULT_MODELS)
     except ValueError as exc:
@@ -74,10 +82,20 @@ def tune(args: argparse.Namespace, console: Console) -> int:
     progress.print(f"tuning {len(problems)} grouped-matmul problems x {len(problems[0].tokens)} token counts on "
                    f"{caps.device_name} (vendor {vendor.name})...")
     table = vendor.tune(problems, progress=progress.print)
-    output = args.output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
+    output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
+    merged = ""
+    if earlier is not None:
+        try:
+            table = merge_tables(earlier, table)
+        except InvalidInput:  # the fresh table is not lost: it goes beside the one it could not join
+            aside = output.with_name(output.stem + ".unmerged.json")
+            aside.write_text(json.dumps(table, indent=1) + "\n")
+            progress.print(f"the new table was written to {aside}, unmerged")
+            raise
+        merged = f", merged into the {sum(len(v) for v in earlier['entries'].values())} entries of {args.merge}"
     output.write_text(json.dumps(table, indent=1) + "\n")
     if args.json:
         print(json.dumps(table, indent=1))
-    console.print(f"wrote {output} ({sum(len(v) for v in table.get('entries', {}).values())} entries); "
+    console.print(f"wrote {output} ({sum(len(v) for v in table.get('entries', {}).values())} entries{merged}); "
                   f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)")
     return 0
