@@ -71,7 +71,7 @@ from hal.resolution import (
     resolve_dispatch_plan,
 )
 from hal.schemes import KNOWN_SCHEMES, SchemeTraits, parse_scheme
-from hal.overrides import grouped_matmul_keywords
+from hal.overrides import accepts_keyword, grouped_matmul_keywords
 from hal.vendor import Vendor
 
 __all__ = [
@@ -85,7 +85,7 @@ __all__ = [
     # operands
     "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "GroupListKind", "Groups", "take_rows",
     # vendors: the platform, the checked op methods, the op implementations
-    "Platform", "ProbeResult", "Vendor", "grouped_matmul_keywords", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
+    "Platform", "ProbeResult", "Vendor", "grouped_matmul_keywords", "accepts_keyword", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
     "DispatchFallbackWarning",
     # discovery
     "DEFAULT_PROBE_TIMEOUT", "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource",

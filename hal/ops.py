@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
             "grouped_matmul_gathered", "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight",
-            "sort_by_expert", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch",
+            "sort_by_expert", "sort_by_expert_tokens", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch",
             "ep_combine")
 
 
@@ -176,6 +176,14 @@ class VendorOps(abc.ABC):
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(order, inverse, counts)` of the (token, slot) pairs sorted by expert, without a host sync."""
+
+    def sort_by_expert_tokens(self, topk_ids: torch.Tensor, *,
+                              num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`sort_by_expert` and the token of each sorted row (`order // k`, int64): the row index a dispatcher
+        hands to the experts' GEMM. By default the sort, then a division; a vendor may write it in the sort."""
+        order, inverse, counts = self.sort_by_expert(topk_ids, num_experts=num_experts)
+        top_k = topk_ids.shape[-1] if topk_ids.dim() == 2 else 1
+        return order, inverse, counts, torch.div(order, top_k, rounding_mode="floor")
 
     @abc.abstractmethod
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,

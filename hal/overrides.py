@@ -19,3 +19,11 @@ def grouped_matmul_keywords(vendor_type: type) -> frozenset[str]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return frozenset(OPTIONAL_GEMM_KEYWORDS)
     return frozenset(k for k in OPTIONAL_GEMM_KEYWORDS if k in params)
+
+
+@functools.lru_cache(maxsize=None)
+def accepts_keyword(vendor_type: type, method: str, keyword: str) -> bool:
+    """Whether `vendor_type`'s `method` takes `keyword` (or `**kwargs`): callers compute what a keyword asks for
+    themselves for an override that predates it (e.g. `sort_by_expert(..., tokens=True)`). Looked up once."""
+    params = inspect.signature(getattr(vendor_type, method)).parameters
+    return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

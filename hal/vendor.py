@@ -292,11 +292,13 @@ class Vendor(Platform):
             return empty.to(torch.float32), empty.to(torch.int64)
         return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
 
-    def sort_by_expert(self, topk_ids: torch.Tensor,
-                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert(self, topk_ids: torch.Tensor, num_experts: int, *,
+                       tokens: bool = False) -> tuple[torch.Tensor, ...]:
         """The (token, slot) pairs of `topk_ids` `[T, k]` sorted by expert, token order kept within one:
         `order` (the flat pair of each sorted row) and `inverse` (the sorted row of each flat pair),
-        int64 `[T*k]`, and `counts` int64 `[num_experts]`.
+        int64 `[T*k]`, and `counts` int64 `[num_experts]`. With `tokens`, a fourth output: the token of
+        each sorted row (`order // k`, int64 `[T*k]`), the row index a dispatcher hands to the experts'
+        GEMM (a vendor may write it in the sort's own pass).
 
         `topk_ids` is int32 or int64 (the results are the same), `num_experts` a positive int.
         Ids outside `[0, num_experts)` raise `InvalidInput` where reading them costs no device
@@ -304,10 +306,14 @@ class Vendor(Platform):
         memory. Elsewhere the op never synchronises, so it does not look: an out-of-range id
         gives unspecified `order`, `inverse` and `counts` (its pair may be counted nowhere, or
         land among another expert's rows), or a device-side error; no implementation writes
-        outside the three outputs.
+        outside the outputs.
         """
         checks.on_device("topk_ids", topk_ids, self.device)
         checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
+        if not isinstance(tokens, bool):
+            raise invalid("tokens", "True or False", tokens)
+        if tokens:
+            return self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts)
         return self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,

@@ -19,17 +19,21 @@ from vendors.cuda import CudaVendor
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (7, 2, 8), (128, 8, 128), (100, 4, 1000),
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (2, 8, 128), (7, 2, 8), (128, 8, 128), (100, 4, 1000),
                                                      (129, 8, 128), (600, 2, 7), (3000, 1, 1024), (4096, 8, 128),
                                                      (4096, 8, 256), (16384, 8, 256)])
 def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
     """Both Triton sorts (one program for a few chunks, spans above) and the radix-sort fallback for the
-    largest batches, against the torch sort."""
+    largest batches, against the torch sort; with the token of each sorted row written by the same launch."""
     g = torch.Generator(device="cuda").manual_seed(tokens)
     ids = torch.rand(tokens, experts, device="cuda", generator=g).argsort(dim=-1)[:, :top_k]
-    got = CudaVendor().sort_by_expert(ids, experts)
+    vendor = CudaVendor()
+    got = vendor.sort_by_expert(ids, experts)
     for mine, expected in zip(got, sort_by_expert(ids, experts)):
         assert torch.equal(mine, expected)
+    *same, token = vendor.sort_by_expert(ids.to(torch.int32), experts, tokens=True)  # written by the sort itself
+    assert all(torch.equal(a, b) for a, b in zip(same, got))
+    assert token.dtype == torch.int64 and torch.equal(token, got[0] // top_k)
 
 
 @pytest.mark.parametrize("indexed", [True, False])

@@ -92,3 +92,41 @@ def test_the_payload_is_the_rows_sorted_by_expert_gathered_once():
     assert torch.equal(payload.data.view(torch.uint8), out.source.data[token_of_row].view(torch.uint8))
     assert torch.equal(payload.scale, out.source.scale[token_of_row])
     assert out.payload is payload
+
+
+class SortPredatesTokens(CpuVendor):
+    """The CPU vendor behind a `sort_by_expert` override written before the `tokens` keyword."""
+
+    name = "cpu-sort-predates-tokens"
+
+    def sort_by_expert(self, topk_ids, num_experts):
+        return super().sort_by_expert(topk_ids, num_experts)
+
+
+class CountsSorts(CpuVendor):
+    """The CPU vendor, recording the keywords of each `sort_by_expert` call."""
+
+    name = "cpu-counts-sorts"
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def sort_by_expert(self, topk_ids, num_experts, *, tokens=False):
+        self.calls.append(tokens)
+        return super().sort_by_expert(topk_ids, num_experts, tokens=tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 33])
+def test_the_dispatch_takes_the_row_index_from_the_sort_and_serves_an_older_sort_override(tokens):
+    """One sort call gives the rows' tokens (no division after it); a vendor whose override predates the keyword
+    gets the division from the dispatcher, and both layers compute the same bits."""
+    w13, w2 = random_weights(E, H, I, 57)
+    x, logits = _inputs(tokens, 58)
+    counting = CountsSorts()
+    y = moe.MoELayer.from_float(w13, w2, K, vendor=counting)(x, logits)
+    assert counting.calls == [True]
+    older = moe.MoELayer.from_float(w13, w2, K, vendor=SortPredatesTokens())(x, logits)
+    assert torch.equal(y, older)
+    plain = moe.MoELayer.from_float(w13, w2, K, vendor=CpuVendor())(x, logits)
+    assert torch.equal(y, plain)

@@ -73,6 +73,18 @@ def test_expert_ids_must_be_a_2d_tensor(vendor, bad):
     _raises(lambda: vendor.sort_by_expert(bad, E), "topk_ids")
 
 
+@pytest.mark.parametrize("bad", [1, 0, "yes", None, torch.tensor(True)])
+def test_the_tokens_flag_must_be_a_bool(vendor, bad):
+    _raises(lambda: vendor.sort_by_expert(_ids(), E, tokens=bad), "tokens")
+
+
+def test_the_tokens_of_the_sorted_rows_are_the_pairs_over_k(vendor):
+    order, inverse, counts, token = vendor.sort_by_expert(_ids(torch.int32), E, tokens=True)
+    plain = vendor.sort_by_expert(_ids(), E)
+    assert all(torch.equal(a, b) for a, b in zip((order, inverse, counts), plain))
+    assert token.dtype == torch.int64 and torch.equal(token, order // K)
+
+
 def test_int32_and_int64_ids_sort_identically(vendor):
     wide = vendor.sort_by_expert(_ids(torch.int64), E)
     narrow = vendor.sort_by_expert(_ids(torch.int32), E)

@@ -1,4 +1,5 @@
-"""The permutation ops every dispatcher uses: `sort_by_expert` (stable, counts every expert) and
+"""The permutation ops every dispatcher uses: `sort_by_expert` (stable, counts every expert, and the token
+of each sorted row when asked) and
 `weighted_combine` (each token's fp32 weighted sum of its rows), against plain references; and
 the softmax top-k routing the default router asks the vendor for (`softmax_topk`), against float64."""
 
@@ -32,6 +33,13 @@ def test_sort_by_expert_is_a_stable_sort_with_counts(hal_vendor, case):
         "inverse does not undo order"
     assert counts.dtype == torch.int64 and counts.cpu().tolist() == torch.bincount(flat, minlength=experts).tolist()
     assert order.device == inverse.device == counts.device == hal_vendor.device
+    with_tokens = hal_vendor.sort_by_expert(ids.to(hal_vendor.device), experts, tokens=True)
+    assert len(with_tokens) == 4, "sort_by_expert(tokens=True) must return (order, inverse, counts, tokens)"
+    for name, plain, given in zip(("order", "inverse", "counts"), (order, inverse, counts), with_tokens):
+        assert torch.equal(plain.cpu(), given.cpu()), f"{name} differs when the tokens are asked for too"
+    token = with_tokens[3]
+    assert token.dtype == torch.int64 and token.device == hal_vendor.device
+    assert token.cpu().tolist() == [p // top_k for p in expected], "the token of a sorted row is not order // k"
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
+from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, accepts_keyword, invalid, positive_int
 from hal.reference import sort_by_expert, weighted_combine
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
@@ -119,11 +119,19 @@ class Dispatcher(abc.ABC):
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Quantize `hidden_states` `[T, H]` with `quantize` and send each routed row to its expert."""
 
-    def sort_pairs(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(order, inverse, counts)` of the pairs sorted by expert (see `hal.Vendor.sort_by_expert`)."""
+    def sort_pairs(self, topk_ids: torch.Tensor, *, tokens: bool = False) -> tuple[torch.Tensor, ...]:
+        """`(order, inverse, counts)` of the pairs sorted by expert, and with `tokens` the token of each
+        sorted row (see `hal.Vendor.sort_by_expert`; computed here for a vendor class whose override
+        predates the keyword)."""
+        if self.vendor is not None and (not tokens or accepts_keyword(type(self.vendor), "sort_by_expert", "tokens")):
+            return self.vendor.sort_by_expert(topk_ids, self.num_experts, **({"tokens": True} if tokens else {}))
         if self.vendor is not None:
-            return self.vendor.sort_by_expert(topk_ids, self.num_experts)
-        return sort_by_expert(topk_ids, self.num_experts)
+            order, inverse, counts = self.vendor.sort_by_expert(topk_ids, self.num_experts)
+        else:
+            order, inverse, counts = sort_by_expert(topk_ids, self.num_experts)
+        if not tokens:
+            return order, inverse, counts
+        return order, inverse, counts, torch.div(order, topk_ids.shape[-1], rounding_mode="floor")
 
     def combine_rows(self, rows: torch.Tensor, index: torch.Tensor | None, routing: Routing,
                      out_dtype: torch.dtype) -> torch.Tensor:

@@ -26,8 +26,7 @@ class LocalDispatcher(Dispatcher):
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one), handed over
         as the quantized tokens and the token of each sorted row: the gather is left to the experts' GEMM."""
-        order, inverse, counts = self.sort_pairs(routing.topk_ids)
-        token_of_row = torch.div(order, routing.top_k, rounding_mode="floor")
+        _, inverse, counts, token_of_row = self.sort_pairs(routing.topk_ids, tokens=True)
         return DispatchOutput(self.format, quantize(hidden_states), counts, _LocalHandle(routing, inverse),
                               row_index=token_of_row)
 

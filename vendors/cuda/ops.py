@@ -10,7 +10,7 @@
 | grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index (one-byte rows: up to 32 rows per group); otherwise, and for torch._grouped_mm, a gather first |
 | swiglu | Triton, one pass |
 | softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
-| sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts |
+| sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the dispatch's row index) written in the same pass |
 | weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
 | weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
 | everything else (dequantize, int4, nvfp4) | the torch reference (`hal.reference.ReferenceOps`) |
@@ -80,6 +80,7 @@ class CudaOps(ReferenceOps):
         "swiglu": "Triton, one pass",
         "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
         "sort_by_expert": "Triton counting sort: one program for two chunks of pairs, two launches of spans above",
+        "sort_by_expert_tokens": "the counting sorts write each sorted row's token in the same pass",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
     }
@@ -228,6 +229,16 @@ class CudaOps(ReferenceOps):
         if method == sorting.SPREAD:
             return sorting.sort_pairs_spread(topk_ids, num_experts)
         return super().sort_by_expert(topk_ids, num_experts=num_experts)
+
+    def sort_by_expert_tokens(self, topk_ids: torch.Tensor, *,
+                              num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The counting sorts write each sorted row's token in their own pass; the radix sort divides after."""
+        method = sorting.sort_method(topk_ids.numel(), num_experts)
+        if method == sorting.ONE_PROGRAM:
+            return sorting.sort_pairs(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
+        if method == sorting.SPREAD:
+            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
+        return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
                          out_dtype: torch.dtype) -> torch.Tensor:

@@ -39,7 +39,8 @@ MAX_EXPERTS = 1024
 
 
 @triton.jit(do_not_specialize=["P", "E"])  # per-batch counts; they only bound loops and masks
-def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, E_PAD: tl.constexpr,
+                CHUNK: tl.constexpr, TOPK: tl.constexpr, TOKENS: tl.constexpr):
     experts = tl.arange(0, E_PAD)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, P, CHUNK):
@@ -57,6 +58,8 @@ def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, E_PAD: tl.con
         row = tl.sum(onehot * (running[None, :] + earlier), axis=1)
         tl.store(inverse_ptr + pairs, row.to(tl.int64), mask=valid)
         tl.store(order_ptr + row, pairs.to(tl.int64), mask=valid)
+        if TOKENS:  # the token of each sorted row, in the same pass (no division launch after the sort)
+            tl.store(token_ptr + row, (pairs // TOPK).to(tl.int64), mask=valid)
         running += tl.sum(onehot, axis=0)
 
 
@@ -99,13 +102,21 @@ def _flat_and_outputs(topk_ids: torch.Tensor, num_experts: int
     return flat, order, torch.empty_like(order), counts
 
 
-def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(order, inverse, counts)` as `hal.reference.sort_by_expert` returns them, in one launch."""
+def sort_pairs(topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False) -> tuple[torch.Tensor, ...]:
+    """`(order, inverse, counts)` as `hal.reference.sort_by_expert` returns them, in one launch; with `tokens`
+    also the token of each sorted row (`order // k`), written by the same launch."""
     flat, order, inverse, counts = _flat_and_outputs(topk_ids, num_experts)
+    token = torch.empty_like(order) if tokens else order
     pairs = flat.numel()
     e_pad, chunk = _padded_and_chunk(num_experts)
-    _sort_pairs[(1,)](flat, order, inverse, counts, pairs, num_experts, E_PAD=e_pad, CHUNK=chunk, num_warps=8)
-    return order, inverse, counts
+    chunk = min(chunk, max(16, triton.next_power_of_2(pairs)))  # decode: a one-hot block no larger than the pairs
+    _sort_pairs[(1,)](flat, order, inverse, counts, token, pairs, num_experts, E_PAD=e_pad, CHUNK=chunk,
+                      TOPK=_top_k(topk_ids), TOKENS=tokens, num_warps=8 if chunk * e_pad >= 8192 else 4)
+    return (order, inverse, counts, token) if tokens else (order, inverse, counts)
+
+
+def _top_k(topk_ids: torch.Tensor) -> int:
+    return topk_ids.shape[-1] if topk_ids.dim() == 2 else 1
 
 
 @triton.jit(do_not_specialize=["P", "E", "SPAN"])
@@ -123,8 +134,9 @@ def _count_spans(ids_ptr, table_ptr, P, E, SPAN, E_PAD: tl.constexpr, CHUNK: tl.
 
 
 @triton.jit(do_not_specialize=["P", "E", "SPAN", "SPANS"])
-def _place_spans(ids_ptr, table_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, SPAN, SPANS,
-                 E_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr):
+def _place_spans(ids_ptr, table_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, SPAN, SPANS,
+                 E_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, TOPK: tl.constexpr,
+                 TOKENS: tl.constexpr):
     span = tl.program_id(0)
     experts = tl.arange(0, E_PAD)
     total = tl.zeros((E_PAD,), dtype=tl.int32)
@@ -148,22 +160,27 @@ def _place_spans(ids_ptr, table_ptr, order_ptr, inverse_ptr, counts_ptr, P, E, S
         row = tl.sum(onehot * (running[None, :] + earlier), axis=1)
         tl.store(inverse_ptr + pairs, row.to(tl.int64), mask=valid)
         tl.store(order_ptr + row, pairs.to(tl.int64), mask=valid)
+        if TOKENS:  # the token of each sorted row, in the same pass (no division launch after the sort)
+            tl.store(token_ptr + row, (pairs // TOPK).to(tl.int64), mask=valid)
         running += tl.sum(onehot, axis=0)
 
 
-def sort_pairs_spread(topk_ids: torch.Tensor, num_experts: int,
-                      max_spans: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sort_pairs_spread(topk_ids: torch.Tensor, num_experts: int, max_spans: int | None = None, *,
+                      tokens: bool = False) -> tuple[torch.Tensor, ...]:
     """`sort_pairs` for any number of pairs, in two launches of up to `max_spans` programs (default:
     `spans_for(num_experts)`)."""
     flat, order, inverse, counts = _flat_and_outputs(topk_ids, num_experts)
+    token = torch.empty_like(order) if tokens else order
     pairs = flat.numel()
     if pairs == 0:
-        return order, inverse, counts.zero_()
+        counts.zero_()
+        return (order, inverse, counts, token) if tokens else (order, inverse, counts)
     e_pad, chunk = _padded_and_chunk(num_experts)
     span = triton.cdiv(triton.cdiv(pairs, max_spans or spans_for(num_experts)), chunk) * chunk
     spans = triton.cdiv(pairs, span)
     table = torch.empty((spans, e_pad), dtype=torch.int32, device=flat.device)
     _count_spans[(spans,)](flat, table, pairs, num_experts, span, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
-    _place_spans[(spans,)](flat, table, order, inverse, counts, pairs, num_experts, span, spans,
-                           E_PAD=e_pad, CHUNK=chunk, ROWS=max(1, 4096 // e_pad), num_warps=8)
-    return order, inverse, counts
+    _place_spans[(spans,)](flat, table, order, inverse, counts, token, pairs, num_experts, span, spans,
+                           E_PAD=e_pad, CHUNK=chunk, ROWS=max(1, 4096 // e_pad), TOPK=_top_k(topk_ids),
+                           TOKENS=tokens, num_warps=8)
+    return (order, inverse, counts, token) if tokens else (order, inverse, counts)
