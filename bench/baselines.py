@@ -2,9 +2,10 @@
 per-expert loop in PyTorch.
 
 `direct_forward` makes the layer's kernel calls in a straight line (the vendor's softmax-top-k, the
-vendor's sort by expert, quantize, gather, grouped GEMM with the SiLU-GLU activation,
-quantize, grouped GEMM, the vendor's weighted combine) with none of moe's objects in between: no `MoELayer`,
-plan, dispatcher, scheme or runner lookup. The time it saves is the abstraction's overhead.
+vendor's sort by expert with each sorted row's token, quantize, the grouped GEMM with the SiLU-GLU
+activation reading the tokens through that index, quantize, grouped GEMM, the vendor's weighted
+combine) with none of moe's objects in between: no `MoELayer`, plan, dispatcher, scheme or runner
+lookup. The time it saves is the abstraction's overhead.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hal import Groups, Vendor
+from hal import Groups, Vendor, accepts_keyword, grouped_matmul_keywords
 from moe import MoELayer
 
 
@@ -21,15 +22,20 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
     weights = layer.expert_weights
     top_k, experts = layer.top_k, layer.num_experts
     topk_weights, ids = vendor.softmax_topk(logits, top_k)
-    order, inverse, counts = vendor.sort_by_expert(ids, experts)
+    if accepts_keyword(type(vendor), "sort_by_expert", "tokens"):
+        _, inverse, counts, token = vendor.sort_by_expert(ids, experts, tokens=True)
+    else:  # an override older than the keyword: the layer divides too
+        order, inverse, counts = vendor.sort_by_expert(ids, experts)
+        token = torch.div(order, top_k, rounding_mode="floor")
     groups = Groups.from_counts(counts)
     plan = layer.plan
     q = vendor.quantize(x, plan.resolved, layout=plan.scale_layout)
-    token = torch.div(order, top_k, rounding_mode="floor")
-    rows = q.rows(token)
     gemm = layer.scheme.gemm_kind().spec  # the dispatched rows are its operand as they are (bf16, fp8 block)
+    through_index = "row_index" in grouped_matmul_keywords(type(vendor))
+    rows = q if through_index else q.rows(token)
+    index = {"row_index": token} if through_index else {}
     act = vendor.grouped_matmul(rows.data if gemm.is_float else rows, weights.w13, groups, out_dtype=torch.bfloat16,
-                                activation=weights.activation)
+                                activation=weights.activation, **index)
     second = act if gemm.is_float else vendor.quantize(act, gemm.activation.dtype, layout=gemm.activation.layout)
     y = vendor.grouped_matmul(second, weights.w2, groups, out_dtype=torch.bfloat16)
     return vendor.weighted_combine(y, inverse, topk_weights, x.dtype)
