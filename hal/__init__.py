@@ -85,7 +85,8 @@ __all__ = [
     # operands
     "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight", "GroupListKind", "Groups", "take_rows",
     # vendors: the platform, the checked op methods, the op implementations
-    "Platform", "ProbeResult", "Vendor", "grouped_matmul_keywords", "accepts_keyword", "VendorOps", "ReferenceOps", "OpSource", "OP_NAMES",
+    "Platform", "ProbeResult", "Vendor", "grouped_matmul_keywords", "accepts_keyword", "VendorOps", "ReferenceOps",
+    "OpSource", "OP_NAMES",
     "DispatchFallbackWarning",
     # discovery
     "DEFAULT_PROBE_TIMEOUT", "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection", "SelectionSource",

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 #: Every op a vendor provides, in the order reports list them.
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
             "grouped_matmul_gathered", "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight",
-            "sort_by_expert", "sort_by_expert_tokens", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused", "ep_dispatch",
-            "ep_combine")
+            "sort_by_expert", "sort_by_expert_tokens", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused",
+            "ep_dispatch", "ep_combine")
 
 
 @dataclass(frozen=True)
