@@ -123,15 +123,15 @@ class Dispatcher(abc.ABC):
         """`(order, inverse, counts)` of the pairs sorted by expert, and with `tokens` the token of each
         sorted row (see `hal.Vendor.sort_by_expert`; computed here for a vendor class whose override
         predates the keyword)."""
-        if self.vendor is not None and (not tokens or accepts_keyword(type(self.vendor), "sort_by_expert", "tokens")):
-            return self.vendor.sort_by_expert(topk_ids, self.num_experts, **({"tokens": True} if tokens else {}))
-        if self.vendor is not None:
-            order, inverse, counts = self.vendor.sort_by_expert(topk_ids, self.num_experts)
+        if self.vendor is None:
+            sorted_pairs = sort_by_expert(topk_ids, self.num_experts)
+        elif tokens and accepts_keyword(type(self.vendor), "sort_by_expert", "tokens"):
+            return self.vendor.sort_by_expert(topk_ids, self.num_experts, tokens=True)
         else:
-            order, inverse, counts = sort_by_expert(topk_ids, self.num_experts)
+            sorted_pairs = self.vendor.sort_by_expert(topk_ids, self.num_experts)
         if not tokens:
-            return order, inverse, counts
-        return order, inverse, counts, torch.div(order, topk_ids.shape[-1], rounding_mode="floor")
+            return sorted_pairs
+        return (*sorted_pairs, torch.div(sorted_pairs[0], topk_ids.shape[-1], rounding_mode="floor"))
 
     def combine_rows(self, rows: torch.Tensor, index: torch.Tensor | None, routing: Routing,
                      out_dtype: torch.dtype) -> torch.Tensor:

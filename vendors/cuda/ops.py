@@ -223,22 +223,22 @@ class CudaOps(ReferenceOps):
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pairs sorted by expert: a Triton counting sort (one launch for small batches, two above);
         torch's radix sort for more experts than the kernels hold and for the largest batches."""
-        method = sorting.sort_method(topk_ids.numel(), num_experts)
-        if method == sorting.ONE_PROGRAM:
-            return sorting.sort_pairs(topk_ids, num_experts)
-        if method == sorting.SPREAD:
-            return sorting.sort_pairs_spread(topk_ids, num_experts)
-        return super().sort_by_expert(topk_ids, num_experts=num_experts)
+        return self._sort(topk_ids, num_experts, tokens=False)  # type: ignore[return-value]
 
     def sort_by_expert_tokens(self, topk_ids: torch.Tensor, *,
                               num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The counting sorts write each sorted row's token in their own pass; the radix sort divides after."""
+        return self._sort(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
+
+    def _sort(self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool) -> tuple[torch.Tensor, ...]:
         method = sorting.sort_method(topk_ids.numel(), num_experts)
         if method == sorting.ONE_PROGRAM:
-            return sorting.sort_pairs(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
+            return sorting.sort_pairs(topk_ids, num_experts, tokens=tokens)
         if method == sorting.SPREAD:
-            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
-        return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
+            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=tokens)
+        if tokens:
+            return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
+        return super().sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
                          out_dtype: torch.dtype) -> torch.Tensor:
