@@ -36,6 +36,25 @@ def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
     assert token.dtype == torch.int64 and torch.equal(token, got[0] // top_k)
 
 
+@pytest.mark.parametrize("tokens, top_k, experts, rank_by_default", [
+    (1, 1, 1, True), (1, 8, 128, True), (3, 5, 9, True), (8, 8, 128, True), (16, 8, 128, True), (13, 2, 8, True),
+    (64, 2, 8, False), (2, 8, 1000, False), (4, 4, 60, True), (10, 6, 257, True)])
+@pytest.mark.parametrize("by_rank", [True, False])
+def test_both_one_program_sorts_equal_the_stable_torch_sort(tokens, top_k, experts, rank_by_default, by_rank):
+    """The rank sort and the counting passes, each forced, at decode sizes: pairs not a power of two,
+    experts repeated across tokens, one expert, more experts than pairs, int32 and int64 ids."""
+    from vendors.cuda.kernels import sorting
+
+    g = torch.Generator(device="cuda").manual_seed(tokens * experts)
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).argsort(dim=-1)[:, :top_k]
+    expected = sort_by_expert(ids, experts)
+    for dtype in (torch.int64, torch.int32):
+        *got, token = sorting.sort_pairs(ids.to(dtype), experts, tokens=True, by_rank=by_rank)
+        assert all(torch.equal(mine, want) for mine, want in zip(got, expected)), dtype
+        assert torch.equal(token, expected[0] // top_k)
+    assert sorting.rank_sort_fits(tokens * top_k, experts) == rank_by_default  # the measured crossovers
+
+
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("tokens, top_k, hidden", [(1, 8, 2048), (33, 2, 200), (512, 8, 7168)])
 def test_weighted_combine_matches_the_fp32_sum(tokens, top_k, hidden, indexed):

@@ -107,6 +107,12 @@ SCRIPT = textwrap.dedent("""
     assert (swiglu(h).float() - act).abs().max() <= 2e-3 * act.abs().max(), "swiglu"
     ids = torch.stack([torch.randperm(40)[:4] for _ in range(9)])
     assert all(torch.equal(m, e) for m, e in zip(sort_pairs(ids, 40), sort_by_expert(ids, 40))), "sort"
+    for tokens, k, experts in ((9, 4, 40), (1, 8, 128), (3, 1, 1), (16, 8, 64)):  # both one-program sorts
+        ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+        for by_rank in (True, False):
+            got = sort_pairs(ids, experts, tokens=True, by_rank=by_rank)
+            want = (*sort_by_expert(ids, experts), sort_by_expert(ids, experts)[0] // k)
+            assert all(torch.equal(m, e) for m, e in zip(got, want)), ("sort", tokens, k, experts, by_rank)
     # The spread sort: spans of one chunk and of several, a last span cut short, idle experts,
     # one expert taking everything, int32 ids, more experts than one chunk row holds.
     for tokens, k, experts, spans in ((300, 8, 128, 64), (257, 3, 40, 4), (1000, 1, 7, 3), (64, 8, 1, 2),

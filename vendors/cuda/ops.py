@@ -10,10 +10,11 @@
 | grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index (one-byte rows: up to 32 rows per group); otherwise, and for torch._grouped_mm, a gather first |
 | swiglu | Triton, one pass |
 | softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
-| sort by expert | Triton counting sort: one program for two chunks of pairs (decode), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the dispatch's row index) written in the same pass |
+| sort by expert | Triton, one program at decode (up to 128 pairs: each pair's rank from one comparison of all pairs; else a counting sort over two chunks of pairs), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the dispatch's row index) written in the same pass |
 | weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
 | weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
 | everything else (dequantize, int4, nvfp4) | the torch reference (`hal.reference.ReferenceOps`) |
+| every Triton launch (sm90+, Triton 3.4+) | programmatic dependent launch: each kernel's launch overlaps the tail of the one before; it waits for that kernel before reading (`kernels/dependent.py`; `CudaVendor(dependent_launch=False)` turns it off) |
 
 This module imports Triton: the vendor builds `CudaOps` only where Triton imports, once,
 when its ops are first needed. No op reads a value back on the host: group sizes stay on
@@ -63,7 +64,9 @@ ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
 class CudaOps(ReferenceOps):
-    """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+)."""
+    """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+);
+    `dependent_launch`: launch the Triton kernels with programmatic dependent launch (sm90+,
+    `kernels/dependent.py`)."""
 
     notes = {
         "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); a cast for bf16",
@@ -79,14 +82,17 @@ class CudaOps(ReferenceOps):
                                    "else a gather first",
         "swiglu": "Triton, one pass",
         "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
-        "sort_by_expert": "Triton counting sort: one program for two chunks of pairs, two launches of spans above",
+        "sort_by_expert": "Triton: one program at decode (a rank sort up to 128 pairs, else a counting sort over "
+                          "two chunks), a counting sort of two launches of spans above",
         "sort_by_expert_tokens": "the counting sorts write each sorted row's token in the same pass",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
     }
 
-    def __init__(self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None) -> None:
+    def __init__(self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None,
+                 dependent_launch: bool = False) -> None:
         self.torch_grouped_mm = torch_grouped_mm
+        self.pdl = dependent_launch
         self.tuning = tuning
         self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
         self._side = SideStreams()
@@ -115,7 +121,7 @@ class CudaOps(ReferenceOps):
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         data, scale = quantize.quantize_rows(rows, spec.storage, group, qmax=float(spec.qmax),  # type: ignore[arg-type]
-                                             rounds=spec.rounds)
+                                             rounds=spec.rounds, pdl=self.pdl)
         lead = tuple(x.shape[:-1])
         return QuantizedTensor(data.view(*lead, x.shape[-1]), dtype, layout, scale.view(*lead, *scale.shape[1:]))
 
@@ -184,11 +190,11 @@ class CudaOps(ReferenceOps):
         mode = _SCALE_MODE.get(kind)
         if mode is None:
             y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles, gated=fused,
-                                          row_index=row_index)
+                                          row_index=row_index, pdl=self.pdl)
         else:
             y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
                                           w_scale=weight.scale, scale_mode=mode, config=tiles, gated=fused,
-                                          row_index=row_index)
+                                          row_index=row_index, pdl=self.pdl)
         return self.swiglu(y) if gated and not fused else y
 
     def _choice(self, kind: GemmKind, weight: QuantizedWeight, rows: int, gated: bool) -> Choice | None:
@@ -217,7 +223,8 @@ class CudaOps(ReferenceOps):
         """Softmax, top-k and the renormalization in one Triton launch (up to 1024 experts; the reference above)."""
         if logits.shape[1] > routing.MAX_EXPERTS:
             return super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
-        return routing.softmax_topk(logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize)
+        return routing.softmax_topk(logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize,
+                                     pdl=self.pdl)
 
     def sort_by_expert(self, topk_ids: torch.Tensor, *,
                        num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -233,9 +240,9 @@ class CudaOps(ReferenceOps):
     def _sort(self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool) -> tuple[torch.Tensor, ...]:
         method = sorting.sort_method(topk_ids.numel(), num_experts)
         if method == sorting.ONE_PROGRAM:
-            return sorting.sort_pairs(topk_ids, num_experts, tokens=tokens)
+            return sorting.sort_pairs(topk_ids, num_experts, tokens=tokens, pdl=self.pdl)
         if method == sorting.SPREAD:
-            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=tokens)
+            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=tokens, pdl=self.pdl)
         if tokens:
             return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
         return super().sort_by_expert(topk_ids, num_experts=num_experts)
@@ -245,7 +252,7 @@ class CudaOps(ReferenceOps):
         """Each token's weighted sum of its k rows, in one Triton pass."""
         if rows.dtype not in FLOAT_DTYPES or rows.stride(-1) != 1:
             return super().weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
-        return combine.weighted_combine(rows, index, topk_weights, out_dtype)
+        return combine.weighted_combine(rows, index, topk_weights, out_dtype, pdl=self.pdl)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` in one Triton pass (a, the gate, is the first half)."""
@@ -254,7 +261,7 @@ class CudaOps(ReferenceOps):
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        return activation.swiglu(rows).view(*x.shape[:-1], x.shape[-1] // 2)
+        return activation.swiglu(rows, pdl=self.pdl).view(*x.shape[:-1], x.shape[-1] // 2)
 
 
 def gather_in_gemm(rows: int, groups: int, element_bytes: int) -> bool:

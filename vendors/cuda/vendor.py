@@ -20,6 +20,10 @@ class CudaVendor(Vendor):
     `tuning` picks the grouped GEMM's kernel configurations: True (default) the table this
     package ships for the device, if any (`vendors/cuda/tuning_tables/`); a path or a
     `TuningTable` that table (what `hal tune` wrote); False the built-in defaults.
+
+    `dependent_launch`: launch the Triton kernels with programmatic dependent launch where the
+    device (sm90+) and Triton (`MIN_TRITON_DEPENDENT_LAUNCH`) have it, so each kernel's launch
+    overlaps the tail of the one before (bit-equal results); False: plain launches.
     """
 
     name = "cuda"
@@ -27,13 +31,16 @@ class CudaVendor(Vendor):
     description = "NVIDIA GPUs (capabilities from the compute capability)"
 
     def __init__(self, device_index: int | None = None, *,
-                 tuning: bool | str | os.PathLike[str] | TuningTable = True) -> None:
+                 tuning: bool | str | os.PathLike[str] | TuningTable = True, dependent_launch: bool = True) -> None:
         super().__init__()
         if device_index is not None and (isinstance(device_index, bool) or not isinstance(device_index, int)
                                          or device_index < 0):
             raise InvalidInput(f"device_index: expected a non-negative int or None, got {device_index!r}")
         if not isinstance(tuning, (bool, str, os.PathLike, TuningTable)):
             raise InvalidInput(f"tuning: expected True, False, a path or a TuningTable, got {type(tuning).__name__}")
+        if not isinstance(dependent_launch, bool):
+            raise InvalidInput(f"dependent_launch: expected True or False, got {dependent_launch!r}")
+        self._dependent_launch = dependent_launch
         self._device_index = device_index
         if isinstance(tuning, (str, os.PathLike)):
             tuning = TuningTable.load(Path(tuning))  # a bad file is refused here, naming it
@@ -84,8 +91,20 @@ class CudaVendor(Vendor):
             note = (f"kernel configurations: built-in defaults (no tuned table for {name}: `hal tune --vendor cuda "
                     f"--output {device_slug(name)}.json` makes one; pass it as CudaVendor(tuning=PATH))"
                     if self._tuning_request is not False else "kernel configurations: built-in defaults (tuning=False)")
+        notes = (note, self._launch_note()) if note else ()
         return cuda_capabilities(name, torch.cuda.get_device_capability(index), kernels=self._triton is not None,
-                                 extra_notes=(note,) if note else ())
+                                 extra_notes=notes)
+
+    def _uses_dependent_launch(self) -> bool:
+        return (self._dependent_launch and self._triton is not None
+                and dependent_launch_supported(self._triton, torch.cuda.get_device_capability(self._index())))
+
+    def _launch_note(self) -> str:
+        if self._uses_dependent_launch():
+            return "kernel launches: programmatic dependent launch (each overlaps the tail of the one before)"
+        why = ("dependent_launch=False" if not self._dependent_launch
+               else f"needs sm90+ and Triton {'.'.join(map(str, MIN_TRITON_DEPENDENT_LAUNCH))}+")
+        return f"kernel launches: plain ({why})"
 
     def _make_ops(self) -> VendorOps:
         """The Triton kernels where the probe found Triton (torch._grouped_mm from sm90), else the reference."""
@@ -94,7 +113,8 @@ class CudaVendor(Vendor):
         from vendors.cuda.ops import CudaOps
 
         major, _ = torch.cuda.get_device_capability(self.device)
-        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"), tuning=self._tuning)
+        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"), tuning=self._tuning,
+                       dependent_launch=self._uses_dependent_launch())
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         return {model: cuda_capabilities(name, cc) for model, (name, cc) in DECLARED_MODELS.items()}
@@ -107,6 +127,19 @@ def _tuning_table(request: bool | str | os.PathLike[str] | TuningTable, device_n
     if request is True:
         return TuningTable.packaged(device_name)
     return request if isinstance(request, TuningTable) else TuningTable.load(Path(request))
+
+
+#: Oldest Triton with `launch_pdl` and `tl.extra.cuda.gdc_wait` / `gdc_launch_dependents`.
+MIN_TRITON_DEPENDENT_LAUNCH = (3, 4)
+
+
+def dependent_launch_supported(triton_version: str, compute_capability: tuple[int, int]) -> bool:
+    """Whether programmatic dependent launch is available: sm90 or newer, Triton `MIN_TRITON_DEPENDENT_LAUNCH`+."""
+    try:
+        version = tuple(int(part) for part in triton_version.split(".")[:2])
+    except ValueError:  # an unparsable version (a local build): plain launches
+        return False
+    return tuple(compute_capability) >= (9, 0) and version >= MIN_TRITON_DEPENDENT_LAUNCH
 
 
 def _triton_version() -> str | None:

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+
 #: Most groups the kernel schedules (the per-group counts are loaded as one block).
 MAX_GROUPS = 1024
 SCALE_NONE, SCALE_ROWWISE, SCALE_BLOCK128 = 0, 1, 2
@@ -71,7 +73,8 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
                   stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
                   SCALE_MODE: tl.constexpr, INT_ACC: tl.constexpr, IEEE: tl.constexpr, E_PAD: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr,
-                  GATED: tl.constexpr, GATHER: tl.constexpr):
+                  GATED: tl.constexpr, GATHER: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous(PDL)
     pid = tl.program_id(0)
     if N_FASTEST:
         n_blocks = tl.cdiv(N, BLOCK_N)
@@ -139,6 +142,7 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
             acc += tl.dot(a, b)
             if GATED:
                 acc_up += tl.dot(a, b_up)
+    release_next(PDL)  # after the main loop: the next kernel's programs never take the loop's SMs
     out = acc.to(tl.float32)
     up = acc_up.to(tl.float32)
     if SCALE_MODE == 1:
@@ -198,7 +202,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  scale_mode: int = SCALE_NONE,
                  config: TileConfig | None = None, gated: bool = False,
-                 row_index: torch.Tensor | None = None) -> torch.Tensor:
+                 row_index: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from x `[M, K]`, w `[E, K, N]` and per-group row counts `[E]` (on the device).
 
     `row_index` (int32/int64 `[M]`): row i of the product reads x's row `row_index[i]` (x is then
@@ -252,7 +256,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         SCALE_MODE=scale_mode, INT_ACC=integer, IEEE=x.dtype == torch.float32,
         E_PAD=max(16, triton.next_power_of_2(e)),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest, GATED=gated,
-        GATHER=row_index is not None,
-        num_warps=tiles.warps, num_stages=tiles.stages,
+        GATHER=row_index is not None, PDL=pdl,
+        num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl,
     )
     return y

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+
 #: Rows longer than this are quantized per token in a two-pass loop instead of one load.
 MAX_SINGLE_PASS = 16384
 #: Values one program loads (rows x channels), where rows are short enough to share a program.
@@ -28,7 +30,9 @@ _RNE_SHIFT: tl.constexpr = tl.constexpr(12582912.0)
 @triton.jit(do_not_specialize=["M"])
 def _quantize_rows(x_ptr, q_ptr, s_ptr, M, H, stride_x, stride_q, stride_s, stride_sg,
                    QMAX: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                   LOOP: tl.constexpr):
+                   LOOP: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous(PDL)
+    release_next(PDL)
     group = tl.program_id(1)
     if LOOP:  # a row too long for one block: max first, then quantize (reads the row twice)
         row = tl.program_id(0)
@@ -66,7 +70,7 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, M, H, stride_x, stride_q, stride_s, stri
 
 
 def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None, *, qmax: float,
-                  rounds: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  rounds: bool, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric quantization of `x` `[M, H]` (contiguous last dim) to a one-byte `target` (int8, float8_e4m3fn).
 
     `group=None`: one fp32 scale per row `[M]`; `group=128`: one per row and 128 channels
@@ -89,6 +93,6 @@ def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None, *, qm
     if m:
         _quantize_rows[(triton.cdiv(m, rows), groups)](
             x, q, scale, m, h, x.stride(0), q.stride(0), scale.stride(0), stride_sg,
-            QMAX=qmax, ROUND=rounds, ROWS=rows, BLOCK=block, LOOP=loop,
-            num_warps=4 if rows * block <= 4096 else 8)
+            QMAX=qmax, ROUND=rounds, ROWS=rows, BLOCK=block, LOOP=loop, PDL=pdl,
+            num_warps=4 if rows * block <= 4096 else 8, launch_pdl=pdl)
     return q, scale

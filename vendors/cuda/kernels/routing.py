@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+
 #: The most experts the kernel holds in one tile (more take the reference).
 MAX_EXPERTS = 1024
 #: Logits one program loads (tokens x padded experts) above `SMALL_BATCH` tokens.
@@ -23,7 +25,9 @@ SMALL_BATCH = 256
 @triton.jit(do_not_specialize=["T"])  # T changes with every batch and only bounds a mask
 def _softmax_topk(logits_ptr, w_ptr, ids_ptr, T, E, stride_l,
                   K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROWS: tl.constexpr,
-                  RENORMALIZE: tl.constexpr):
+                  RENORMALIZE: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous(PDL)
+    release_next(PDL)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, E_PAD)
     row_ok = rows < T
@@ -52,7 +56,8 @@ def _softmax_topk(logits_ptr, w_ptr, ids_ptr, T, E, stride_l,
     tl.store(ids_ptr + out, ids.to(tl.int64), mask=keep)
 
 
-def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool, *,
+                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`(weights fp32 [T, k], ids int64 [T, k])` for float logits `[T, E]` (contiguous last dim), E <= MAX_EXPERTS."""
     t, e = logits.shape
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
@@ -63,7 +68,7 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
         _softmax_topk[(triton.cdiv(t, rows),)](
             logits, weights, ids, t, e, logits.stride(0),
             K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, ROWS=rows, RENORMALIZE=renormalize,
-            num_warps=warps)
+            PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return weights, ids
 
 
