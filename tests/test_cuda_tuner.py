@@ -80,3 +80,16 @@ def test_a_gate_up_problem_is_tuned_with_its_activation_and_computes_it(tmp_path
         exact = torch.nn.functional.silu(full[:, :200]) * full[:, 200:]
         assert got.shape == (int(c.sum()), 200)
         assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max()
+
+
+def test_the_second_round_tries_bands_of_row_blocks_only_for_many_rows_per_expert():
+    from vendors.cuda.kernels.grouped_gemm import TileConfig
+    from vendors.cuda.tuner import GROUP_M_CHOICES, GROUP_M_MIN_ROWS_PER_EXPERT, neighbours
+
+    best = TileConfig(128, 128, 128, 8, 3, n_fastest=True)
+    few = neighbours(best, GROUP_M_MIN_ROWS_PER_EXPERT - 1)
+    many = neighbours(best, GROUP_M_MIN_ROWS_PER_EXPERT)
+    assert all(t.group_m == 1 for t in few) and best not in few
+    assert {t.group_m for t in many} == {1, *GROUP_M_CHOICES}
+    assert [t.as_list() for t in many if t.group_m > 1] == [[128, 128, 128, 8, 3, 1, g] for g in GROUP_M_CHOICES]
+    assert all(TileConfig.from_list(t.as_list()) == t for t in many)

@@ -72,11 +72,23 @@ def test_a_table_round_trips_through_its_json(tmp_path):
     assert "Test GPU" in again.describe() and "3 entries" in again.describe()
 
 
+def test_tiles_with_bands_of_row_blocks_round_trip(tmp_path):
+    """A seventh tile value (`group_m`, bands of row blocks) is read back; six-value tiles stay valid."""
+    table = _table()
+    table.entries[problem_key("fp8-block128", 32, 7168, 4096)] = {131072: Choice(TRITON, (128, 128, 128, 8, 3, 1, 32))}
+    table.write(tmp_path / "t.json")
+    again = TuningTable.load(tmp_path / "t.json")
+    assert again.lookup("fp8-block128", 32, 7168, 4096, 131072).tiles == (128, 128, 128, 8, 3, 1, 32)
+    assert again.lookup("bf16", 8, 64, 32, 512).tiles == (64, 128, 64, 4, 3, 1)
+
+
 @pytest.mark.parametrize("mutate, names", [
     (lambda d: d.update(format="other"), "format"),
     (lambda d: d.update(entries=[]), "entries"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"].update({"0": {"backend": "triton", "tiles": [1] * 5}}), "row counts"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, -1, 4, 3]), "tiles"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 0]), "group_m"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tiles"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
 ])
 def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):

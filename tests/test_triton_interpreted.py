@@ -73,10 +73,12 @@ SCRIPT = textwrap.dedent("""
                        * qw.scale[g].double() for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
     assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), "int8 gemm"
     qa, qw = ref.quantize(a, "fp8", "per-token-group-128"), ref.quantize_weight(w, "block-128x128")
-    for tiles in (None, TileConfig(16, 64, 128, 4, 3, n_fastest=True)):
+    # One weight scale per program (block_n 64 and 128) and per-column scales (256), bands of row blocks.
+    for tiles in (None, TileConfig(16, 64, 128, 4, 3, n_fastest=True), TileConfig(16, 128, 128, 4, 3, group_m=2),
+                  TileConfig(16, 256, 128, 4, 3, n_fastest=True, group_m=3)):
         y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
                          scale_mode=SCALE_BLOCK128, config=tiles)
-        assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), "fp8 block gemm"
+        assert (y - expected).abs().max() <= 0.1 * expected.abs().max(), ("fp8 block gemm", tiles)
 
     # The gated epilogue: silu(x @ gate) * (x @ up) from the accumulators, a width that is not a
     # multiple of 128 (the up half's scale tiles start mid-tile), every scale mode, tiles halved.
@@ -94,9 +96,18 @@ SCRIPT = textwrap.dedent("""
     exact = torch.nn.functional.silu(exact[:, :150]) * exact[:, 150:]
     assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), "gated int8 gemm"
     qa, qw = ref.quantize(a, "fp8", "per-token-group-128"), ref.quantize_weight(wg, "block-128x128")
-    y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
-                     scale_mode=SCALE_BLOCK128, gated=True)
-    assert (y - glu).abs().max() <= 0.1 * glu.abs().max(), "gated fp8 block gemm"
+    for tiles in (None, TileConfig(16, 32, 128, 4, 3, group_m=2)):  # halves of 150: per-column scales either way
+        y = grouped_gemm(qa.data, qw.data, counts, torch.float32, x_scale=qa.scale, w_scale=qw.scale,
+                         scale_mode=SCALE_BLOCK128, gated=True, config=tiles)
+        assert (y - glu).abs().max() <= 0.1 * glu.abs().max(), ("gated fp8 block gemm", tiles)
+    wq = torch.randn(4, 320, 512)  # halves of 256: one weight scale per program and half
+    fq = torch.cat([a[e - c:e] @ wq[g] for g, (c, e) in enumerate(zip(counts.tolist(), ends))])
+    glu_q = torch.nn.functional.silu(fq[:, :256]) * fq[:, 256:]
+    qwq = ref.quantize_weight(wq, "block-128x128")
+    for tiles in (TileConfig(16, 64, 128, 4, 3), TileConfig(16, 128, 128, 4, 3, n_fastest=True, group_m=2)):
+        y = grouped_gemm(qa.data, qwq.data, counts, torch.float32, x_scale=qa.scale, w_scale=qwq.scale,
+                         scale_mode=SCALE_BLOCK128, gated=True, config=tiles)
+        assert (y - glu_q).abs().max() <= 0.1 * glu_q.abs().max(), ("gated fp8 block gemm, scalar scales", tiles)
     # Tiles of rows: more rows than one tile, a partial last tile, a zero row, widths of one group and several.
     wide_x = torch.randn(70, 300)
     wide_x[33] = 0
