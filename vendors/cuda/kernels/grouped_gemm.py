@@ -198,7 +198,10 @@ def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled:
     bm, bn, bk, warps, stages = _default_tuple(m, groups, element_bytes, block_scaled)
     if gated and bm >= 64:
         bn //= 2
-    return TileConfig(bm, bn, bk, warps, stages)
+    # Block-scaled, many rows per group: column blocks first (deepseek-v3-ep8's gated first projection at
+    # 131072 rows on an H100: 11.9 ms with 128x64 tiles in this order, 15.5 ms in the other).
+    many = element_bytes == 1 and block_scaled and m / max(groups, 1) > 192
+    return TileConfig(bm, bn, bk, warps, stages, n_fastest=many)
 
 
 def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) -> tuple[int, int, int, int, int]:
