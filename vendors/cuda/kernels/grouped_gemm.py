@@ -287,7 +287,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         E_PAD=max(16, triton.next_power_of_2(e)),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest, GATED=gated,
         GATHER=row_index is not None, PDL=pdl, GROUP_M=tiles.group_m,
-        SCALAR_WS=128 % tiles.block_n == 0 and (not gated or n % 128 == 0),
+        SCALAR_WS=scale_mode == SCALE_BLOCK128 and 128 % tiles.block_n == 0 and (not gated or n % 128 == 0),
         num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl,
     )
     return y
