@@ -12,6 +12,7 @@ import torch
 import moe
 from conformance.reference import random_weights, seed_of
 from hal import InvalidInput
+from tests.cuda_graph import capture
 from vendors.cuda import CudaVendor
 from vendors.cuda.vendor import MIN_TRITON_DEPENDENT_LAUNCH, dependent_launch_supported
 
@@ -50,15 +51,7 @@ def _layers(scheme: str, e: int, h: int, i: int, k: int) -> tuple[moe.MoELayer, 
 
 
 def _replayed(layer: moe.MoELayer, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            layer(x, logits)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = layer(x, logits)
+    graph, y = capture(lambda: layer(x, logits))
     graph.replay()
     torch.cuda.synchronize()
     return y.clone()

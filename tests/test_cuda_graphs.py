@@ -11,6 +11,7 @@ import torch
 import moe
 from conformance.reference import random_weights, seed_of
 from hal import DispatchConfig
+from tests.cuda_graph import capture
 from vendors.cuda import CudaVendor
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -51,15 +52,7 @@ def test_a_forward_never_synchronises_with_the_host(scheme):
 def test_graph_replay_equals_eager(scheme, tokens):
     layer = _layer(scheme)
     static_x, static_logits = _inputs(tokens, 2)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            layer(static_x, static_logits)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = layer(static_x, static_logits)
+    graph, static_y = capture(lambda: layer(static_x, static_logits))
     for seed in (3, 4, 5):  # new inputs each replay: the graph must not have baked in the routing
         x, logits = _inputs(tokens, seed)
         static_x.copy_(x)

@@ -12,6 +12,7 @@ import torch
 import moe
 from conformance.reference import moe_features, relative_error, seed_of, softmax_topk
 from conformance.tolerances import layer_tolerance
+from tests.cuda_graph import capture
 from vendors.cuda import CudaVendor
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -73,15 +74,8 @@ def test_features_never_synchronise_and_replay_in_a_graph(scheme):
         layer(x, logits)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(x, logits)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
     static_x, static_logits = x.clone(), logits.clone()
-    with torch.cuda.graph(graph):
-        static_y = layer(static_x, static_logits)
+    graph, static_y = capture(lambda: layer(static_x, static_logits), warmup=1)
     for seed in (3, 4):
         nx, nl = (t.cuda() for t in _inputs(64, seed))
         static_x.copy_(nx)
