@@ -136,6 +136,8 @@ def test_reading_through_the_row_index_equals_the_gathered_rows_bit_for_bit(sche
     (128, 128, 128, 8, 3, 1, 32),     # the same, in bands of 32 row blocks
     (128, 64, 128, 8, 3, 0, 8),       # bands of 8, M-fastest otherwise
     (64, 256, 128, 8, 3, 1),          # columns across two scale blocks: per-column scales
+    (128, 64, 128, 4, 3, 1, 1, 1),    # the TMA kernel where the call fits it (K a multiple of 16, gated: halves
+    (64, 128, 128, 4, 3, 0, 8, 1),    # of whole scale blocks), else the same tiles with pointer loads
 ])
 @pytest.mark.parametrize("k, n, gated", [(640, 896, False), (600, 900, False), (640, 768, True), (600, 640, True)])
 def test_block_scaled_fp8_gemm_tiles_match_float64(tiles, k, n, gated):
@@ -162,6 +164,8 @@ def test_block_scaled_fp8_gemm_tiles_match_float64(tiles, k, n, gated):
     if gated:
         exact = torch.nn.functional.silu(exact[:, : n // 2]) * exact[:, n // 2:]
     assert y.shape == exact.shape
+    assert gg.tma_fits(x.data, weight.data, block_n=tiles[1], block_k=128, gated=gated, gathered=False) == (
+        k % 16 == 0 and 128 % tiles[1] == 0 and (not gated or n // 2 % 128 == 0))
     # Hopper fp8 MMAs accumulate a K block with about 14 mantissa bits: 2.4e-4 was seen, a wrong scale is O(1).
     assert (y.double() - exact).abs().max() <= 1e-3 * exact.abs().max(), tiles
 

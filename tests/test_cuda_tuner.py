@@ -93,3 +93,18 @@ def test_the_second_round_tries_bands_of_row_blocks_only_for_many_rows_per_exper
     assert {t.group_m for t in many} == {1, *GROUP_M_CHOICES}
     assert [t.as_list() for t in many if t.group_m > 1] == [[128, 128, 128, 8, 3, 1, g] for g in GROUP_M_CHOICES]
     assert all(TileConfig.from_list(t.as_list()) == t for t in many)
+
+
+def test_the_tma_kernel_is_searched_for_block_scaled_calls_of_many_contiguous_rows():
+    """The first round adds the TMA kernel's tiles only where it can run (block-scaled, many rows per expert, rows
+    the layer has gathered into a contiguous copy); the second keeps the winner's kernel."""
+    from vendors.cuda.kernels.grouped_gemm import TileConfig
+    from vendors.cuda.tuner import TMA_GRID, candidates, neighbours
+
+    assert [t for t in candidates(1024, True, True, tma=True) if t.tma] == [
+        TileConfig(*c, n_fastest=True, tma=True) for c in TMA_GRID]
+    for args in ((1024, True, True, False), (1024, True, False, True), (32, True, True, True), (8, True, True, True)):
+        assert not any(t.tma for t in candidates(*args[:3], tma=args[3])), args
+    best = TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
+    assert all(t.tma for t in neighbours(best, 4096)) and best not in neighbours(best, 4096)
+    assert all(TileConfig.from_list(t.as_list()) == t for t in neighbours(best, 4096))

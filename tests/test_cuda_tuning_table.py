@@ -82,13 +82,32 @@ def test_tiles_with_bands_of_row_blocks_round_trip(tmp_path):
     assert again.lookup("bf16", 8, 64, 32, 512).tiles == (64, 128, 64, 4, 3, 1)
 
 
+def test_tiles_for_the_tma_kernel_round_trip(tmp_path):
+    """An eighth tile value (`tma`) is read back and parsed; tiles without it mean pointer loads."""
+    from vendors.cuda.kernels.grouped_gemm import TileConfig
+
+    table = _table()
+    table.entries[problem_key("fp8-block128", 128, 768, 2048)] = {131072: Choice(TRITON, (128, 64, 128, 4, 3, 1, 1, 1))}
+    table.write(tmp_path / "t.json")
+    tiles = TuningTable.load(tmp_path / "t.json").lookup("fp8-block128", 128, 768, 2048, 131072).tiles
+    assert tiles == (128, 64, 128, 4, 3, 1, 1, 1)
+    assert TileConfig.from_list(list(tiles)) == TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
+    assert TileConfig.from_list([128, 64, 128, 4, 3, 1, 32]).tma is False
+    for config in (TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True), TileConfig(64, 128, 128, 4, 3, group_m=8),
+                   TileConfig(64, 128, 128, 4, 3, group_m=8, tma=True), TileConfig(16, 32, 64, 4, 3)):
+        assert TileConfig.from_list(config.as_list()) == config
+    with pytest.raises(ValueError, match="tma"):
+        TileConfig.from_list([128, 64, 128, 4, 3, 1, 1, 3])
+
+
 @pytest.mark.parametrize("mutate, names", [
     (lambda d: d.update(format="other"), "format"),
     (lambda d: d.update(entries=[]), "entries"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"].update({"0": {"backend": "triton", "tiles": [1] * 5}}), "row counts"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, -1, 4, 3]), "tiles"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 0]), "group_m"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tiles"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tma"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 1, 0]), "tiles"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
 ])
 def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):

@@ -23,6 +23,7 @@ SCRIPT = textwrap.dedent("""
     from vendors.cuda.kernels.activation import swiglu
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
+    from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
     from vendors.cuda.kernels.quantize import quantize_rows
     from vendors.cuda.kernels.routing import softmax_topk
     from vendors.cuda.kernels.sorting import sort_pairs, sort_pairs_spread
@@ -108,6 +109,17 @@ SCRIPT = textwrap.dedent("""
         y = grouped_gemm(qa.data, qwq.data, counts, torch.float32, x_scale=qa.scale, w_scale=qwq.scale,
                          scale_mode=SCALE_BLOCK128, gated=True, config=tiles)
         assert (y - glu_q).abs().max() <= 0.1 * glu_q.abs().max(), ("gated fp8 block gemm, scalar scales", tiles)
+    # The TMA-fed kernel (tiles with `tma`): K-major weights as the vendor stores them, the plain and the gated product.
+    for wt, want in ((w, expected), (wq, glu_q)):
+        qwt = ref.quantize_weight(wt, "block-128x128")
+        k_major = qwt.data.transpose(1, 2).contiguous().transpose(1, 2)
+        assert tma_fits(qa.data, k_major, block_n=64, block_k=128, gated=wt is wq, gathered=False)
+        assert not tma_fits(qa.data, qwt.data, block_n=64, block_k=128, gated=wt is wq, gathered=False)
+        for tiles in (TileConfig(16, 64, 128, 4, 3, n_fastest=True, tma=True), TileConfig(32, 128, 128, 4, 3, group_m=2,
+                                                                                          tma=True)):
+            y = grouped_gemm(qa.data, k_major, counts, torch.float32, x_scale=qa.scale, w_scale=qwt.scale,
+                             scale_mode=SCALE_BLOCK128, gated=wt is wq, config=tiles)
+            assert (y - want).abs().max() <= 0.1 * want.abs().max(), ("tma fp8 block gemm", tiles)
     # Tiles of rows: more rows than one tile, a partial last tile, a zero row, widths of one group and several.
     wide_x = torch.randn(70, 300)
     wide_x[33] = 0

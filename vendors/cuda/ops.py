@@ -5,7 +5,7 @@
 | quantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels | Triton, one pass (`kernels/quantize.py`) |
 | quantize, cast dtypes (bf16) | a cast |
 | grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
-| grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`) |
+| grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so |
 | grouped matmul + SiLU-GLU (the experts' first projection) | the Triton grouped GEMM with the activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after |
 | grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index (one-byte rows: up to 32 rows per group); otherwise, and for torch._grouped_mm, a gather first |
 | swiglu | Triton, one pass |
@@ -73,6 +73,7 @@ class CudaOps(ReferenceOps):
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
+                          "fp8 128x128-block tiles fed by TMA (sm90+) where the table or built-in rule says so; "
                           "tile configurations from the device's tuned table where it has the problem, else "
                           f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "

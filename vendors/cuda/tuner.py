@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 import triton
@@ -31,7 +32,8 @@ import triton
 from hal import ActivationKind, GemmKind, GemmProblem, reference
 from vendors.cuda.kernels import activation as act
 from vendors.cuda.kernels import grouped_gemm as gg
-from vendors.cuda.ops import grouped_mm_aligned, grouped_mm_by_default
+from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
+from vendors.cuda.ops import gather_in_gemm, grouped_mm_aligned, grouped_mm_by_default
 from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
 
 _SCALE = {GemmKind.BF16: gg.SCALE_NONE, GemmKind.FP16: gg.SCALE_NONE, GemmKind.INT8: gg.SCALE_ROWWISE,
@@ -46,12 +48,16 @@ _SLEEP_CYCLES = 40_000
 #: (and up to 1.07x slower for others), so the search decides.
 GROUP_M_CHOICES = (8, 32)
 GROUP_M_MIN_ROWS_PER_EXPERT = 512
+#: The TMA kernel's first-round tiles (block-scaled, many rows): 128x64 with one warpgroup was the fastest
+#: down projection on an H100 (qwen3-30b-a3b, deepseek-v3-ep8), the others the runners-up.
+TMA_GRID = ((128, 64, 128, 4, 3), (64, 128, 128, 4, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 3))
 #: A candidate: (backend, tiles); tiles None for torch._grouped_mm.
 Candidate = tuple[str, "gg.TileConfig | None"]
 
 
-def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool) -> list[gg.TileConfig]:
-    """The first round's grid for a case with `rows_per_expert` rows per touched expert."""
+def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool, tma: bool = False) -> list[gg.TileConfig]:
+    """The first round's grid for a case with `rows_per_expert` rows per touched expert (`tma`: the case's
+    rows are contiguous, so block-scaled tiles are also tried on the TMA kernel from 48 rows per expert)."""
     ks = (128,) if block_scaled else ((128, 256) if one_byte else (64, 128))
     if rows_per_expert <= 8:
         grid = [(16, bn, bk, 4, 4) for bn in (32, 64, 128) for bk in ks]
@@ -59,19 +65,22 @@ def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool) -> li
         grid = [(bm, bn, bk, 4, 3) for bm in (16, 32, 64) for bn in (64, 128) for bk in ks]
     else:
         grid = [(bm, bn, bk, w, 3) for bm in (64, 128) for bn in (128, 256) for bk in ks for w in (4, 8)]
-    return [gg.TileConfig(*c, n_fastest=rows_per_expert > 48) for c in grid]
+    many = rows_per_expert > 48
+    out = [gg.TileConfig(*c, n_fastest=many) for c in grid]
+    if tma and block_scaled and many:
+        out += [gg.TileConfig(*c, n_fastest=True, tma=True) for c in TMA_GRID]
+    return out
 
 
 def neighbours(best: gg.TileConfig, rows_per_expert: float = 0.0) -> list[gg.TileConfig]:
     """The second round: the winner in the other grid order, with one stage more or less, and (from
     `GROUP_M_MIN_ROWS_PER_EXPERT` rows per expert) in bands of `GROUP_M_CHOICES` row blocks."""
-    sizes = (best.block_m, best.block_n, best.block_k, best.warps)
-    out = [gg.TileConfig(*sizes, best.stages, not best.n_fastest)]
+    out = [replace(best, n_fastest=not best.n_fastest, group_m=1)]
     for stages in (best.stages - 1, best.stages + 1):
         if 2 <= stages <= 6:
-            out.append(gg.TileConfig(*sizes, stages, best.n_fastest, best.group_m))
+            out.append(replace(best, stages=stages))
     if rows_per_expert >= GROUP_M_MIN_ROWS_PER_EXPERT:
-        out += [gg.TileConfig(*sizes, best.stages, best.n_fastest, g) for g in GROUP_M_CHOICES if g != best.group_m]
+        out += [replace(best, group_m=g) for g in GROUP_M_CHOICES if g != best.group_m]
     return out
 
 
@@ -191,8 +200,10 @@ def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bo
     if (grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n)
             and grouped_mm_by_default(case.rows, problem.experts)):
         return GROUPED_MM, None
+    block_scaled = case.scale_mode == gg.SCALE_BLOCK128
+    tma = block_scaled and tma_fits(case.x, case.w, block_n=64, block_k=128, gated=activation, gathered=False)
     tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
-                             case.x.element_size(), case.scale_mode == gg.SCALE_BLOCK128, gated=activation)
+                             case.x.element_size(), block_scaled, gated=activation, tma=tma)
     return TRITON, tiles
 
 
@@ -210,13 +221,21 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
             if choice not in timed and (t := case.time_us(choice, reps, activation)) is not None:
                 timed[choice] = t
 
+    def runnable(backend: str, tiles: gg.TileConfig) -> bool:  # a TMA tile the call would run with pointer loads
+        return not tiles.tma or tma_fits(case.x, case.w, block_n=tiles.block_n, block_k=tiles.block_k,
+                                         gated=activation and backend == TRITON, gathered=False)
+
     time([_builtin(case, problem, activation, grouped_mm)])
+    # The layer gathers one-byte rows into a contiguous copy above this many per expert: TMA can read them.
+    contiguous = not gather_in_gemm(case.rows, problem.experts, case.x.element_size())
     for backend in (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,):
-        time([(backend, c) for c in candidates(case.rows_per_expert, one_byte, block_scaled)])
+        grid = candidates(case.rows_per_expert, one_byte, block_scaled, tma=contiguous)
+        time([(backend, c) for c in grid if runnable(backend, c)])
         tiled = [c for c in timed if c[0] == backend]
         if tiled:
             best = min(tiled, key=timed.__getitem__)[1]
-            time([(backend, c) for c in neighbours(best, case.rows_per_expert)])  # type: ignore[arg-type]
+            time([(backend, c) for c in neighbours(best, case.rows_per_expert)  # type: ignore[arg-type]
+                  if runnable(backend, c)])
     if grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n):
         time([(GROUPED_MM, None)])
     if not timed:

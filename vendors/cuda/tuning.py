@@ -78,10 +78,11 @@ class Choice:
         backend = data.get("backend") if isinstance(data, Mapping) else None
         tiles = data.get("tiles") if isinstance(data, Mapping) else None
         if backend in _TILED:
-            if not (isinstance(tiles, list) and len(tiles) in (5, 6, 7) and all(isinstance(v, int) for v in tiles)
-                    and all(v > 0 for v in tiles[:5]) and (len(tiles) < 7 or tiles[6] > 0)):
+            if not (isinstance(tiles, list) and len(tiles) in (5, 6, 7, 8) and all(isinstance(v, int) for v in tiles)
+                    and all(v > 0 for v in tiles[:5]) and (len(tiles) < 7 or tiles[6] > 0)
+                    and (len(tiles) < 8 or tiles[7] in (0, 1))):
                 raise InvalidInput(f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest"
-                                   f"(, group_m)], got {tiles!r}")
+                                   f"(, group_m(, tma))], got {tiles!r}")
             return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"))
         if backend == GROUPED_MM:
             return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))

@@ -6,12 +6,7 @@ The group sizes stay on the device: the grid has a fixed upper bound of row bloc
 per-group block counts computed in the kernel; programs past the last block return at
 once. Nothing is read back on the host, so a call can be captured in a CUDA graph.
 
-The grid is one-dimensional; `N_FASTEST` orders it so that the column blocks of one row
-block run next to each other (a row block of x is read from HBM once and served from L2
-for its other column blocks: the order for many rows), or the row blocks of one column
-block (a weight tile is shared by the row blocks of its group: the order for few rows).
-`GROUP_M` > 1 orders it in bands of that many row blocks, each band's column blocks in
-turn (both the band's rows and a column block's weights are reused from L2).
+The grid is one-dimensional, in one of three orders (`N_FASTEST`, `GROUP_M`: see `schedule.py`).
 
 `GATED`: the experts' SiLU-GLU in the epilogue. w's columns are `[gate | up]` (2N of them);
 a program accumulates the same column block of both halves and writes `silu(gate) * up`,
@@ -28,7 +23,8 @@ group's w (int8 or fp8 row-wise); 2 per 128 channels of x times per 128x128 tile
 before it is added; where a program's columns lie in one 128-column scale block
 (`SCALAR_WS`), the weight scale is one number and each product value takes a single
 multiply-add (two multiplies and a per-column scale load otherwise: 1.2-1.35x slower at
-131072 rows on an H100).
+131072 rows on an H100). A block-scaled call whose tiles say `tma` runs the TMA-fed kernel of
+`grouped_gemm_tma.py` where its operands fit it.
 """
 
 from __future__ import annotations
@@ -40,6 +36,8 @@ import triton
 import triton.language as tl
 
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+from vendors.cuda.kernels.grouped_gemm_tma import grouped_gemm_tma, tma_fits
+from vendors.cuda.kernels.schedule import program_tile
 
 #: Most groups the kernel schedules (the per-group counts are loaded as one block).
 MAX_GROUPS = 1024
@@ -55,25 +53,29 @@ class TileConfig:
     block_k: int
     warps: int
     stages: int
-    n_fastest: bool = False  #: order the grid column blocks first (see the module docstring)
+    n_fastest: bool = False  #: order the grid column blocks first (see `schedule.py`)
     group_m: int = 1  #: > 1: the grid in bands of this many row blocks (overrides `n_fastest`)
+    tma: bool = False  #: block-scaled calls: the TMA kernel where it fits (`grouped_gemm_tma.py`)
 
     def as_list(self) -> list[int]:
-        """`[block_m, block_n, block_k, warps, stages, n_fastest(, group_m)]`, the form tuning tables
-        store (`group_m` only where it is not 1, so tables written before it read the same)."""
+        """`[block_m, block_n, block_k, warps, stages, n_fastest(, group_m(, tma))]`, the form tuning tables
+        store (the trailing values only where they are not the defaults, so older tables read the same)."""
         values = [self.block_m, self.block_n, self.block_k, self.warps, self.stages, int(self.n_fastest)]
+        if self.tma:
+            return values + [self.group_m, 1]
         return values + [self.group_m] if self.group_m != 1 else values
 
     @classmethod
     def from_list(cls, values: list[int]) -> TileConfig:
-        """The inverse of `as_list` (a five-element list means `n_fastest=False`, six `group_m=1`)."""
+        """The inverse of `as_list` (five elements mean `n_fastest=False`, six `group_m=1`, seven `tma=False`)."""
         sizes = list(values[:5])
-        if (len(values) not in (5, 6, 7) or not all(isinstance(v, int) and v > 0 for v in sizes)
-                or (len(values) == 7 and not (isinstance(values[6], int) and values[6] > 0))):
-            raise ValueError("a tile config is [block_m, block_n, block_k, warps, stages(, n_fastest(, group_m))], "
-                             f"got {values}")
+        if (len(values) not in (5, 6, 7, 8) or not all(isinstance(v, int) and v > 0 for v in sizes)
+                or not all(isinstance(v, int) for v in values[5:])
+                or (len(values) >= 7 and values[6] <= 0) or (len(values) == 8 and values[7] not in (0, 1))):
+            raise ValueError("a tile config is [block_m, block_n, block_k, warps, stages(, n_fastest(, group_m"
+                             f"(, tma)))] with tma 0 or 1, got {values}")
         return cls(*sizes, n_fastest=bool(values[5]) if len(values) >= 6 else False,
-                   group_m=values[6] if len(values) == 7 else 1)
+                   group_m=values[6] if len(values) >= 7 else 1, tma=bool(values[7]) if len(values) == 8 else False)
 
 
 # M, E and M_BLOCKS change with every batch and only bound loops and masks: specializing on their
@@ -88,35 +90,10 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
                   GATED: tl.constexpr, GATHER: tl.constexpr, PDL: tl.constexpr, SCALAR_WS: tl.constexpr,
                   GROUP_M: tl.constexpr):
     wait_for_previous(PDL)
-    pid = tl.program_id(0)
-    if GROUP_M > 1:  # bands of GROUP_M row blocks, column blocks within a band (L2 reuse both ways)
-        n_blocks = tl.cdiv(N, BLOCK_N)
-        width = GROUP_M * n_blocks
-        first_m = (pid // width) * GROUP_M
-        size = tl.minimum(M_BLOCKS - first_m, GROUP_M)
-        pid_m = first_m + (pid % width) % size
-        pid_n = (pid % width) // size
-    elif N_FASTEST:
-        n_blocks = tl.cdiv(N, BLOCK_N)
-        pid_m = pid // n_blocks
-        pid_n = pid % n_blocks
-    else:
-        pid_m = pid % M_BLOCKS
-        pid_n = pid // M_BLOCKS
-    # Which group (and which of its row blocks) this program computes.
-    idx = tl.arange(0, E_PAD)
-    counts = tl.load(counts_ptr + idx, mask=idx < E, other=0).to(tl.int32)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    block_end = tl.cumsum(blocks, axis=0)
-    group = tl.sum((block_end <= pid_m).to(tl.int32), axis=0)
+    group, row0, group_end, pid_n = program_tile(tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M,
+                                                 BLOCK_N, N_FASTEST, GROUP_M)
     if group >= E:
         return
-    row_end_all = tl.cumsum(counts, axis=0)
-    first_block = tl.sum(tl.where(idx == group, block_end - blocks, 0), axis=0)
-    group_end = tl.sum(tl.where(idx == group, row_end_all, 0), axis=0)
-    group_start = group_end - tl.sum(tl.where(idx == group, counts, 0), axis=0)
-    row0 = group_start + (pid_m - first_block) * BLOCK_M
-
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < group_end
@@ -186,21 +163,24 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
 
 
 def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool,
-                  gated: bool = False) -> TileConfig:
+                  gated: bool = False, tma: bool = False) -> TileConfig:
     """The built-in tile choice for a call's shape (used where no tuned table has an entry).
 
     Chosen from timings on an H100 (qwen3-30b-a3b projections, 1 to 4096 tokens): with few
     rows per group (decode) the call streams weights, and 16-row blocks with deep K tiles
     keep the most bytes in flight; with many rows, large tiles reuse each weight tile.
     `gated`: a program holds two accumulators, so tiles of 64 rows and more take half the
-    columns (the same registers as the plain product's tile).
+    columns (the same registers as the plain product's tile). `tma`: the call fits the TMA
+    kernel with 64-column blocks (`grouped_gemm_tma.tma_fits`).
     """
+    many = element_bytes == 1 and block_scaled and m / max(groups, 1) > 192
+    if many and tma and not gated:  # the down projection at prefill: 1.05-1.25x the pointer kernel's tuned tiles
+        return TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
     bm, bn, bk, warps, stages = _default_tuple(m, groups, element_bytes, block_scaled)
     if gated and bm >= 64:
         bn //= 2
     # Block-scaled, many rows per group: column blocks first (deepseek-v3-ep8's gated first projection at
     # 131072 rows on an H100: 11.9 ms with 128x64 tiles in this order, 15.5 ms in the other).
-    many = element_bytes == 1 and block_scaled and m / max(groups, 1) > 192
     return TileConfig(bm, bn, bk, warps, stages, n_fastest=many)
 
 
@@ -244,7 +224,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
 
     `x_scale` / `w_scale`: `[M]` and `[E, N]` (row-wise) or `[M, ceil(K/128)]` and
     `[E, ceil(K/128), ceil(N/128)]` (block-scaled). `config` overrides the built-in tile
-    choice (a tuned table's entry, or a candidate being timed).
+    choice (a tuned table's entry, or a candidate being timed); its `tma` is honoured where the
+    call fits the TMA kernel, else the same tiles run with pointer loads.
     """
     k = x.shape[1]
     m = x.shape[0] if row_index is None else row_index.numel()
@@ -261,9 +242,18 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
     if k == 0:
         return y.zero_()
     integer = x.dtype == torch.int8
-    tiles = config or default_tiles(m, n, e, x.element_size(), scale_mode == SCALE_BLOCK128, gated)
-    if scale_mode == SCALE_BLOCK128 and tiles.block_k != 128:
+    block_scaled = scale_mode == SCALE_BLOCK128
+    if config is None:
+        tma = block_scaled and tma_fits(x, w, block_n=64, block_k=128, gated=gated, gathered=row_index is not None)
+        config = default_tiles(m, n, e, x.element_size(), block_scaled, gated, tma)
+    tiles = config
+    if block_scaled and tiles.block_k != 128:
         raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
+    if tiles.tma and block_scaled and tma_fits(x, w, block_n=tiles.block_n, block_k=tiles.block_k, gated=gated,
+                                                gathered=row_index is not None):
+        return grouped_gemm_tma(x, w, counts, y, x_scale, w_scale, block_m=tiles.block_m, block_n=tiles.block_n,
+                                warps=tiles.warps, stages=tiles.stages, n_fastest=tiles.n_fastest,
+                                group_m=tiles.group_m, gated=gated, pdl=pdl)
     # An upper bound on the row blocks: the groups' full blocks add up to at most M // BLOCK_M, and
     # each of the at most min(E, M) non-empty groups may end in one partial block. (At decode this
     # drops the programs of the untouched experts.)
