@@ -108,3 +108,36 @@ def test_the_tma_kernel_is_searched_for_block_scaled_calls_of_many_contiguous_ro
     best = TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
     assert all(t.tma for t in neighbours(best, 4096)) and best not in neighbours(best, 4096)
     assert all(TileConfig.from_list(t.as_list()) == t for t in neighbours(best, 4096))
+
+
+@pytest.mark.parametrize("kind, tokens", [(GemmKind.BF16, 300), (GemmKind.FP8_BLOCK128, 20),
+                                          (GemmKind.FP8_BLOCK128, 300)])
+def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens):
+    """A gate/up problem's calls take the tokens and each routing's row index, as the layer's calls do: every
+    backend computes silu(gate) * up of the tokens' rows in expert order, one-byte rows read through the index
+    (20 tokens: 40 rows over 12 experts) or gathered first (300 tokens), torch._grouped_mm after a gather."""
+    from hal import ActivationKind, DispatchDtype, QuantizedTensor, ScaleLayout
+    from vendors.cuda.tuner import _ROUTINGS, _Case
+    from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION
+
+    problem = GemmProblem(kind, 12, 320, 512, 2, (tokens,), ActivationKind.SILU_GLU)
+    case = _Case(problem, tokens, torch.device("cuda"), torch.Generator().manual_seed(0))
+    one_byte = kind is GemmKind.FP8_BLOCK128
+    assert case.x.shape[0] == tokens and case.through_index == (not one_byte or tokens == 20)
+    if one_byte:
+        x = reference.dequantize(QuantizedTensor(case.x, DispatchDtype.FP8, ScaleLayout.GROUP_128, case.x_scale))
+        scale = case.w_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :320, :512]
+        w = case.w.double() * scale.double()
+    else:
+        x, w = case.x, case.w.double()
+    x = x.double()
+    backends = (TRITON, TRITON_THEN_ACTIVATION) + ((GROUPED_MM,) if not one_byte else ())
+    for routing in range(_ROUTINGS):
+        rows, counts = x[case.index[routing].long()], case.counts[routing].tolist()
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        full = torch.cat([rows[end - c:end] @ w[e] for e, (c, end) in enumerate(zip(counts, ends))])
+        exact = torch.nn.functional.silu(full[:, :256]) * full[:, 256:]
+        for backend in backends:
+            got = case.run((backend, None), routing, activation=True)
+            assert got.shape == exact.shape, backend
+            assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max(), (backend, routing)

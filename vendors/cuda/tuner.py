@@ -17,6 +17,10 @@ A problem with the experts' activation (the gate/up projection) is searched thre
 timed with everything the layer's call does: the Triton kernel with SiLU-GLU in its epilogue
 (its own grid and neighbours), the plain kernel followed by the swiglu pass, and for bf16
 `torch._grouped_mm` followed by it. The fastest is kept under the problem's `+silu-glu` key.
+Such a problem is a first projection: its calls take the tokens and the dispatch's row index as
+the layer's do, so the gather is timed where the layer pays it (torch._grouped_mm and the Triton
+kernel on one-byte rows beyond `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per expert read a gathered
+copy; the Triton kernel otherwise reads the rows through the index).
 """
 
 from __future__ import annotations
@@ -90,15 +94,21 @@ class _Case:
     def __init__(self, problem: GemmProblem, tokens: int, device: torch.device, generator: torch.Generator) -> None:
         self.kind = problem.kind
         e, k, n, top_k = problem.experts, problem.k, problem.n, problem.top_k
+        self.experts = e
         self.rows = tokens * top_k
-        self.counts = []
+        # A problem with the experts' activation is a first projection: the layer hands it the tokens and the
+        # dispatch's row index (the token of each row sorted by expert), and each call reads its rows as the layer's
+        # does (through the index, or gathered first), so that choices pay for the gather where the layer does.
+        self.first = problem.activation is not None
+        self.counts, self.index = [], []
         for _ in range(_ROUTINGS):
             picks = torch.rand(tokens, e, generator=generator).topk(top_k, dim=1).indices.reshape(-1)
             self.counts.append(torch.bincount(picks, minlength=e).to(device))
+            self.index.append((torch.sort(picks, stable=True).indices // top_k).to(torch.int32).to(device))
         self.offsets = [torch.cumsum(c, 0).to(torch.int32) for c in self.counts]
         touched = sum(int((c > 0).sum()) for c in self.counts) / _ROUTINGS
         self.rows_per_expert = self.rows / max(touched, 1.0)
-        x = torch.randn(self.rows, k, generator=generator).to(device)
+        x = torch.randn(tokens if self.first else self.rows, k, generator=generator).to(device)
         w = (torch.randn(e, k, n, generator=generator) / k**0.5).to(device)
         self.scale_mode = _SCALE[problem.kind]
         if problem.kind in (GemmKind.BF16, GemmKind.FP16):
@@ -116,17 +126,24 @@ class _Case:
             k_major = qw.data.transpose(1, 2).contiguous().transpose(1, 2)  # as CudaOps.prepare_weight stores it
             self.w, self.w_scale = k_major, qw.scale
         del x, w
+        #: The Triton kernel reads a first projection's rows through the index (else they are gathered first).
+        self.through_index = self.first and gather_in_gemm(self.rows, e, self.x.element_size())
 
     def run(self, choice: Candidate, routing: int, activation: bool) -> torch.Tensor:
         """One call as the layer makes it: the product, and with `activation` its SiLU-GLU (in the epilogue
-        for the `triton` backend, a separate pass for the others)."""
+        for the `triton` backend, a separate pass for the others); a first projection's rows through the
+        routing's index, or gathered first (torch._grouped_mm always, the Triton kernel as `through_index`)."""
         backend, tiles = choice
+        x, x_scale, index = self.x, self.x_scale, self.index[routing] if self.first else None
+        if index is not None and (backend == GROUPED_MM or not self.through_index):
+            x_scale = None if x_scale is None else x_scale.index_select(0, index)
+            x, index = x.index_select(0, index), None
         if backend == GROUPED_MM:
-            y = torch._grouped_mm(self.x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
+            y = torch._grouped_mm(x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
         else:
-            y = gg.grouped_gemm(self.x, self.w, self.counts[routing], torch.bfloat16, x_scale=self.x_scale,
+            y = gg.grouped_gemm(x, self.w, self.counts[routing], torch.bfloat16, x_scale=x_scale,
                                 w_scale=self.w_scale, scale_mode=self.scale_mode, config=tiles,
-                                gated=activation and backend == TRITON)
+                                gated=activation and backend == TRITON, row_index=index)
         return act.swiglu(y) if activation and backend != TRITON else y
 
     def time_us(self, choice: Candidate, reps: int, activation: bool = False) -> float | None:
@@ -201,7 +218,8 @@ def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bo
             and grouped_mm_by_default(case.rows, problem.experts)):
         return GROUPED_MM, None
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
-    tma = block_scaled and tma_fits(case.x, case.w, block_n=64, block_k=128, gated=activation, gathered=False)
+    tma = block_scaled and tma_fits(case.x, case.w, block_n=64, block_k=128, gated=activation,
+                                    gathered=case.through_index)
     tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
                              case.x.element_size(), block_scaled, gated=activation, tma=tma)
     return TRITON, tiles
@@ -223,11 +241,11 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
 
     def runnable(backend: str, tiles: gg.TileConfig) -> bool:  # a TMA tile the call would run with pointer loads
         return not tiles.tma or tma_fits(case.x, case.w, block_n=tiles.block_n, block_k=tiles.block_k,
-                                         gated=activation and backend == TRITON, gathered=False)
+                                         gated=activation and backend == TRITON, gathered=case.through_index)
 
     time([_builtin(case, problem, activation, grouped_mm)])
-    # The layer gathers one-byte rows into a contiguous copy above this many per expert: TMA can read them.
-    contiguous = not gather_in_gemm(case.rows, problem.experts, case.x.element_size())
+    # Rows the kernel does not read through an index are contiguous: TMA can read them.
+    contiguous = not case.through_index
     for backend in (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,):
         grid = candidates(case.rows_per_expert, one_byte, block_scaled, tma=contiguous)
         time([(backend, c) for c in grid if runnable(backend, c)])
