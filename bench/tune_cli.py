@@ -3,20 +3,25 @@
 The problems are the two grouped matmuls of each model shape's MoE layer (gate/up: K=H,
 N=2I, with the experts' SiLU-GLU as the layer applies it in the same call; down: K=I, N=H)
 for each precision's grouped-matmul kind, at each token count. The
-vendor times them (`Vendor.tune`) and returns its own table; this command writes it.
+vendor times them (`Vendor.tune`) and returns its own table; this command writes it. Each
+(problem, token count) is tuned by its own call, and the table so far is written after every
+one: a run that is stopped keeps every case it finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from bench.cli import writable_file
-from bench.tuning_merge import check_device, merge_tables, read_table
+from bench.tuning_merge import check_device, has_entries, join_runs, merge_tables, read_table
 from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
 from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
 from hal.cli import positive_int_argument
@@ -78,12 +83,33 @@ def tune(args: argparse.Namespace, console: Console) -> int:
             raise InvalidInput(f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} "
                                "grouped matmul")
     problems = problems_for(shapes, kinds, tuple(args.tokens or TOKENS))
+    output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
+    cases = [replace(problem, tokens=(tokens,)) for problem in problems for tokens in problem.tokens]
     progress = Console(stderr=True)
     progress.print(f"tuning {len(problems)} grouped-matmul problems x {len(problems[0].tokens)} token counts on "
-                   f"{caps.device_name} (vendor {vendor.name})...")
-    table = vendor.tune(problems, progress=progress.print)
-    output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
-    merged = ""
+                   f"{caps.device_name} (vendor {vendor.name}), one case at a time; {output} is rewritten after "
+                   "each, so an interrupted run keeps what it measured")
+    table: dict | None = None
+    for done, case in enumerate(cases, 1):
+        part = vendor.tune([case], progress=lambda line, done=done: progress.print(f"[{done}/{len(cases)}] {line}"))
+        if table is None and not has_entries(part):  # a table of the vendor's own shape: one call for everything
+            progress.print("the vendor's table has no problem entries to join case by case: tuning in one call")
+            written = _write(vendor.tune(problems, progress=progress.print), earlier, output, progress)
+            break
+        table = part if table is None else join_runs(table, part)
+        written = _write(table, earlier, output, progress)
+    merged = "" if earlier is None else (
+        f", merged into the {sum(len(v) for v in earlier['entries'].values())} entries of {args.merge}")
+    if args.json:
+        print(json.dumps(written, indent=1))
+    console.print(f"wrote {output} ({sum(len(v) for v in written.get('entries', {}).values())} entries{merged}); "
+                  f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)")
+    return 0
+
+
+def _write(table: dict[str, Any], earlier: dict[str, Any] | None, output: Path, progress: Console) -> dict[str, Any]:
+    """Write the table tuned so far (merged into `earlier` when given) to `output` in one replace, so the file is
+    never half written; return what was written. A table that cannot be merged goes beside `output`, unmerged."""
     if earlier is not None:
         try:
             table = merge_tables(earlier, table)
@@ -92,10 +118,7 @@ def tune(args: argparse.Namespace, console: Console) -> int:
             aside.write_text(json.dumps(table, indent=1) + "\n")
             progress.print(f"the new table was written to {aside}, unmerged")
             raise
-        merged = f", merged into the {sum(len(v) for v in earlier['entries'].values())} entries of {args.merge}"
-    output.write_text(json.dumps(table, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(table, indent=1))
-    console.print(f"wrote {output} ({sum(len(v) for v in table.get('entries', {}).values())} entries{merged}); "
-                  f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)")
-    return 0
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(json.dumps(table, indent=1) + "\n")
+    os.replace(partial, output)
+    return table

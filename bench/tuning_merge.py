@@ -58,3 +58,27 @@ def merge_tables(earlier: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[s
     earlier_run = {k: earlier[k] for k in PROVENANCE if k in earlier}
     history = [*earlier.get("history", []), earlier_run]
     return {**{k: v for k, v in fresh.items() if k != "entries"}, "history": history, "entries": entries}
+
+
+def has_entries(table: object) -> bool:
+    """Whether `table` has the `entries` (problem -> row count -> choice) that joins and merges rely on."""
+    return (isinstance(table, Mapping) and isinstance(table.get("entries"), Mapping)
+            and all(isinstance(rows, Mapping) for rows in table["entries"].values()))
+
+
+def join_runs(table: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    """`table` with the entries of `part` added: two pieces of one run (`hal tune` tunes one case per call).
+    `table`'s provenance is kept. Raises `InvalidInput` when the pieces differ in device or format, or are not
+    tables with entries."""
+    for piece in (table, part):
+        if not has_entries(piece):
+            raise InvalidInput("hal tune: the vendor's table has no 'entries' (problem -> row count -> choice), so the "
+                               "cases of a run cannot be joined")
+    for field in ("device", "format"):
+        if table.get(field) != part.get(field):
+            raise InvalidInput(f"hal tune: one case's table has {field} {part.get(field)!r}, an earlier one's "
+                               f"{table.get(field)!r}")
+    entries = {key: dict(rows) for key, rows in table["entries"].items()}
+    for key, rows in part["entries"].items():
+        entries[key] = dict(sorted({**entries.get(key, {}), **rows}.items(), key=lambda item: int(item[0])))
+    return {**table, "entries": entries}

@@ -205,7 +205,8 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
             backend, tiles = best = min(timed, key=timed.__getitem__)
             by_rows[case.rows] = Choice(backend, None if tiles is None else tuple(tiles.as_list()), timed[best],
                                         timed.get(default))
-            say(f"[{done}/{total}] {key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
+            count = f"[{done}/{total}] " if total > 1 else ""  # `hal tune` asks one case at a time and counts
+            say(f"{count}{key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
                 f"{tiles or ''} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
             del case
             torch.cuda.empty_cache()
