@@ -94,7 +94,6 @@ class _Case:
     def __init__(self, problem: GemmProblem, tokens: int, device: torch.device, generator: torch.Generator) -> None:
         self.kind = problem.kind
         e, k, n, top_k = problem.experts, problem.k, problem.n, problem.top_k
-        self.experts = e
         self.rows = tokens * top_k
         # A problem with the experts' activation is a first projection: the layer hands it the tokens and the
         # dispatch's row index (the token of each row sorted by expert), and each call reads its rows as the layer's
