@@ -28,8 +28,11 @@ LAYER_INPUTS = f"{CONTRACTS}::test_layer_keeps_its_inputs_and_returns_a_contiguo
 LAYER_REPEATS = f"{CONTRACTS}::test_layer_repeats_bit_identically"
 #: the grouped-matmul op cases: the product, and the product with SiLU-GLU applied by the same call
 GEMM_FORMS = ("", "-silu-glu")
-#: the suite's one other test that compares two layer outputs bit for bit
+#: the suite's other tests that compare two layer outputs bit for bit where the vendor declares determinism: a
+#: vendor that is not bit-reproducible fails them when its noise happens to flip an output's rounding (a few
+#: percent of runs), so they may fail beside the reproducibility tests
 ROUND_TRIP = "test_moe_features.py::test_state_dict_round_trip_onto_a_fresh_layer"
+KEEPS_WORKING = "test_bad_input.py::test_the_layer_refuses_bad_input_and_keeps_working"
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_a_grouped_matmul_that_is_not_bit_reproducible(conformance):
     must |= {f"{OP_REPEATS}[grouped_matmul-bias]"}
     must |= {f"{LAYER_REPEATS}[{s}]" for s in KNOWN_SCHEMES}
     assert must <= failed, sorted(must - failed)
-    assert failed <= must | {ROUND_TRIP}, sorted(failed - must)
+    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING}, sorted(failed - must)
     assert len(_functions(failed)) >= 2 and result["exit"] == 1
 
 
