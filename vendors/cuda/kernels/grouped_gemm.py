@@ -243,14 +243,14 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         return y.zero_()
     integer = x.dtype == torch.int8
     block_scaled = scale_mode == SCALE_BLOCK128
-    if config is None:
-        tma = block_scaled and tma_fits(x, w, block_n=64, block_k=128, gated=gated, gathered=row_index is not None)
-        config = default_tiles(m, n, e, x.element_size(), block_scaled, gated, tma)
     tiles = config
+    if tiles is None:  # the built-in choice takes the TMA kernel only where it was just found to fit
+        tma = block_scaled and tma_fits(x, w, block_n=64, block_k=128, gated=gated, gathered=row_index is not None)
+        tiles = default_tiles(m, n, e, x.element_size(), block_scaled, gated, tma)
     if block_scaled and tiles.block_k != 128:
         raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
-    if tiles.tma and block_scaled and tma_fits(x, w, block_n=tiles.block_n, block_k=tiles.block_k, gated=gated,
-                                                gathered=row_index is not None):
+    if tiles.tma and block_scaled and (config is None or tma_fits(x, w, block_n=tiles.block_n, block_k=tiles.block_k,
+                                                                  gated=gated, gathered=row_index is not None)):
         return grouped_gemm_tma(x, w, counts, y, x_scale, w_scale, block_m=tiles.block_m, block_n=tiles.block_n,
                                 warps=tiles.warps, stages=tiles.stages, n_fastest=tiles.n_fastest,
                                 group_m=tiles.group_m, gated=gated, pdl=pdl)

@@ -19,6 +19,8 @@ the output width a multiple of 128), so each K step's weight scale is one number
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -77,13 +79,20 @@ def tma_fits(x: torch.Tensor, w: torch.Tensor, *, block_n: int, block_k: int, ga
     """Whether the TMA kernel can run this block-scaled call (else the pointer kernel runs it)."""
     if TensorDescriptor is None or gathered or block_k != 128 or 128 % block_n:
         return False
-    e, k, n_all = w.shape
+    _, k, n_all = w.shape
     if gated and (n_all // 2) % 128:
         return False
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+    if x.device.type == "cuda" and not _has_tma(x.device.index):  # (the interpreter's tensors are on the CPU)
         return False
     return (x.dim() == 2 and x.stride(1) == 1 and x.stride(0) % TMA_ALIGN == 0 and k % TMA_ALIGN == 0
             and w.stride() == (k * n_all, 1, k) and x.data_ptr() % TMA_ALIGN == 0 and w.data_ptr() % TMA_ALIGN == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    """Whether the device has the tensor memory accelerator (sm90+); asked once per device, as every
+    block-scaled GEMM call checks it on the host."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def grouped_gemm_tma(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, y: torch.Tensor,
