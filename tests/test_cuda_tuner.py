@@ -124,6 +124,7 @@ def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens
     case = _Case(problem, tokens, torch.device("cuda"), torch.Generator().manual_seed(0))
     one_byte = kind is GemmKind.FP8_BLOCK128
     assert case.x.shape[0] == tokens and case.through_index == (not one_byte or tokens == 20)
+    assert case.both_ways == (one_byte and tokens == 300)  # where the rule gathers, both ways are searched
     if one_byte:
         x = reference.dequantize(QuantizedTensor(case.x, DispatchDtype.FP8, ScaleLayout.GROUP_128, case.x_scale))
         scale = case.w_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :320, :512]
@@ -138,6 +139,45 @@ def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens
         full = torch.cat([rows[end - c:end] @ w[e] for e, (c, end) in enumerate(zip(counts, ends))])
         exact = torch.nn.functional.silu(full[:, :256]) * full[:, 256:]
         for backend in backends:
-            got = case.run((backend, None), routing, activation=True)
-            assert got.shape == exact.shape, backend
-            assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max(), (backend, routing)
+            for through_index in (True, False):
+                got = case.run((backend, None, through_index), routing, activation=True)
+                assert got.shape == exact.shape, backend
+                assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max(), (backend, routing)
+
+
+def test_a_first_projection_the_rule_gathers_is_also_timed_through_the_index(tmp_path):
+    """fp8 block-128 first projection, 300 tokens x top-2 over 12 experts (50 rows per expert: the built-in rule
+    gathers): the search times the Triton kernel both ways, the table says which way won, and the vendor
+    reading it computes silu(gate) * up either way."""
+    from hal import ActivationKind
+    from vendors.cuda.tuner import _search, _Case
+    from vendors.cuda.tuning import TRITON, TRITON_THEN_ACTIVATION
+
+    problem = GemmProblem(GemmKind.FP8_BLOCK128, 12, 320, 512, 2, (300,), ActivationKind.SILU_GLU)
+    case = _Case(problem, 300, torch.device("cuda"), torch.Generator().manual_seed(0))
+    timed = _search(case, problem, 3, True, False)
+    for backend in (TRITON, TRITON_THEN_ACTIVATION):
+        assert {c[2] for c in timed if c[0] == backend} == {True, False}, backend
+    table = CudaVendor(tuning=False).tune([problem])
+    (choice,) = table["entries"]["fp8-block128 E=12 K=320 N=512 +silu-glu"].values()
+    assert isinstance(choice["gather"], bool)
+    for gather in (True, False):
+        choice["gather"] = gather
+        path = tmp_path / f"table-{gather}.json"
+        path.write_text(json.dumps(table))
+        vendor = CudaVendor(tuning=path)
+        g = torch.Generator(device="cuda").manual_seed(3)
+        x = torch.randn(300, 320, device="cuda", generator=g)
+        w = torch.randn(12, 320, 512, device="cuda", generator=g) / 320**0.5
+        qw = vendor.quantize_weight(w, "block-128x128")
+        q = vendor.quantize(x, "fp8", layout="per-token-group-128")
+        picks = torch.rand(300, 12, device="cuda", generator=g).topk(2, dim=1).indices.reshape(-1)
+        index = (torch.sort(picks, stable=True).indices // 2).to(torch.int32)
+        counts = torch.bincount(picks, minlength=12)
+        got = vendor.grouped_matmul(q, qw, Groups.from_counts(counts), activation="silu-glu", row_index=index)
+        a = reference.dequantize(q).double()[index.long()]
+        b = reference.dequantize_weight(qw).double()
+        ends = counts.cumsum(0).tolist()
+        full = torch.cat([a[end - c:end] @ b[e] for e, (c, end) in enumerate(zip(counts.tolist(), ends))])
+        exact = torch.nn.functional.silu(full[:, :256]) * full[:, 256:]
+        assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max(), gather

@@ -91,6 +91,38 @@ def test_tiles_for_the_tma_kernel_round_trip(tmp_path):
     assert tiles == (128, 64, 128, 4, 3, 1, 1, 1)
 
 
+def test_a_first_projection_choice_keeps_how_it_reads_its_rows(tmp_path):
+    """`gather` (rows gathered first, or read through the index) is read back as written; a choice without it
+    leaves the way to the vendor's rule, and the activated lookup's fallback to a plain entry carries none."""
+    table = _table()
+    key = problem_key("fp8-block128", 128, 2048, 1536, "silu-glu")
+    table.entries[key] = {4096: Choice(TRITON, (64, 128, 128, 4, 3, 0)),
+                          32768: Choice(TRITON, (128, 64, 128, 8, 3, 1), 700.0, 720.0, gather=False),
+                          131072: Choice(TRITON_THEN_ACTIVATION, (128, 128, 128, 8, 3, 1), gather=True)}
+    table.write(tmp_path / "t.json")
+    assert '"gather": false' in (tmp_path / "t.json").read_text()
+    loaded = TuningTable.load(tmp_path / "t.json")
+    assert [loaded.entries[key][m].gather for m in (4096, 32768, 131072)] == [None, False, True]
+    assert loaded.lookup_activated("fp8-block128", 128, 2048, 1536, 30000, "silu-glu").gather is False
+    assert loaded.entries == table.entries
+    fallback = loaded.lookup_activated("bf16", 8, 64, 32, 512, "silu-glu")
+    assert fallback.backend == TRITON_THEN_ACTIVATION and fallback.gather is None
+
+
+def test_the_vendor_reads_rows_the_way_its_table_says_else_by_its_rule():
+    """`reads_through_index`: a choice's `gather` decides; without one (or without a choice) one-byte rows are
+    read through the index up to 32 per group and gathered beyond, wider rows always read through it."""
+    pytest.importorskip("triton", reason="Triton is not installed (it is not a test dependency)")
+    from vendors.cuda.ops import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP as most, reads_through_index
+
+    tiles = (64, 128, 128, 4, 3, 0)
+    for choice in (None, Choice(TRITON, tiles)):
+        assert reads_through_index(choice, most * 8, 8, 1) and not reads_through_index(choice, most * 8 + 1, 8, 1)
+        assert reads_through_index(choice, 10**6, 8, 2)
+    assert reads_through_index(Choice(TRITON, tiles, gather=False), 10**6, 8, 1)
+    assert not reads_through_index(Choice(TRITON, tiles, gather=True), 8, 8, 2)
+
+
 def test_tile_configs_with_the_tma_setting_parse_and_print_back():
     """`TileConfig` reads and writes the eighth value (Triton needed: the kernels module imports it)."""
     pytest.importorskip("triton", reason="Triton is not installed (it is not a test dependency)")
@@ -115,6 +147,8 @@ def test_tile_configs_with_the_tma_setting_parse_and_print_back():
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tma"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 1, 0]), "tiles"),
     (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather="yes"), "gather"),
+    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather=1), "gather"),
 ])
 def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
     data = _table().as_dict()

@@ -7,7 +7,7 @@
 | grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
 | grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so |
 | grouped matmul + SiLU-GLU (the experts' first projection) | the Triton grouped GEMM with the activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after |
-| grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index (one-byte rows: up to 32 rows per group); otherwise, and for torch._grouped_mm, a gather first |
+| grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index or gathers them first, as the tuned table says (without an entry, one-byte rows through the index up to 32 rows per group); torch._grouped_mm: a gather first |
 | swiglu | Triton, one pass |
 | softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
 | sort by expert | Triton, one program at decode (up to 128 pairs: each pair's rank from one comparison of all pairs; else a counting sort over two chunks of pairs), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the dispatch's row index) written in the same pass |
@@ -78,9 +78,9 @@ class CudaOps(ReferenceOps):
                           f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
                                     "torch._grouped_mm and for other activations",
-        "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy; "
-                                   f"one-byte rows up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group), "
-                                   "else a gather first",
+        "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "
+                                   "or gathers them first, as the tuned table says; without an entry, one-byte "
+                                   f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
         "swiglu": "Triton, one pass",
         "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
         "sort_by_expert": "Triton: one program at decode (a rank sort up to 128 pairs, else a counting sort over "
@@ -146,16 +146,20 @@ class CudaOps(ReferenceOps):
     def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
                                 weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
                                 activation: Activation | None) -> torch.Tensor:
-        """The Triton kinds read x's rows through `row_index` inside the GEMM (SiLU-GLU in its epilogue);
-        the other kinds and activations, and one-byte rows in groups of many rows (`gather_in_gemm`), gather
-        first."""
+        """The Triton kinds read x's rows through `row_index` inside the GEMM (SiLU-GLU in its epilogue), or
+        gather them first, as the table's choice says (`Choice.gather`; without one, the built-in rule
+        `gather_in_gemm`: one-byte rows in groups of many rows are gathered); the other kinds and
+        activations gather first."""
         gated = activation is not None
-        if (kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU)  # type: ignore[union-attr]
-                or not gather_in_gemm(row_index.numel(), groups.num_groups,
-                                      (x if isinstance(x, torch.Tensor) else x.data).element_size())):
+        if kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU):  # type: ignore[union-attr]
             return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
                                                    activation=activation)
-        return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
+        choice = self._choice(kind, weight, row_index.numel(), gated)
+        element_bytes = (x if isinstance(x, torch.Tensor) else x.data).element_size()
+        if reads_through_index(choice, row_index.numel(), groups.num_groups, element_bytes):
+            return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
+        return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
+                                               activation=activation)
 
     def _grouped(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
                  kind: GemmKind, out_dtype: torch.dtype, *, gated: bool,
@@ -269,6 +273,15 @@ def gather_in_gemm(rows: int, groups: int, element_bytes: int) -> bool:
     """Whether the Triton GEMM reads its rows through the index (16-bit and wider rows always, one-byte rows
     up to `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per group); else they are gathered first."""
     return element_bytes > 1 or rows <= ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP * groups
+
+
+def reads_through_index(choice: Choice | None, rows: int, groups: int, element_bytes: int) -> bool:
+    """Whether a first projection's Triton GEMM reads its rows through the dispatch's index: as the table's
+    choice says where it says (`Choice.gather`), else by the built-in rule (`gather_in_gemm`). A
+    torch._grouped_mm choice gathers in `CudaOps._grouped` either way."""
+    if choice is not None and choice.gather is not None:
+        return not choice.gather
+    return gather_in_gemm(rows, groups, element_bytes)
 
 
 def grouped_mm_aligned(k: int, n: int) -> bool:

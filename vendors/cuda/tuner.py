@@ -18,9 +18,12 @@ timed with everything the layer's call does: the Triton kernel with SiLU-GLU in 
 (its own grid and neighbours), the plain kernel followed by the swiglu pass, and for bf16
 `torch._grouped_mm` followed by it. The fastest is kept under the problem's `+silu-glu` key.
 Such a problem is a first projection: its calls take the tokens and the dispatch's row index as
-the layer's do, so the gather is timed where the layer pays it (torch._grouped_mm and the Triton
-kernel on one-byte rows beyond `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per expert read a gathered
-copy; the Triton kernel otherwise reads the rows through the index).
+the layer's do, so the gather is timed where the layer pays it (torch._grouped_mm reads a gathered
+copy; the Triton kernel reads the rows through the index, or a gathered copy). Where the vendor's
+built-in rule gathers first (one-byte rows beyond `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per expert),
+the Triton kernel is also timed reading through the index: the rule's way is searched in full, then
+its fastest tiles and the winner's neighbours the other way. A first projection's Triton entry
+records which way won (`Choice.gather`), and the vendor runs it that way.
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ GROUP_M_MIN_ROWS_PER_EXPERT = 512
 #: The TMA kernel's first-round tiles (block-scaled, many rows): 128x64 with one warpgroup was the fastest
 #: down projection on an H100 (qwen3-30b-a3b, deepseek-v3-ep8), the others the runners-up.
 TMA_GRID = ((128, 64, 128, 4, 3), (64, 128, 128, 4, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 3))
-#: A candidate: (backend, tiles); tiles None for torch._grouped_mm.
-Candidate = tuple[str, "gg.TileConfig | None"]
+#: How many of the fastest tiles of the rule's way a first projection re-times the other way.
+OTHER_WAY_TILES = 4
+#: A candidate: (backend, tiles, through_index); tiles None for torch._grouped_mm; `through_index`: a first
+#: projection's Triton kernel reads its rows through the routing's index (else from a gathered copy).
+Candidate = tuple[str, "gg.TileConfig | None", bool]
 
 
 def candidates(rows_per_expert: float, one_byte: bool, block_scaled: bool, tma: bool = False) -> list[gg.TileConfig]:
@@ -125,16 +131,18 @@ class _Case:
             k_major = qw.data.transpose(1, 2).contiguous().transpose(1, 2)  # as CudaOps.prepare_weight stores it
             self.w, self.w_scale = k_major, qw.scale
         del x, w
-        #: The Triton kernel reads a first projection's rows through the index (else they are gathered first).
+        #: The built-in rule: the Triton kernel reads a first projection's rows through the index (else they are
+        #: gathered first). Where it gathers, the search also times the Triton kernel reading through the index.
         self.through_index = self.first and gather_in_gemm(self.rows, e, self.x.element_size())
+        self.both_ways = self.first and not self.through_index
 
     def run(self, choice: Candidate, routing: int, activation: bool) -> torch.Tensor:
         """One call as the layer makes it: the product, and with `activation` its SiLU-GLU (in the epilogue
         for the `triton` backend, a separate pass for the others); a first projection's rows through the
-        routing's index, or gathered first (torch._grouped_mm always, the Triton kernel as `through_index`)."""
-        backend, tiles = choice
+        routing's index, or gathered first (torch._grouped_mm always, the Triton kernel as the candidate says)."""
+        backend, tiles, through_index = choice
         x, x_scale, index = self.x, self.x_scale, self.index[routing] if self.first else None
-        if index is not None and (backend == GROUPED_MM or not self.through_index):
+        if index is not None and (backend == GROUPED_MM or not through_index):
             x_scale = None if x_scale is None else x_scale.index_select(0, index)
             x, index = x.index_select(0, index), None
         if backend == GROUPED_MM:
@@ -201,12 +209,14 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
             case = _Case(problem, tokens, device, generator)
             timed = _search(case, problem, reps, activation, grouped_mm)
             default = _builtin(case, problem, activation, grouped_mm)
-            backend, tiles = best = min(timed, key=timed.__getitem__)
+            backend, tiles, through_index = best = min(timed, key=timed.__getitem__)
+            gather = None if tiles is None or not case.first else not through_index
             by_rows[case.rows] = Choice(backend, None if tiles is None else tuple(tiles.as_list()), timed[best],
-                                        timed.get(default))
+                                        timed.get(default), gather)
             count = f"[{done}/{total}] " if total > 1 else ""  # `hal tune` asks one case at a time and counts
+            way = "" if gather is None else (" on gathered rows" if gather else " through the row index")
             say(f"{count}{key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
-                f"{tiles or ''} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
+                f"{tiles or ''}{way} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
             del case
             torch.cuda.empty_cache()
     return table
@@ -216,20 +226,22 @@ def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bo
     """What `CudaOps` runs for this case without a table."""
     if (grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n)
             and grouped_mm_by_default(case.rows, problem.experts)):
-        return GROUPED_MM, None
+        return GROUPED_MM, None, False
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
     tma = block_scaled and tma_fits(case.x, case.w, block_n=64, block_k=128, gated=activation,
                                     gathered=case.through_index)
     tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
                              case.x.element_size(), block_scaled, gated=activation, tma=tma)
-    return TRITON, tiles
+    return TRITON, tiles, case.through_index
 
 
 def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
             grouped_mm: bool) -> dict[Candidate, float]:
     """Every candidate timed for one case: the built-in choice, the grid and the winner's neighbours for
     each Triton backend (with an activation: in the epilogue, and before the separate pass), and
-    torch._grouped_mm for bf16."""
+    torch._grouped_mm for bf16. Where the built-in rule gathers a first projection's rows, the fastest
+    `OTHER_WAY_TILES` tiles of each Triton backend and the winner's neighbours are re-timed reading the
+    rows through the index."""
     one_byte = case.x.element_size() == 1
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
     timed: dict[Candidate, float] = {}
@@ -239,23 +251,36 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
             if choice not in timed and (t := case.time_us(choice, reps, activation)) is not None:
                 timed[choice] = t
 
-    def runnable(backend: str, tiles: gg.TileConfig) -> bool:  # a TMA tile the call would run with pointer loads
-        return not tiles.tma or tma_fits(case.x, case.w, block_n=tiles.block_n, block_k=tiles.block_k,
-                                         gated=activation and backend == TRITON, gathered=case.through_index)
+    def runnable(choice: Candidate) -> bool:  # a TMA tile the call would run with pointer loads
+        backend, tiles, through_index = choice
+        return tiles is None or not tiles.tma or tma_fits(case.x, case.w, block_n=tiles.block_n,
+                                                          block_k=tiles.block_k,
+                                                          gated=activation and backend == TRITON,
+                                                          gathered=through_index)
+
+    def best_of(backend: str, through_index: bool) -> gg.TileConfig | None:
+        tiled = [c for c in timed if c[0] == backend and c[2] == through_index]
+        return min(tiled, key=timed.__getitem__)[1] if tiled else None
 
     time([_builtin(case, problem, activation, grouped_mm)])
     # Rows the kernel does not read through an index are contiguous: TMA can read them.
-    contiguous = not case.through_index
-    for backend in (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,):
-        grid = candidates(case.rows_per_expert, one_byte, block_scaled, tma=contiguous)
-        time([(backend, c) for c in grid if runnable(backend, c)])
-        tiled = [c for c in timed if c[0] == backend]
-        if tiled:
-            best = min(tiled, key=timed.__getitem__)[1]
-            time([(backend, c) for c in neighbours(best, case.rows_per_expert)  # type: ignore[arg-type]
-                  if runnable(backend, c)])
+    rule = case.through_index
+    backends = (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,)
+    for backend in backends:
+        grid = candidates(case.rows_per_expert, one_byte, block_scaled, tma=not rule)
+        time([c for c in ((backend, t, rule) for t in grid) if runnable(c)])
+        if (best := best_of(backend, rule)) is not None:
+            time([c for c in ((backend, t, rule) for t in neighbours(best, case.rows_per_expert)) if runnable(c)])
+    if case.both_ways:
+        for backend in backends:
+            ranked = sorted((c for c in timed if c[0] == backend and c[2] == rule), key=timed.__getitem__)
+            fastest = list(dict.fromkeys(replace(t, tma=False) for _, t, _ in ranked))[:OTHER_WAY_TILES]
+            time([(backend, t, not rule) for t in fastest])  # type: ignore[misc]
+            if (best := best_of(backend, not rule)) is not None:
+                time([c for c in ((backend, t, not rule) for t in neighbours(best, case.rows_per_expert))
+                      if runnable(c)])
     if grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n):
-        time([(GROUPED_MM, None)])
+        time([(GROUPED_MM, None, False)])
     if not timed:
         raise RuntimeError(f"hal tune: no candidate configuration ran for {problem} at M={case.rows}")
     return timed

@@ -6,7 +6,9 @@ activation) it maps a row count M (tokens x top-k) to the fastest measured choic
 tile configuration, or `torch._grouped_mm` (bf16 on sm90+); for a problem with the
 activation, the Triton kernel with the activation in its epilogue (`triton`; `block_n`
 counts the output columns of each half) or without it, the activation then a separate pass
-(`triton-then-activation`, `torch-grouped-mm`). A
+(`triton-then-activation`, `torch-grouped-mm`). A first projection's Triton choice may also say
+how it reads the dispatch's rows (`gather`: gathered into a copy first, or read through the row
+index inside the GEMM); without it the vendor's built-in rule decides. A
 call takes the entry of its problem whose M is nearest on a log scale, if its M lies within
 `REACH` times the problem's tuned rows (below the smallest / above the largest); a problem
 the table does not hold, or a call outside that reach, takes the built-in defaults. (On the
@@ -60,6 +62,9 @@ class Choice:
     tiles: tuple[int, ...] | None = None  #: `TileConfig.as_list()` for the Triton backend
     us: float | None = None  #: its median time when tuned
     default_us: float | None = None  #: the built-in choice's median time in the same run
+    #: A first projection's Triton choice: its rows gathered first (True) or read through the index (False);
+    #: None: the vendor's built-in rule (`vendors.cuda.ops.gather_in_gemm`).
+    gather: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the JSON table."""
@@ -70,6 +75,8 @@ class Choice:
             out["us"] = round(self.us, 2)
         if self.default_us is not None:
             out["default_us"] = round(self.default_us, 2)
+        if self.gather is not None:
+            out["gather"] = self.gather
         return out
 
     @classmethod
@@ -83,7 +90,11 @@ class Choice:
                     and (len(tiles) < 8 or tiles[7] in (0, 1))):
                 raise InvalidInput(f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest"
                                    f"(, group_m(, tma))], got {tiles!r}")
-            return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"))
+            gather = data.get("gather")
+            if gather is not None and not isinstance(gather, bool):
+                raise InvalidInput(f"{where}: expected 'gather' true or false (rows gathered first, or read "
+                                   f"through the row index), got {gather!r}")
+            return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"), gather)
         if backend == GROUPED_MM:
             return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))
         raise InvalidInput(f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}, "
