@@ -139,7 +139,7 @@ class _Case:
         self.both_ways = self.first and not self.through_index
         #: A quantized first projection reads tokens the layer's dispatch has just written (its quantize pass), so
         #: they sit in L2 when the GEMM (or the gather before it) starts. Each timed call is preceded by a copy that
-        #: writes them the same way; the copy's own time is taken off (`refresh_us`).
+        #: writes them the same way; the copy's own time is taken off (`_refresh_us`).
         self.refresh = self.first and self.x_scale is not None
         self._fresh = (torch.empty_like(self.x), torch.empty_like(self.x_scale)) if self.refresh else None
         self._refresh_us: float | None = None
