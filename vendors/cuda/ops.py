@@ -42,6 +42,7 @@ from hal import (
     QuantizedWeight,
     ReferenceOps,
     ScaleLayout,
+    take_rows,
 )
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
@@ -131,7 +132,8 @@ class CudaOps(ReferenceOps):
         """`y[rows of g] = x[rows of g] @ weight[g]` on the device, without a host synchronisation."""
         if kind not in _TRITON_KINDS:
             return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
-        return self._grouped(x, weight, groups, kind, out_dtype, gated=False)
+        return self._grouped(x, weight, groups, kind, out_dtype, gated=False,
+                             choice=self._choice(kind, weight, _rows(x), gated=False))
 
     def grouped_matmul_activated(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
                                  groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
@@ -141,7 +143,8 @@ class CudaOps(ReferenceOps):
         if kind not in _TRITON_KINDS or activation.kind is not ActivationKind.SILU_GLU:
             return super().grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=out_dtype,
                                                     activation=activation)
-        return self._grouped(x, weight, groups, kind, out_dtype, gated=True)
+        return self._grouped(x, weight, groups, kind, out_dtype, gated=True,
+                             choice=self._choice(kind, weight, _rows(x), gated=True))
 
     def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
                                 weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
@@ -154,19 +157,19 @@ class CudaOps(ReferenceOps):
         if kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU):  # type: ignore[union-attr]
             return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
                                                    activation=activation)
-        choice = self._choice(kind, weight, row_index.numel(), gated)
+        choice = self._choice(kind, weight, row_index.numel(), gated)  # once: both ways run the same entry
         element_bytes = (x if isinstance(x, torch.Tensor) else x.data).element_size()
         if reads_through_index(choice, row_index.numel(), groups.num_groups, element_bytes):
-            return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
-        return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
-                                               activation=activation)
+            return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice)
+        return self._grouped(take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice)
 
     def _grouped(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
-                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool,
+                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool, choice: Choice | None,
                  row_index: torch.Tensor | None = None) -> torch.Tensor:
-        """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. The device's table picks the backend and
-        tiles (for a gated call: its `+silu-glu` entry, else the plain product's entry with the activation
-        after it, as tables tuned before gated entries ran it); without an entry, the built-in rule:
+        """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the device's table entry for the
+        call (`_choice`), picks the backend and tiles (for a gated call: its `+silu-glu` entry, else the plain
+        product's entry with the activation after it, as tables tuned before gated entries ran it); without
+        an entry, the built-in rule:
         torch._grouped_mm from many rows per group (bf16), else the Triton kernel (gated: in its epilogue).
         `row_index`: the product's rows are x's rows through it (read by the Triton kernel; gathered for
         torch._grouped_mm)."""
@@ -175,7 +178,6 @@ class CudaOps(ReferenceOps):
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        choice = self._choice(kind, weight, rows, gated)
         grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
                            and _aligned(weight.data))
         wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
@@ -273,6 +275,10 @@ def gather_in_gemm(rows: int, groups: int, element_bytes: int) -> bool:
     """Whether the Triton GEMM reads its rows through the index (16-bit and wider rows always, one-byte rows
     up to `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per group); else they are gathered first."""
     return element_bytes > 1 or rows <= ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP * groups
+
+
+def _rows(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> int:
+    return (x if isinstance(x, torch.Tensor) else x.data).shape[0]
 
 
 def reads_through_index(choice: Choice | None, rows: int, groups: int, element_bytes: int) -> bool:
