@@ -40,11 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON report to FILE")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    parser.add_argument("--ep", nargs=argparse.REMAINDER, metavar="OPTION",
+                        help="the expert-parallel benchmark, run under torchrun (torchrun --nproc-per-node 2 "
+                             "$(which hal) bench --ep ...); every option after --ep is its own: see "
+                             "hal bench --ep --help and docs/bench-ep.md")
     parser.set_defaults(handler=bench)
 
 
 def bench(args: argparse.Namespace, console: Console) -> int:
-    """Run every (model, precision, tokens) case; print the table or the JSON."""
+    """Run every (model, precision, tokens) case; print the table or the JSON (`--ep`: `bench.ep`)."""
+    if args.ep is not None:
+        from bench.ep import from_hal
+
+        return from_hal(args)
     for option, path in (("--output", args.output), ("--markdown", args.markdown)):
         writable_file(option, path)  # before the run, not after it
     vendor = VendorRegistry.discover().select(args.vendor).vendor  # a HalError: exit 2 (bad name) or 1

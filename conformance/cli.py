@@ -28,6 +28,7 @@ from rich.progress import Progress as Bar
 from rich.table import Table
 
 from hal import HalError, InvalidInput, VendorRegistry
+from hal.cli import positive_int_argument
 
 if TYPE_CHECKING:
     from conformance.report import VendorReport
@@ -56,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--depth", choices=DEPTHS, default="quick",
                         help="shape sweeps and property tests: quick (CI on a CPU; default) or full (the shapes "
                              "of large models: thousands of tokens, 256 experts; for accelerators)")
+    parser.add_argument("--ep-ranks", type=positive_int_argument, default=0, metavar="N",
+                        help="run the expert-parallel section instead, on N local ranks (one device each where the "
+                             "vendor has devices); writes ep-conformance.json and .md")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     parser.set_defaults(handler=conformance)
 
@@ -90,6 +94,11 @@ def _workers(value: str) -> int:
 
 def conformance(args: argparse.Namespace, console: Console) -> int:
     """Run the suite for each vendor; exit status 1 when anything failed, could not run, or no test ran."""
+    if args.ep_ranks:
+        from conformance.ep.launch import run_section
+
+        _writable_directory(args.report)
+        return run_section(args, console)
     if importlib.util.find_spec("pytest") is None:
         raise HalError("hal conformance runs the suite with pytest, which is not installed: "
                        "pip install 'moe-hal[test]'")

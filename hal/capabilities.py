@@ -76,6 +76,12 @@ class Capabilities:
     deterministic: bool = True
     #: the vendor's own expert-parallel dispatchers (`Vendor.ep_dispatch` / `ep_combine`), by name
     ep_dispatchers: frozenset[str] = frozenset()
+    #: those of `ep_dispatchers` that also run in low-latency mode (a fixed per-rank token capacity,
+    #: the masked `[local experts, capacity * ranks, H]` layout, no host synchronisation)
+    ep_low_latency: frozenset[str] = frozenset()
+    #: expert-parallel dispatchers the vendor could offer but cannot here, each with the reason
+    #: (e.g. its library does not import); shown by `hal caps` and `hal explain`
+    ep_dispatchers_absent: Mapping[str, str] = field(default_factory=dict)
     limits: KernelLimits = KernelLimits()
     collective_backend: str = "gloo"
     notes: tuple[str, ...] = ()
@@ -112,6 +118,9 @@ class Capabilities:
         object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
         object.__setattr__(self, "deterministic", bool(self.deterministic))
         object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
+        object.__setattr__(self, "ep_low_latency", frozenset(str(n) for n in self.ep_low_latency))
+        object.__setattr__(self, "ep_dispatchers_absent", MappingProxyType(
+            {str(k): str(v) for k, v in dict(self.ep_dispatchers_absent).items()}))
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def __hash__(self) -> int:
@@ -176,6 +185,10 @@ class Capabilities:
                 f"int8_quant_mode is {self.int8_quant_mode} but int8 dispatch is "
                 f"{'declared' if DispatchDtype.INT8 in self.dispatch_dtypes else 'not declared'}"
             )
+        for name in sorted(self.ep_low_latency - self.ep_dispatchers):
+            problems.append(f"ep_low_latency names {name!r}, which is not among ep_dispatchers")
+        for name in sorted(self.ep_dispatchers & set(self.ep_dispatchers_absent)):
+            problems.append(f"ep dispatcher {name!r} is declared both present and absent")
         return problems
 
     def as_dict(self) -> dict[str, Any]:
@@ -201,6 +214,8 @@ class Capabilities:
             "host_synchronous": self.host_synchronous,
             "deterministic": self.deterministic,
             "ep_dispatchers": sorted(self.ep_dispatchers),
+            "ep_low_latency": sorted(self.ep_low_latency),
+            "ep_dispatchers_absent": dict(sorted(self.ep_dispatchers_absent.items())),
             "limits": self.limits.as_dict(),
             "collective_backend": self.collective_backend,
             "notes": list(self.notes),

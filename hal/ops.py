@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
             "grouped_matmul_gathered", "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight",
             "sort_by_expert", "sort_by_expert_tokens", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused",
-            "ep_dispatch", "ep_combine")
+            "prepare_ep", "ep_dispatch", "ep_combine")
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,19 @@ class VendorOps(abc.ABC):
         result = work()
         return lambda: result
 
+    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
+                   dtype: DispatchDtype, capacity: int | None) -> None:
+        """Allocate what dispatcher `name` needs for a layer of this size (see `hal.Vendor.prepare_ep`).
+        Nothing by default."""
+
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
-                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
+                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
+                    capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """The vendor's own expert-parallel dispatch `name`: rows for this rank's experts, grouped by local
         expert, in `dtype` (rows past the counts' sum are padding), int64 counts per local expert, and
-        the handle `ep_combine` needs. Only vendors that declare `name` in `ep_dispatchers` implement it."""
+        the handle `ep_combine` needs; with `capacity`, the masked low-latency layout. Only vendors that
+        declare `name` in `ep_dispatchers` implement it. `topk_weights` and `capacity` are passed only
+        when given."""
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")

@@ -59,14 +59,24 @@ class PlanSource(str, enum.Enum):
         return self.value
 
 
+#: The expert-parallel modes a `DispatchConfig` may ask for.
+EP_MODES = ("normal", "low-latency", "auto")
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     """Per-layer dispatch settings: the dtype request and the low-latency capacity."""
 
     dtype: DispatchDtype | str = DispatchDtype.AUTO
     max_dispatch_tokens_per_rank: int | None = None
-    #: a vendor's own expert-parallel dispatcher by name (e.g. Ascend's "mc2"); None: torch.distributed
+    #: a vendor's own expert-parallel dispatcher by name (e.g. Ascend's "mc2", CUDA's "deepep");
+    #: None: torch.distributed
     ep_dispatcher: str | None = None
+    #: expert-parallel mode: "normal" (variable rows, one host synchronisation), "low-latency" (fixed
+    #: capacity `max_dispatch_tokens_per_rank`, no host synchronisation), "auto" (low-latency for a batch
+    #: of at most the capacity, normal above it, chosen per call); None: low-latency where a capacity is
+    #: set, else normal
+    ep_mode: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -78,6 +88,18 @@ class DispatchConfig:
             raise InvalidInput(f"ep_dispatcher: expected a dispatcher name or None, got {self.ep_dispatcher!r}")
         if self.max_dispatch_tokens_per_rank is not None:
             positive_int("max_dispatch_tokens_per_rank", self.max_dispatch_tokens_per_rank, "a positive int or None")
+        if self.ep_mode is not None and self.ep_mode not in EP_MODES:
+            raise invalid("ep_mode", f"one of {', '.join(EP_MODES)} or None", self.ep_mode)
+        if self.ep_mode in ("low-latency", "auto") and self.max_dispatch_tokens_per_rank is None:
+            raise InvalidInput(f"ep_mode {self.ep_mode!r}: expected max_dispatch_tokens_per_rank (the "
+                               "low-latency capacity), got None")
+
+    @property
+    def mode(self) -> str:
+        """The expert-parallel mode this config asks for ("normal", "low-latency" or "auto")."""
+        if self.ep_mode is not None:
+            return self.ep_mode
+        return "normal" if self.max_dispatch_tokens_per_rank is None else "low-latency"
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,14 @@ from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
 from hal.ops import OpSource, VendorOps
+from hal.vendor_ep import ExpertParallelOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
 from hal.tuning import GemmProblem
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
-class Vendor(Platform):
+class Vendor(ExpertParallelOps, Platform):
     """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`."""
 
     # -- activations -----------------------------------------------------------------------------
@@ -225,40 +226,6 @@ class Vendor(Platform):
             for field, tensor in w.tensors().items():
                 checks.on_device(f"{name}.{field}", tensor, self.device)
         self.ops.prepare_fused(w13, w2, scheme=scheme, process_group=process_group)
-
-    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
-                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
-        """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
-        `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`."""
-        self._require_ep(name)
-        parsed = checks.concrete_dtype(dtype)
-        checks.float_rows("x", x)
-        if x.dim() != 2:
-            raise invalid("x", "a 2-D tensor [T, H]", tuple(x.shape))
-        for label, tensor in (("x", x), ("topk_ids", topk_ids)):
-            checks.on_device(label, tensor, self.device)
-        checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
-        if topk_ids.shape[0] != x.shape[0]:
-            raise invalid("topk_ids", f"one row per token of x ({x.shape[0]})", tuple(topk_ids.shape))
-        return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=parsed,
-                                    num_experts=num_experts, process_group=process_group)
-
-    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
-                   out_dtype: torch.dtype) -> torch.Tensor:
-        """The weighted sum of each token's expert rows after `ep_dispatch` with the same `name`: `[T, H]`."""
-        self._require_ep(name)
-        checks.out_dtype("out_dtype", out_dtype)
-        checks.rows_and_weights(rows, topk_weights)
-        for label, tensor in (("rows", rows), ("topk_weights", topk_weights)):
-            checks.on_device(label, tensor, self.device)
-        return self.ops.ep_combine(rows, topk_weights, handle, name=name, out_dtype=out_dtype)
-
-    def _require_ep(self, name: str) -> None:
-        checks.name_string("name", name, "an expert-parallel dispatcher name (str)")
-        declared = self.capabilities().ep_dispatchers
-        if name not in declared:
-            raise UnsupportedCapability(f"vendor {self.name!r} declares no expert-parallel dispatcher {name!r} "
-                                        f"(declared: {', '.join(sorted(declared)) or 'none'})")
 
     def prepare_weight(self, weight: QuantizedWeight) -> QuantizedWeight:
         """A weight in hal's reference format (as a checkpoint loader builds it) in the form this

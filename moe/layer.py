@@ -29,7 +29,14 @@ from hal import (
 )
 from moe.arguments import check_environ, choose_vendor
 from moe.compiled import moe_forward, register_layer
-from moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, LowLatencyDispatcher, VendorEpDispatcher
+from moe.dispatch import (
+    AllToAllDispatcher,
+    AutoDispatcher,
+    Dispatcher,
+    LocalDispatcher,
+    LowLatencyDispatcher,
+    VendorEpDispatcher,
+)
 from moe.dispatch.base import group_size_and_rank
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
@@ -175,19 +182,25 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         self._handle = register_layer(self)
 
     def _make_dispatcher(self) -> Dispatcher:
-        capacity, native = self.dispatch_config.max_dispatch_tokens_per_rank, self.dispatch_config.ep_dispatcher
+        config = self.dispatch_config
+        capacity, native, mode = config.max_dispatch_tokens_per_rank, config.ep_dispatcher, config.mode
         if native is not None:
-            declared = self.vendor.capabilities().ep_dispatchers
-            if native not in declared:
+            caps = self.vendor.capabilities()
+            if native not in caps.ep_dispatchers:
+                absent = caps.ep_dispatchers_absent.get(native)
                 raise UnsupportedCapability(
                     f"dispatch.ep_dispatcher: vendor {self.vendor.name!r} declares no expert-parallel dispatcher "
-                    f"{native!r} (declared: {', '.join(sorted(declared)) or 'none'})")
-            if self.process_group is None or capacity is not None:
-                raise InvalidInput(f"dispatch.ep_dispatcher {native!r}: expected a process_group and no low-latency "
-                                   "capacity (it is an expert-parallel normal-mode dispatcher)")
+                    f"{native!r} (declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'})"
+                    + (f"; {native}: {absent}" if absent else ""))
+            if self.process_group is None:
+                raise InvalidInput(f"dispatch.ep_dispatcher {native!r}: expected a process_group (it is an "
+                                   "expert-parallel dispatcher)")
             return VendorEpDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor,
-                                      name=native)
-        if capacity is not None:
+                                      name=native, mode=mode, capacity=capacity)
+        if mode == "auto":
+            return AutoDispatcher(self.plan, self.num_experts, capacity, self.process_group,  # type: ignore[arg-type]
+                                  vendor=self.vendor)
+        if mode == "low-latency":
             return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group, vendor=self.vendor)
         if self.process_group is not None:
             return AllToAllDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor)
@@ -221,7 +234,7 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         weights = self.experts.weights
         self._pipeline = None if weights is None else self._choice.build(
             self.vendor, self.scheme, self.plan, self.dispatcher, weights, self.process_group,
-            self.dispatch_config.max_dispatch_tokens_per_rank)
+            self.dispatch_config.max_dispatch_tokens_per_rank if self.dispatch_config.mode == "low-latency" else None)
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None, *,
                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hal import Activation, ActivationKind, DispatchPlan, UnsupportedCapability, Vendor, invalid
-from moe.dispatch import Dispatcher
+from moe.dispatch import DispatchFormat, Dispatcher, DispatchOutput
 from moe.routing import Routing
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, Quantizer
@@ -62,12 +62,19 @@ class UnfusedPipeline(Pipeline):
     dispatcher: Dispatcher
     runner: ExpertRunner
     quantize: Quantizer
+    #: the runner of each further format the dispatcher may hand over (a dispatcher that changes mode per call)
+    other_runners: Mapping[DispatchFormat, ExpertRunner] = field(default_factory=dict)
     fused = False
 
     def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(x, routing, self.quantize)
-        expert_output = self.runner(self.vendor, self.scheme, self.weights, dispatched)
+        expert_output = self.experts(dispatched)
         return self.dispatcher.combine(expert_output, dispatched, out_dtype or x.dtype)
+
+    def experts(self, dispatched: DispatchOutput) -> torch.Tensor:
+        """The experts' output rows for a dispatch output (the runner of its format)."""
+        runner = self.other_runners.get(dispatched.format, self.runner)
+        return runner(self.vendor, self.scheme, self.weights, dispatched)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class PipelineChoice:
 
     fused: bool
     runner: ExpertRunner | None  #: None on the fused path
+    other_runners: Mapping[DispatchFormat, ExpertRunner] = field(default_factory=dict)
 
     def build(self, vendor: Vendor, scheme: QuantScheme, plan: DispatchPlan, dispatcher: Dispatcher,
               weights: ExpertWeights, process_group: Any, capacity: int | None) -> Pipeline:
@@ -85,7 +93,8 @@ class PipelineChoice:
                 vendor.prepare_fused(weights.w13, weights.w2, scheme=scheme.name, process_group=process_group)
             return FusedPipeline(vendor, scheme.name, weights, plan, process_group, capacity)
         quantize = scheme.dispatch_quantizer(vendor, plan, weights)
-        return UnfusedPipeline(vendor, scheme, weights, dispatcher, self.runner, quantize)  # type: ignore[arg-type]
+        return UnfusedPipeline(vendor, scheme, weights, dispatcher, self.runner, quantize,  # type: ignore[arg-type]
+                               self.other_runners)
 
 
 def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher, runners: RunnerRegistry | None,
@@ -122,4 +131,6 @@ def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher,
             f"vendor {vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped matmul that scheme "
             f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})")
     registry = runners if runners is not None else RunnerRegistry.with_defaults(environ=environ)
-    return PipelineChoice(False, registry.lookup(vendor.name, dispatcher.format, kind, scheme.name))
+    others = {fmt: registry.lookup(vendor.name, fmt, kind, scheme.name) for fmt in dispatcher.formats
+              if fmt is not dispatcher.format}
+    return PipelineChoice(False, registry.lookup(vendor.name, dispatcher.format, kind, scheme.name), others)

@@ -31,6 +31,7 @@ TOP_K = 2
 EVEN_TOKENS = 12  #: tokens per rank of the "even" pattern; also its low-latency capacity (full)
 CAPACITY = 16  #: low-latency capacity of the other patterns (above their largest rank)
 OVERFLOW_CAPACITY = 4
+AUTO_SMALL_CAPACITY = 3  #: below the largest rank's tokens of the "uneven" pattern (4 or 10), above rank 0's (1)
 COLLECTIVE_TIMEOUT_S = 30
 
 SCHEMES = ("unquantized", "w8a8-int8", "w8a8-fp8-block")
@@ -53,6 +54,7 @@ class Case:
     x_dtype: str = "fp32"
     router: str = "softmax"  #: "softmax" | "grouped-sigmoid"
     dead_experts: bool = False  #: logits that never pick `dead_experts(world)`
+    auto_capacity: int | None = None  #: ep_mode "auto" with this capacity (low_latency is then ignored)
 
 
 def _equal_cases() -> list[Case]:
@@ -75,6 +77,10 @@ def _equal_cases() -> list[Case]:
             cases.append(Case(f"{mode}-{scheme}-fp8-h200", "equal", scheme, "fp8", ll, tokens="uneven", hidden=200))
         for model in ("fp16", "fp32"):  # unquantized models, dispatched in their own dtype (2H / 4H records)
             cases.append(Case(f"{mode}-{model}-model", "equal", model, "auto", ll, tokens="uneven"))
+    for scheme, dt in NATIVE:  # auto: every rank's batch fits (low-latency), or one rank's does not (normal)
+        cases.append(Case(f"auto-fits-{scheme}-{dt}", "equal", scheme, dt, tokens="uneven", auto_capacity=CAPACITY))
+        cases.append(Case(f"auto-over-{scheme}-{dt}", "equal", scheme, dt, tokens="uneven",
+                          auto_capacity=AUTO_SMALL_CAPACITY))
     return cases
 
 
@@ -108,6 +114,8 @@ def tokens_per_rank(pattern: str, world: int) -> list[int]:
 
 def capacity_for(case: Case) -> int | None:
     """The low-latency capacity of a case (exactly full for the even pattern); None for normal mode."""
+    if case.auto_capacity is not None:
+        return case.auto_capacity
     if not case.low_latency:
         return None
     return EVEN_TOKENS if case.tokens == "even" else CAPACITY
@@ -167,7 +175,9 @@ def build_layer(case: Case, vendor: Any, *, process_group: Any, capacity: int | 
     import moe
 
     w13, w2 = float_weights(NUM_EXPERTS, case.hidden)
-    config = hal.DispatchConfig(dtype=case.dtype, max_dispatch_tokens_per_rank=capacity)
+    auto = case.auto_capacity is not None and process_group is not None
+    config = hal.DispatchConfig(dtype=case.dtype, max_dispatch_tokens_per_rank=capacity,
+                                ep_mode="auto" if auto else None)
     return moe.MoELayer.from_float(w13, w2, TOP_K, scheme=case.scheme, vendor=vendor, dispatch=config,
                                    process_group=process_group, router=make_router(case))
 
@@ -184,19 +194,10 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
 
 def references(case: Case, vendor: Any, world: int, x: torch.Tensor, logits: torch.Tensor,
                mine: slice, capacity: int | None) -> dict[str, Any]:
-    """What one rank with every expert computes for `mine` of the concatenated tokens.
-
-    `ref`: the plain single-rank layer (local dispatcher). For low-latency cases also
-    `ref_same_shapes`: a single-rank low-latency layer of capacity `world * capacity`,
-    whose grouped GEMMs have exactly the shapes of the expert-parallel ones (every expert
-    computes `world * capacity` rows, valid rows first in the same order).
-    """
+    """What one rank with every expert computes for `mine` of the concatenated tokens (`ref`: the plain
+    single-rank layer, local dispatcher)."""
     single = build_layer(case, vendor, process_group=None, capacity=None)
-    refs = {"ref": single(x, logits)[mine], "single_dispatcher": type(single.dispatcher).__name__}
-    if capacity is not None:
-        same = build_layer(case, vendor, process_group=None, capacity=world * capacity)
-        refs["ref_same_shapes"] = same(x, logits)[mine]
-    return refs
+    return {"ref": single(x, logits)[mine], "single_dispatcher": type(single.dispatcher).__name__}
 
 
 def run_equal(case: Case, rank: int, world: int, vendor: Any) -> dict[str, Any]:
@@ -210,6 +211,7 @@ def run_equal(case: Case, rank: int, world: int, vendor: Any) -> dict[str, Any]:
     ep = build_layer(case, vendor, process_group=dist.group.WORLD, capacity=cap)
     return {
         "out": ep(x[mine], logits[mine]),
+        "mode": ep.dispatcher.last_mode,
         "dispatcher": type(ep.dispatcher).__name__,
         "local_experts": [ep.local_experts.start, ep.local_experts.stop],
         **references(case, vendor, world, x, logits, mine, cap),
@@ -257,7 +259,7 @@ def run_format(case: Case, rank: int, world: int, vendor: Any) -> dict[str, Any]
         "gathered_rows": torch.stack(all_rows),
         "capacity": cap,
         "buffer_bytes": layer.dispatcher.buffer_bytes,
-        "plan_buffer_bytes": layer.plan.buffer_bytes(NUM_EXPERTS * cap),
+        "plan_buffer_bytes": layer.plan.buffer_bytes(world * cap),
         "bytes_per_token": layer.plan.bytes_per_token,
     }
 

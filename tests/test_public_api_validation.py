@@ -144,8 +144,8 @@ def test_a_low_latency_capacity_beyond_the_device_memory_is_refused_at_construct
         moe.MoELayer(H, I, E, K, vendor=cpu, environ={}, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=10**13))
     small = SmallDevice()
     plan = resolve_dispatch_plan(small, H, environ={})
-    fits = (1 << 20) // (2 * E * plan.bytes_per_token)
-    assert moe.LowLatencyDispatcher(plan, E, fits, vendor=small).buffer_bytes * 2 <= 1 << 20
+    fits = (1 << 20) // moe.LowLatencyDispatcher(plan, E, 1, vendor=small).memory_bytes
+    assert moe.LowLatencyDispatcher(plan, E, fits, vendor=small).memory_bytes <= 1 << 20
     with raises("max_dispatch_tokens_per_rank"):
         moe.LowLatencyDispatcher(plan, E, fits + 1, vendor=small)
     with raises("max_dispatch_tokens_per_rank"):

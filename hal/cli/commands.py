@@ -104,6 +104,14 @@ def _op_rows(sources: list[OpSource]) -> list[tuple[str, str]]:
     return [("ops (native)", "; ".join(native) or "none"), ("ops (hal.reference)", ", ".join(reference) or "none")]
 
 
+def _ep_text(c: Capabilities) -> str:
+    """The vendor's expert-parallel dispatchers (modes), then the absent ones with their reasons."""
+    present = [f"{n} (normal{', low-latency' if n in c.ep_low_latency else ''})" for n in sorted(c.ep_dispatchers)]
+    absent = [f"{n} absent: {why}" for n, why in sorted(c.ep_dispatchers_absent.items())]
+    torch_path = "torch.distributed all-to-all and low-latency (always)"
+    return "; ".join([*present, *absent, torch_path])
+
+
 def _fallback_text(caps: Capabilities) -> str:
     parts = [f"{src} -> {dst if dst is not None else 'rejected'}" for src, dst in
              sorted(caps.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)]
@@ -161,7 +169,7 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("expert_bias", "yes" if c.expert_bias else "no"),
         ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
         ("deterministic", "yes (bit-reproducible ops)" if c.deterministic else "no (ops are not bit-reproducible)"),
-        ("ep_dispatchers", ", ".join(sorted(c.ep_dispatchers)) or "none (torch.distributed only)"),
+        ("ep_dispatchers", _ep_text(c)),
         ("limits", limits),
         ("collective_backend", c.collective_backend),
     ):

@@ -7,6 +7,8 @@
   `quantize_int4` / `dequantize_int4` / `pack_int4` / `unpack_int4`, `grouped_matmul`,
   `add_expert_bias`, `swiglu`, `activate` (every `hal.ActivationKind`), `softmax_topk`, `sort_by_expert`,
   `weighted_combine`.
+- `sort_received` / `reduce_received`: the experts' side of token-wise expert parallelism (the
+  rows of received tokens sorted by local expert, and each token's partial sum sent back).
 - `activation_value` / `weight_value`: the float64 value of any operand, straight from the
   formats' definitions (what references and the conformance suite compare against).
 
@@ -20,6 +22,7 @@ from hal.reference.int4 import dequantize_int4, pack_int4, quantize_int4, unpack
 from hal.reference.ops import ReferenceOps
 from hal.reference.permute import sort_by_expert, weighted_combine
 from hal.reference.quantize import dequantize, quantize
+from hal.reference.received import ReceivedTokens, reduce_received, sort_received
 from hal.reference.routing import softmax_topk
 from hal.reference.values import activation_value, decode_e2m1, decode_int4, weight_value
 from hal.reference.weights import dequantize_weight, quantize_weight
@@ -30,4 +33,5 @@ __all__ = [
     "quantize_int4", "dequantize_int4", "pack_int4", "unpack_int4",
     "grouped_matmul", "add_expert_bias", "swiglu", "activate", "softmax_topk", "sort_by_expert", "weighted_combine",
     "activation_value", "weight_value", "decode_e2m1", "decode_int4",
+    "ReceivedTokens", "sort_received", "reduce_received",
 ]

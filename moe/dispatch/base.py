@@ -22,6 +22,7 @@ import torch
 
 from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, accepts_keyword, invalid, positive_int
 from hal.reference import sort_by_expert, weighted_combine
+from moe.dispatch.tokens import Pending
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -145,6 +146,29 @@ class Dispatcher(abc.ABC):
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Return each token's top-k-weighted sum of its experts' outputs: `[T, H]` in `out_dtype`."""
 
+    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> Pending:
+        """`dispatch`, started: the returned handle's `wait()` gives the `DispatchOutput`. Between the two
+        the caller may issue other work (another micro-batch's experts), which the communication then
+        overlaps where the dispatcher communicates asynchronously. The default finishes at once."""
+        return Pending.done(self.dispatch(hidden_states, routing, quantize))
+
+    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
+                      out_dtype: torch.dtype) -> Pending:
+        """`combine`, started: `wait()` gives the `[T, H]` result (see `dispatch_async`)."""
+        return Pending.done(self.combine(expert_output, dispatched, out_dtype))
+
+    @property
+    def last_mode(self) -> str:
+        """The mode the latest call took: "local", "normal" or "low-latency"."""
+        return {DispatchFormat.STANDARD: "local", DispatchFormat.EP_NORMAL: "normal",
+                DispatchFormat.EP_LOW_LATENCY: "low-latency"}[self.format]
+
+    @property
+    def formats(self) -> tuple[DispatchFormat, ...]:
+        """Every format this dispatcher's outputs may have (one, except for a dispatcher that changes
+        mode per call)."""
+        return (self.format,)
+
 
 def group_size_and_rank(process_group: Any, argument: str = "process_group") -> tuple[int, int]:
     """(world size, rank) of a process group (`argument` names it in errors); (1, 0) without one."""
@@ -164,4 +188,4 @@ def group_size_and_rank(process_group: Any, argument: str = "process_group") -> 
                       f"{type(process_group).__name__} ({type(exc).__name__}: {exc})") from exc
 
 
-__all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "group_size_and_rank", "sort_by_expert"]
+__all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "Pending", "group_size_and_rank", "sort_by_expert"]

@@ -1,18 +1,18 @@
 """Low-latency expert-parallel dispatch: fixed capacity, fixed-size collectives, masked layout.
 
-Each rank may send at most `capacity` (`max_dispatch_tokens_per_rank`) tokens per call,
-so expert e can receive at most `capacity` rows from each rank and every buffer has a
-fixed size: the send and receive buffers hold `ranks * local_experts * capacity` token
-records of `plan.bytes_per_token` bytes each. They are allocated per call (from the
-device's caching allocator where it has one), so one dispatcher serves several threads
-(or streams) at once; a construction whose buffers could never fit the vendor's device
-memory raises `InvalidInput`. Slots no token fills are never read as rows, so the
-buffers are not cleared. All index arithmetic stays on the device (no host
-synchronisation), so the layer can be captured in a CUDA graph where the backend allows it.
+Each rank may send at most `capacity` (`max_dispatch_tokens_per_rank`) tokens per call. Every
+rank writes its tokens as records (`plan.bytes_per_token` bytes, `moe.dispatch.wire`) with their
+routing into a send buffer of `capacity` slots, and one all-gather gives every rank every rank's
+slots; each rank lays out the rows of its own experts, and after the experts one equal-split
+all-to-all returns one partial sum per (token, rank) (`moe.dispatch.tokens`). Collective sizes
+never depend on the routing, nothing waits on the host, so a forward can be captured in a CUDA
+graph where the backend allows it. The communication buffers are allocated once per dispatcher
+(two sets, so two micro-batches can be in flight) and sized from the plan; a capacity whose
+buffers could never fit the vendor's device memory raises `InvalidInput` at construction.
 
 The payload handed to the experts is `[local_experts, capacity * ranks, H]`; the first
-`expert_counts[e]` rows of expert e are valid (source rank order, then token order) and
-the rest are zero. More tokens than the capacity raise `InvalidInput`; nothing is dropped.
+`expert_counts[e]` rows of expert e are valid (source rank order, then token order) and the rest
+are zero. More tokens than the capacity raise `InvalidInput`; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -24,23 +24,49 @@ import torch
 import torch.distributed as dist
 
 from hal import DispatchPlan, InvalidInput, Vendor, invalid, positive_int
-from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, sort_by_expert
-from moe.dispatch.wire import as_bytes, from_bytes, pack, unpack
+from hal.reference import ReceivedTokens
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending
+from moe.dispatch.tokens import all_to_all, destinations, partial_sums, receive, sum_partials
+from moe.dispatch.wire import pack_into, take_records
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
 
 @dataclass(frozen=True)
 class _LowLatencyHandle:
-    routing: Routing
-    slot: torch.Tensor  #: slot of each flat (token, k) pair in its expert's send block
-    masked_row: torch.Tensor  #: row of the flat masked payload each received slot went to
+    received: ReceivedTokens
+    home_index: torch.Tensor  #: `[T * ranks]`: row of each (token, rank) partial in the returned rows
+    tokens: int
+    buffers: _Buffers
+
+
+class _Buffers:
+    """One set of communication buffers: send and receive records and routing, returned partials.
+    The receive buffers have one extra zero row that empty slots read."""
+
+    def __init__(self, slots: int, world: int, record_bytes: int, top_k: int, device: torch.device) -> None:
+        self.send = torch.empty((slots, record_bytes), dtype=torch.uint8, device=device)
+        self.send_meta = torch.empty((slots, 2 * top_k), dtype=torch.int32, device=device)
+        self.recv = torch.zeros((world * slots + 1, record_bytes), dtype=torch.uint8, device=device)
+        self.recv_meta = torch.empty((world * slots, 2 * top_k), dtype=torch.int32, device=device)
+        self.returned: dict[torch.dtype, torch.Tensor] = {}
+        self.world, self.slots = world, slots
+
+    def returned_rows(self, dtype: torch.dtype, hidden: int) -> torch.Tensor:
+        """The `[world * slots + 1, hidden]` rows partial sums come back to (last row zero)."""
+        rows = self.returned.get(dtype)
+        if rows is None:
+            rows = torch.zeros((self.world * self.slots + 1, hidden), dtype=dtype, device=self.send.device)
+            self.returned[dtype] = rows
+        return rows
 
 
 class LowLatencyDispatcher(Dispatcher):
     """Masked-layout dispatch with a fixed per-rank token capacity (one rank or many)."""
 
     format = DispatchFormat.EP_LOW_LATENCY
+    #: buffer sets per dispatcher: two micro-batches may be in flight at once
+    IN_FLIGHT = 2
 
     def __init__(self, plan: DispatchPlan, num_experts: int, capacity: int | None,
                  process_group: Any = None, *, vendor: Vendor | None = None) -> None:
@@ -48,95 +74,116 @@ class LowLatencyDispatcher(Dispatcher):
         self.capacity = positive_int("max_dispatch_tokens_per_rank", capacity,
                                      "a positive int for the low-latency dispatcher")
         self._check_fits()
+        self._sets: list[_Buffers] = []
+        self._next = 0
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of one of the two dispatch buffers: every expert's capacity, as the plan sizes a token."""
-        return self.plan.buffer_bytes(self.num_experts * self.capacity)
+        """Bytes of the records every rank's slots take on one rank (`capacity * ranks` tokens, as the
+        plan sizes a token): the all-gathered receive buffer."""
+        return self.plan.buffer_bytes(self.world_size * self.capacity)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory all of this dispatcher's buffer sets take: per set, the send records, every
+        rank's received records and the returned partial sums (fp32 at most)."""
+        per_set = (self.world_size + 1) * self.plan.bytes_per_token + self.world_size * 4 * self.plan.hidden_size
+        return self.IN_FLIGHT * self.capacity * per_set
 
     def _check_fits(self) -> None:
-        """Refuse a capacity whose two buffers alone exceed the device's memory (as the vendor states it;
+        """Refuse a capacity whose buffers alone exceed the device's memory (as the vendor states it;
         an unknown size refuses nothing): better now than a huge allocation at the first forward."""
         vendor = self.vendor
         memory = None if vendor is None else vendor.device_memory_bytes()
-        if vendor is None or memory is None or 2 * self.buffer_bytes <= memory:
+        if vendor is None or memory is None or self.memory_bytes <= memory:
             return
-        fits = memory // (2 * self.num_experts * self.plan.bytes_per_token)
+        fits = memory * self.capacity // self.memory_bytes
         raise invalid("max_dispatch_tokens_per_rank",
-                      f"a capacity whose send and receive buffers fit the device memory of vendor {vendor.name!r} "
-                      f"({memory / 2**30:.1f} GiB; 2 x {self.num_experts} experts x {self.plan.bytes_per_token} "
-                      f"bytes per token: at most {fits} tokens)", self.capacity)
+                      f"a capacity whose buffers fit the device memory of vendor {vendor.name!r} "
+                      f"({memory / 2**30:.1f} GiB; {self.memory_bytes // self.capacity} bytes per token of capacity: "
+                      f"at most {fits} tokens)", self.capacity)
 
-    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """This call's send and receive buffers; on one rank the send buffer is the receive buffer."""
-        send = torch.empty((self.num_experts, self.capacity, self.plan.bytes_per_token), dtype=torch.uint8,
-                           device=device)
-        return send, (send if self.process_group is None else torch.empty_like(send))
+    def _buffers(self, device: torch.device, top_k: int) -> _Buffers:
+        """The next buffer set: persistent on a group (its ranks call from one thread each, in order);
+        fresh per call on one rank, where the layer may be called from several threads at once."""
+        record = self.plan.bytes_per_token
+        if self.process_group is None:
+            return _Buffers(self.capacity, 1, record, top_k, device)
+        if not self._sets or self._sets[0].send.device != device or self._sets[0].send_meta.shape[1] != 2 * top_k:
+            self._sets = [_Buffers(self.capacity, self.world_size, record, top_k, device)
+                          for _ in range(self.IN_FLIGHT)]
+        buffers = self._sets[self._next]
+        self._next = (self._next + 1) % len(self._sets)
+        return buffers
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         """Masked payload `[L, capacity * ranks, H]` and per-local-expert counts."""
-        tokens = hidden_states.shape[0]
+        return self.dispatch_async(hidden_states, routing, quantize).wait()  # type: ignore[return-value]
+
+    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> Pending:
+        """Start the dispatch; `wait()` gives the masked output."""
+        tokens, top_k = hidden_states.shape[0], routing.top_k
         if tokens > self.capacity:
             raise InvalidInput(
                 f"hidden_states: expected at most max_dispatch_tokens_per_rank={self.capacity} tokens per "
                 f"rank for low-latency dispatch, got {tokens}; raise the capacity in DispatchConfig or "
                 "split the batch (tokens are never dropped)"
             )
-        world, local, cap = self.world_size, self.num_local_experts, self.capacity
-        order, _, counts = sort_by_expert(routing.topk_ids, self.num_experts)
-        flat = routing.topk_ids.reshape(-1)
-        # Slot of a pair = its position among this rank's pairs for the same expert.
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.empty_like(order)
-        slot[order] = torch.arange(order.numel(), device=order.device) - starts[flat[order]]
-
+        world, cap = self.world_size, self.capacity
+        buffers = self._buffers(hidden_states.device, top_k)
         quantized = quantize(hidden_states)
-        records = pack(quantized, self.plan)
-        send, recv = self._buffers(hidden_states.device)
-        token = torch.div(torch.arange(flat.numel(), device=flat.device), routing.top_k, rounding_mode="floor")
-        send[flat, slot] = records[token]
+        pack_into(buffers.send, quantized, self.plan)
+        meta = buffers.send_meta
+        meta[:tokens, :top_k].copy_(routing.topk_ids)
+        meta[:tokens, top_k:].copy_(routing.topk_weights.to(torch.float32).view(torch.int32))
+        meta[tokens:, :top_k].fill_(-1)  # empty slots route nowhere
+        recv = buffers.recv[: world * cap]
+        if self.process_group is None:
+            recv.copy_(buffers.send)
+            buffers.recv_meta.copy_(meta)
+            works: list[object] = []
+        else:
+            works = [dist.all_gather_into_tensor(recv, buffers.send, group=self.process_group, async_op=True),
+                     dist.all_gather_into_tensor(buffers.recv_meta, meta, group=self.process_group, async_op=True)]
+        hit = destinations(routing.topk_ids, self.num_local_experts, world)
+        slot = torch.arange(tokens, device=hit.device).unsqueeze(1) + torch.arange(world, device=hit.device) * cap
+        home_index = torch.where(hit, slot, world * cap).reshape(-1)
+        local, slots = self.num_local_experts, world * cap
 
-        recv_counts = torch.empty_like(counts)
-        dist_all_to_all(recv_counts, counts, self.process_group)
-        if recv is not send:
-            dist_all_to_all(recv.view(-1), send.view(-1), self.process_group)
+        def finish() -> DispatchOutput:
+            got = receive(buffers.recv_meta, top_k, self.first_expert, local, self.vendor, slots=slots,
+                          empty_row=slots)
+            payload = take_records(buffers.recv, got.row_index, self.plan, quantized.global_scale)
+            payload = _masked(payload, local, slots)
+            return DispatchOutput(self.format, payload, got.expert_counts,
+                                  _LowLatencyHandle(got, home_index, tokens, buffers))
 
-        # Compact each expert's rows: source s's rows start after those of sources < s.
-        recv_counts = recv_counts.view(world, local)
-        before = torch.cumsum(recv_counts, 0) - recv_counts
-        position = torch.arange(cap, device=flat.device)
-        valid = position.view(1, 1, cap) < recv_counts.unsqueeze(-1)
-        rows_per_expert = world * cap
-        masked_row = (torch.arange(local, device=flat.device).view(1, local, 1) * rows_per_expert
-                      + before.unsqueeze(-1) + position.view(1, 1, cap))
-        dump = local * rows_per_expert  # one extra row absorbs the empty slots
-        masked_row = torch.where(valid, masked_row, torch.full_like(masked_row, dump))
-        masked = recv.new_zeros((dump + 1, recv.shape[-1]))
-        masked[masked_row.reshape(-1)] = recv.view(world * local * cap, -1)
-        masked[dump] = 0
-        payload = unpack(masked[:dump].view(local, rows_per_expert, -1), self.plan, quantized.global_scale)
-        handle = _LowLatencyHandle(routing, slot, masked_row.reshape(-1))
-        return DispatchOutput(self.format, payload, recv_counts.sum(dim=0), handle)
+        return Pending(works, finish)
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:
-        """Return every valid row to its source slot, send back, and take the weighted sums."""
+        """Each token's partial sums come back from every rank (fixed size) and the ones it went to are added."""
+        return self.combine_async(expert_output, dispatched, out_dtype).wait()  # type: ignore[return-value]
+
+    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
+                      out_dtype: torch.dtype) -> Pending:
+        """Start the combine; `wait()` gives the `[T, H]` result."""
         handle: _LowLatencyHandle = dispatched.handle
-        local, rows_per_expert, hidden = expert_output.shape
-        flat_rows = expert_output.reshape(local * rows_per_expert, hidden)
-        padded = torch.cat([flat_rows, flat_rows.new_zeros((1, hidden))])
-        outgoing = as_bytes(padded[handle.masked_row])  # [ranks * local * capacity, bytes]
-        returned = torch.empty_like(outgoing)
-        dist_all_to_all(returned.view(-1), outgoing.view(-1), self.process_group)
-        results = from_bytes(returned, expert_output.dtype).view(self.num_experts, self.capacity, hidden)
-        flat = handle.routing.topk_ids.reshape(-1)
-        return self.combine_rows(results.view(-1, hidden), flat * self.capacity + handle.slot, handle.routing,
-                                 out_dtype)
+        partial = partial_sums(expert_output, handle.received, self.vendor)
+        slots = self.world_size * self.capacity
+        returned = handle.buffers.returned_rows(partial.dtype, partial.shape[-1])
+        work = all_to_all(returned[:slots], partial, self.process_group, async_op=True)
+        world = self.world_size
+        return Pending([work], lambda: sum_partials(returned, handle.home_index, handle.tokens, world, out_dtype,
+                                                    self.vendor))
 
 
-def dist_all_to_all(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
-    """Equal-split all-to-all over `group`; a plain copy on one rank (no group)."""
-    if group is None:
-        output.copy_(input)
-    else:
-        dist.all_to_all_single(output, input, group=group)
+def _masked(rows: Any, local: int, slots: int) -> Any:
+    """Quantized rows `[L * slots, H]` viewed as `[L, slots, H]` (scales follow)."""
+    from hal import QuantizedTensor
+
+    scale = rows.scale
+    if scale is not None:
+        scale = scale.view(local, slots, *scale.shape[1:])
+    return QuantizedTensor(rows.data.view(local, slots, rows.data.shape[-1]), rows.dtype, rows.layout, scale,
+                           rows.global_scale)

@@ -1,10 +1,13 @@
-"""A vendor's own expert-parallel dispatcher (e.g. Ascend's MC2 ops), behind the same interface.
+"""A vendor's own expert-parallel dispatcher (Ascend's MC2 ops, DeepEP on CUDA), behind the same interface.
 
 Selected by `DispatchConfig(ep_dispatcher=NAME)` where the vendor declares NAME in
 `capabilities().ep_dispatchers`. The vendor's op quantizes to the plan's dtype and moves the
-rows in one step, so the layer's dispatch quantizer is not applied here; the experts receive
-the rows grouped by local expert (`ep-normal`, rows past the counts' sum are padding the
-grouped matmul leaves undefined), and the vendor's combine returns each token's weighted sum.
+rows in one step, so the layer's dispatch quantizer is not applied here. In normal mode the
+experts receive the rows grouped by local expert (`ep-normal`, rows past the counts' sum are
+padding the grouped matmul leaves undefined); in low-latency mode (a capacity, for a NAME the
+vendor declares in `ep_low_latency`) the masked `[L, capacity * ranks, H]` layout. "auto" takes
+low-latency mode when the largest batch of the group fits the capacity (one small all-reduce and
+a host read decide it), normal above. The vendor's combine returns each token's weighted sum.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from hal import DispatchPlan, Vendor, invalid
+from hal import DispatchPlan, UnsupportedCapability, Vendor, invalid
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
+
+_FORMATS = {"normal": (DispatchFormat.EP_NORMAL,), "low-latency": (DispatchFormat.EP_LOW_LATENCY,),
+            "auto": (DispatchFormat.EP_NORMAL, DispatchFormat.EP_LOW_LATENCY)}
 
 
 class VendorEpDispatcher(Dispatcher):
@@ -25,21 +32,50 @@ class VendorEpDispatcher(Dispatcher):
     format = DispatchFormat.EP_NORMAL
 
     def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any, *, vendor: Vendor,
-                 name: str) -> None:
+                 name: str, mode: str = "normal", capacity: int | None = None) -> None:
         if not isinstance(vendor, Vendor):
             raise invalid("vendor", "a hal.Vendor", type(vendor).__name__)
         if not isinstance(name, str) or not name:
             raise invalid("name", "the name of a dispatcher the vendor declares (a non-empty str)", name)
+        if mode not in _FORMATS:
+            raise invalid("mode", f"one of {', '.join(_FORMATS)}", mode)
         super().__init__(plan, num_experts, process_group, vendor=vendor)
-        self.name = name
+        caps = vendor.capabilities()
+        if mode != "normal" and name not in caps.ep_low_latency:
+            raise UnsupportedCapability(
+                f"dispatch.ep_mode {mode!r}: vendor {vendor.name!r} declares no low-latency mode for expert-parallel "
+                f"dispatcher {name!r} (declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})")
+        self.name, self.mode, self.capacity = name, mode, capacity
         self._vendor = vendor
+        self.format = _FORMATS[mode][-1] if mode != "auto" else DispatchFormat.EP_NORMAL
+        self._last = self.format
+        vendor.prepare_ep(name, process_group=process_group, num_experts=num_experts, hidden_size=plan.hidden_size,
+                          dtype=plan.resolved, capacity=None if mode == "normal" else capacity)
+
+    @property
+    def formats(self) -> tuple[DispatchFormat, ...]:
+        return _FORMATS[self.mode]
+
+    @property
+    def last_mode(self) -> str:
+        return "low-latency" if self._last is DispatchFormat.EP_LOW_LATENCY else "normal"
+
+    def _low_latency_now(self, tokens: int, device: torch.device) -> bool:
+        if self.mode != "auto":
+            return self.mode == "low-latency"
+        largest = torch.tensor([tokens], dtype=torch.int64, device=device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.process_group)
+        return int(largest.item()) <= self.capacity  # type: ignore[operator]
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
-        """This rank's experts' rows in the plan's dtype, grouped by local expert, and their counts."""
+        """This rank's experts' rows in the plan's dtype (grouped by local expert, or masked) and their counts."""
+        low_latency = self._low_latency_now(hidden_states.shape[0], hidden_states.device)
+        self._last = DispatchFormat.EP_LOW_LATENCY if low_latency else DispatchFormat.EP_NORMAL
+        extra = {"capacity": self.capacity} if low_latency else {}
         payload, counts, handle = self._vendor.ep_dispatch(
             hidden_states, routing.topk_ids, name=self.name, dtype=self.plan.resolved, num_experts=self.num_experts,
-            process_group=self.process_group)
-        return DispatchOutput(self.format, payload, counts, (handle, routing))
+            process_group=self.process_group, topk_weights=routing.topk_weights, **extra)
+        return DispatchOutput(self._last, payload, counts, (handle, routing))
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:
@@ -49,5 +85,5 @@ class VendorEpDispatcher(Dispatcher):
                                        out_dtype=out_dtype)
 
     def __repr__(self) -> str:
-        return (f"VendorEpDispatcher({self.name}, dtype={self.plan.resolved}, experts={self.num_experts}, "
-                f"rank={self.rank}/{self.world_size})")
+        return (f"VendorEpDispatcher({self.name}, mode={self.mode}, dtype={self.plan.resolved}, "
+                f"experts={self.num_experts}, rank={self.rank}/{self.world_size})")

@@ -58,3 +58,32 @@ def unpack(records: torch.Tensor, plan: DispatchPlan, global_scale: torch.Tensor
     if shape is not None:
         scale = from_bytes(records[..., payload_bytes:], spec.scale_dtype).reshape(shape)  # type: ignore[arg-type]
     return QuantizedTensor(data, plan.resolved, layout, scale, global_scale)
+
+
+def pack_into(out: torch.Tensor, q: QuantizedTensor, plan: DispatchPlan) -> None:
+    """Write the records of rows `q` `[T, H]` into the first T rows of `out` (uint8 `[N, >= bytes_per_token]`,
+    N >= T), payload then scales, without an intermediate copy."""
+    rows = q.data.shape[0]
+    if q.dtype is not plan.resolved or q.layout is not plan.scale_layout:
+        raise InvalidInput(f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, "
+                           f"got {q.dtype} ({q.layout})")
+    payload = as_bytes(q.data)
+    out[:rows, :payload.shape[-1]].copy_(payload)
+    if q.scale is not None:
+        scale = as_bytes(q.scale.unsqueeze(-1) if q.layout.group_size is None else q.scale)
+        out[:rows, payload.shape[-1]:payload.shape[-1] + scale.shape[-1]].copy_(scale)
+
+
+def take_records(records: torch.Tensor, index: torch.Tensor, plan: DispatchPlan,
+                 global_scale: torch.Tensor | None = None) -> QuantizedTensor:
+    """The rows `index` (1-D) of records `[N, >= plan.bytes_per_token]` as quantized rows: one gather per part
+    (payload, scales) straight from the records, no copy of the records themselves."""
+    h, spec, layout = plan.hidden_size, plan.resolved.spec, plan.scale_layout
+    payload_bytes = spec.payload_bytes(h)
+    data = records[:, :payload_bytes].index_select(0, index).view(spec.storage)
+    scale = None
+    shape = spec.scale_shape((index.numel(),), h, layout)
+    if shape is not None:
+        picked = records[:, payload_bytes:plan.bytes_per_token].index_select(0, index)
+        scale = picked.view(spec.scale_dtype).reshape(shape)  # type: ignore[arg-type]
+    return QuantizedTensor(data, plan.resolved, layout, scale, global_scale)

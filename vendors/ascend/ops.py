@@ -63,8 +63,9 @@ class AscendOps(ReferenceOps):
         self._fused.prepare(w13, w2, process_group)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
-                    num_experts: int, process_group: object) -> tuple[QuantizedTensor, torch.Tensor, object]:
-        """The MC2 dispatch (`vendors.ascend.mc2`)."""
+                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
+                    ) -> tuple[QuantizedTensor, torch.Tensor, object]:
+        """The MC2 dispatch (`vendors.ascend.mc2`); the routing weights are applied by the combine, at home."""
         return mc2_dispatch(self.binding, x, topk_ids, dtype=dtype, num_experts=num_experts,
                             process_group=process_group)
 

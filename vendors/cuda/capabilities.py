@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits, ScaleLayout
+from vendors.cuda.deepep import DEEPEP, DeepEpProbe
+from vendors.cuda.deepep_limits import LOW_LATENCY_HIDDEN, LOW_LATENCY_MAX_TOP_K
 
 #: Groups the Triton grouped GEMM schedules in one call.
 MAX_GROUPS = 1024
@@ -15,11 +19,13 @@ _INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per c
 
 
 def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True,
-                      extra_notes: tuple[str, ...] = ()) -> Capabilities:
+                      extra_notes: tuple[str, ...] = (), deepep: DeepEpProbe | None = None) -> Capabilities:
     """The capabilities of a CUDA device: bf16, fp16 and fp32 everywhere, fp8 from sm89, nvfp4 from
     sm100; int8 falls back.
 
     `kernels`: Triton is installed (the grouped GEMM then limits a call to `MAX_GROUPS` groups).
+    `deepep`: what the probe found of DeepEP (`vendors.cuda.deepep.probe_deep_ep`): the expert-parallel
+    dispatcher "deepep" is declared where it serves, else named absent with the reason; None: not probed.
     """
     major, minor = compute_capability
     sm = major * 10 + minor
@@ -45,6 +51,7 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
     else:
         fallbacks[DispatchDtype.NVFP4] = None
         reasons[DispatchDtype.NVFP4] = f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
+    ep = deepep_declaration(deepep, sm, kernels)
     return Capabilities(
         device_name=device_name,
         dispatch_dtypes=frozenset(dispatch),
@@ -56,8 +63,36 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
         grouped_matmul=kinds,
         limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",
-        notes=tuple(notes),
+        ep_dispatchers=ep["ep_dispatchers"],
+        ep_low_latency=ep["ep_low_latency"],
+        ep_dispatchers_absent=ep["ep_dispatchers_absent"],
+        notes=(*notes, *ep["notes"]),
     )
+
+
+def deepep_declaration(probe: DeepEpProbe | None, sm: int, kernels: bool) -> dict[str, Any]:
+    """The `Capabilities` fields of the "deepep" dispatcher on an `sm` device, from what the probe found."""
+    fields: dict[str, Any] = {"ep_dispatchers": frozenset(), "ep_low_latency": frozenset(),
+                              "ep_dispatchers_absent": {}, "notes": ()}
+    if probe is None:
+        return fields
+    why = probe.reason
+    if why is None and not kernels:
+        why = "the CUDA vendor runs deepep on its Triton ops, and Triton is not installed"
+    elif why is None and sm < 80:
+        why = f"DeepEP needs sm80 or newer; this device is sm{sm}"
+    elif why is None and probe.fp8 and sm < 90:
+        why = (f"{probe.describe()} is built with its sm90 features (TORCH_CUDA_ARCH_LIST=9.0); this device is "
+               f"sm{sm}: build it with DISABLE_SM90_FEATURES=1 (bf16 normal mode only)")
+    if why is not None:
+        return {**fields, "ep_dispatchers_absent": {DEEPEP: why}}
+    dtypes = "bf16 and fp8 (e4m3, fp32 scale per 128 channels)" if probe.fp8 else "bf16"
+    low_latency = (f"low-latency mode carries {dtypes} for hidden sizes {', '.join(map(str, LOW_LATENCY_HIDDEN))} "
+                   f"and top-k up to {LOW_LATENCY_MAX_TOP_K}" if probe.low_latency
+                   else "no low-latency mode (deep_ep built without NVSHMEM)")
+    note = f"ep dispatcher deepep: {probe.describe()}; normal mode carries {dtypes}; {low_latency}"
+    return {**fields, "ep_dispatchers": frozenset({DEEPEP}),
+            "ep_low_latency": frozenset({DEEPEP}) if probe.low_latency else frozenset(), "notes": (note,)}
 
 
 #: Declared tables for named device models, usable without the hardware.

@@ -14,6 +14,7 @@
 | weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
 | weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
 | everything else (dequantize, int4, nvfp4) | the torch reference (`hal.reference.ReferenceOps`) |
+| expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine) | DeepEP v1.2.1's buffers, normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep` imports) |
 | every Triton launch (sm90+, Triton 3.4+) | programmatic dependent launch: each kernel's launch overlaps the tail of the one before; it waits for that kernel before reading (`kernels/dependent.py`; `CudaVendor(dependent_launch=False)` turns it off) |
 
 This module imports Triton: the vendor builds `CudaOps` only where Triton imports, once,
@@ -42,8 +43,10 @@ from hal import (
     QuantizedWeight,
     ReferenceOps,
     ScaleLayout,
+    UnsupportedCapability,
     take_rows,
 )
+from vendors.cuda.deepep import DEEPEP, DeepEp
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
@@ -89,6 +92,12 @@ class CudaOps(ReferenceOps):
         "sort_by_expert_tokens": "the counting sorts write each sorted row's token in the same pass",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
+        "prepare_ep": "deepep: one DeepEP buffer per (process group, mode), sized from the layers' plans (the "
+                      "largest prepared), refused past the device's free memory",
+        "ep_dispatch": "deepep: DeepEP normal dispatch (bf16, or fp8 with the Triton quantizer's per-128 scales; "
+                       "sorted by local expert on the experts' side) or low-latency dispatch (masked layout)",
+        "ep_combine": "deepep: the experts' side weighs each received token's rows (Triton combine), DeepEP "
+                      "combine sums the ranks' partials; low-latency: DeepEP's weighted low_latency_combine",
     }
 
     def __init__(self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None,
@@ -98,6 +107,7 @@ class CudaOps(ReferenceOps):
         self.tuning = tuning
         self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
         self._side = SideStreams()
+        self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
     def tune(self, problems, *, device: torch.device, device_name: str, progress=None) -> dict:  # type: ignore[no-untyped-def]
         """Time candidate grouped-GEMM configurations for `problems` here (see `vendors.cuda.tuner`)."""
@@ -108,6 +118,37 @@ class CudaOps(ReferenceOps):
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """`work` on a second stream of the device, joined when its result is asked for."""
         return self._side.run(work)
+
+    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
+                   dtype: DispatchDtype, capacity: int | None) -> None:
+        """Make (or grow) the DeepEP buffer a layer needs, refusing what DeepEP cannot serve (`vendors.cuda.deepep`)."""
+        self._ep(name).prepare(process_group, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype,
+                               capacity=capacity)
+
+    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
+                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
+                    capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
+        """DeepEP's normal dispatch (no `capacity`) or low-latency dispatch (`vendors.cuda.deepep`)."""
+        return self._ep(name).dispatch(x, topk_ids, dtype=dtype, num_experts=num_experts, process_group=process_group,
+                                       topk_weights=topk_weights, capacity=capacity)
+
+    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+        """DeepEP's combine for the handle's mode (`vendors.cuda.deepep`)."""
+        return self._ep(name).combine(rows, topk_weights, handle, out_dtype=out_dtype)
+
+    def release_ep(self) -> None:
+        """Destroy the DeepEP buffers (collective: every rank calls it, e.g. before destroying the process group)."""
+        if self._deepep is not None:
+            self._deepep.release()
+
+    def _ep(self, name: str) -> DeepEp:
+        if name != DEEPEP:
+            raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in the CUDA ops (they have "
+                                        f"{DEEPEP!r})")
+        if self._deepep is None:
+            self._deepep = DeepEp(self)
+        return self._deepep
 
     def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
                  global_scale: torch.Tensor | None) -> QuantizedTensor:

@@ -10,6 +10,7 @@ import torch
 
 from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, VendorOps
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
+from vendors.cuda.deepep import DeepEpProbe, probe_deep_ep
 from vendors.cuda.tuning import TuningTable, device_slug
 
 
@@ -47,6 +48,7 @@ class CudaVendor(Vendor):
         self._tuning_request = tuning
         self._tuning: TuningTable | None = None
         self._triton: str | None = None  #: Triton's version, as the probe found it
+        self._deepep: DeepEpProbe | None = None  #: what the probe found of DeepEP (`deepep_probe`)
 
     def _probe_once(self) -> ProbeResult:
         if torch.version.cuda is None:
@@ -93,7 +95,14 @@ class CudaVendor(Vendor):
                     if self._tuning_request is not False else "kernel configurations: built-in defaults (tuning=False)")
         notes = (note, self._launch_note()) if note else ()
         return cuda_capabilities(name, torch.cuda.get_device_capability(index), kernels=self._triton is not None,
-                                 extra_notes=notes)
+                                 extra_notes=notes, deepep=self.deepep_probe())
+
+    def deepep_probe(self) -> DeepEpProbe:
+        """Whether DeepEP (`deep_ep`) imports here and what its build has: looked up once, when the
+        capabilities (or the declared tables) are first asked for, never at import."""
+        if self._deepep is None:
+            self._deepep = probe_deep_ep()
+        return self._deepep
 
     def _uses_dependent_launch(self) -> bool:
         return (self._dependent_launch and self._triton is not None
@@ -117,7 +126,8 @@ class CudaVendor(Vendor):
                        dependent_launch=self._uses_dependent_launch())
 
     def declared_models(self) -> Mapping[str, Capabilities]:
-        return {model: cuda_capabilities(name, cc) for model, (name, cc) in DECLARED_MODELS.items()}
+        probe = self.deepep_probe()
+        return {model: cuda_capabilities(name, cc, deepep=probe) for model, (name, cc) in DECLARED_MODELS.items()}
 
 
 def _tuning_table(request: bool | str | os.PathLike[str] | TuningTable, device_name: str) -> TuningTable | None:
