@@ -371,7 +371,7 @@ class Vendor(ExpertParallelOps, Platform):
         found = []
         for source in self.ops.sources():
             owner = next((c for c in type(self).__mro__ if source.op in vars(c)), Vendor)
-            if owner is not Vendor:
+            if owner not in (Vendor, ExpertParallelOps):
                 source = OpSource(source.op, True, f"{owner.__qualname__}.{source.op} (vendor method)")
             found.append(source)
         return found

@@ -20,8 +20,9 @@ import moe
 
 #: (experts, hidden, intermediate, top-k, tokens per rank (uneven: rank r routes tokens + 37 r))
 SHAPES = ((256, 7168, 256, 8, 128), (64, 2048, 768, 8, 1000), (128, 1000, 384, 1, 300), (32, 2880, 2880, 4, 64))
-#: max |ep - single| / max |single| allowed (the combine rounds each rank's partial sum to the experts' dtype)
-TOLERANCE = 2**-6
+#: max |ep - single| / max |single| allowed per dispatch dtype: the combine rounds each rank's partial sum to
+#: the experts' dtype, and with fp8 a one-ulp change of an intermediate value can flip its fp8 rounding
+TOLERANCE = {"bf16": 2**-6, "fp8": 2**-5}
 
 
 def _inputs(experts: int, hidden: int, inter: int, tokens: int, world: int, device: torch.device) -> tuple:
@@ -63,7 +64,7 @@ def run_case(vendor: hal.Vendor, shape: tuple, scheme: str, dtype: str) -> list[
                                             dispatch=hal.DispatchConfig(dtype=dtype, **extra))
             out = layer(x[mine], logits[mine]).float()
             err = ((out - ref).abs().max() / ref.abs().max()).item()
-            row.update(mode=layer.dispatcher.last_mode, rel_err=err, ok=err <= TOLERANCE,
+            row.update(mode=layer.dispatcher.last_mode, rel_err=err, ok=err <= TOLERANCE[dtype],
                        resolved=str(layer.plan.resolved))
         except hal.HalError as exc:
             row.update(skipped=f"{type(exc).__name__}: {exc}")

@@ -6,6 +6,8 @@ of a temporary dist-info on PYTHONPATH (`tests.plugin_dist`).
   wrong: every weighted sum loses 1/32 of itself (the routing weights scaled by 1 - 2^-5).
 - `int8-to-fp8`: a correct CPU vendor that does not carry int8 and declares int8 -> fp8 (as CUDA
   does), so that an int8 request resolves to its fallback.
+- `raises-on-rank-0`: the CPU vendor whose `sort_by_expert` raises on every seventh call on rank 0
+  only (before the dispatch's collectives, which the other rank has then entered).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from tests.plugin_dist import write_distribution
 #: The entry-point names of the vendors.
 FAULTY = "combine-short"
 FALLBACK = "int8-to-fp8"
+ONE_SIDED = "raises-on-rank-0"
 
 SOURCE = '''
 import dataclasses
+import os
 
 from hal import DispatchDtype, Int8QuantMode, ReferenceOps
 from vendors.cpu import CpuVendor
@@ -56,10 +60,34 @@ class Int8ToFp8Vendor(CpuVendor):
             caps, dispatch_dtypes=caps.dispatch_dtypes - {DispatchDtype.INT8},
             dispatch_fallbacks={**caps.dispatch_fallbacks, DispatchDtype.INT8: DispatchDtype.FP8},
             fallback_reasons={DispatchDtype.INT8: "test plugin: fp8 rows instead"}, int8_quant_mode=Int8QuantMode.NONE)
+
+
+class RaisingOps(ReferenceOps):
+    """The reference ops, but on rank 0 every seventh `sort_by_expert` raises."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def sort_by_expert(self, *args, **kwargs):
+        self.calls += 1
+        if os.environ.get("RANK") == "0" and self.calls % 7 == 3:
+            raise RuntimeError("sort_by_expert raises on rank 0")
+        return super().sort_by_expert(*args, **kwargs)
+
+
+class RaisesOnRankZero(CpuVendor):
+    """The CPU vendor whose rank 0 fails now and then, alone."""
+
+    name = "raises-on-rank-0"
+    description = "test plugin: sort_by_expert raises on rank 0 now and then"
+
+    def _make_ops(self):
+        return RaisingOps()
 '''
 
 
 def write_ep_vendors(root: Path) -> Path:
-    """A distribution registering both vendors in `hal.vendors`."""
-    entries = {FAULTY: "ep_test_vendors:ShortCombineVendor", FALLBACK: "ep_test_vendors:Int8ToFp8Vendor"}
+    """A distribution registering the three vendors in `hal.vendors`."""
+    entries = {FAULTY: "ep_test_vendors:ShortCombineVendor", FALLBACK: "ep_test_vendors:Int8ToFp8Vendor",
+               ONE_SIDED: "ep_test_vendors:RaisesOnRankZero"}
     return write_distribution(root, "hal-ep-test-vendors", {"hal.vendors": entries}, {"ep_test_vendors": SOURCE})

@@ -2,8 +2,9 @@
 
 The CPU vendor passes every case on two ranks, and the JSON matrix lists them all; a vendor whose
 `weighted_combine` is slightly wrong fails; a vendor whose int8 dispatch falls back to fp8 passes
-with the fallback in every int8 case's plan (both in `tests/ep_vendors.py`, a real plugin
-distribution the spawned ranks load). Bad arguments are refused before any rank starts, and the
+with the fallback in every int8 case's plan; a vendor failing on one rank alone fails those cases
+at once and the next ones still run (all in `tests/ep_vendors.py`, a real plugin distribution the
+spawned ranks load). Bad arguments are refused before any rank starts, and the
 case table is checked without ranks.
 """
 
@@ -19,7 +20,7 @@ import pytest
 
 from conformance.ep.cases import DTYPE_SCHEMES, MODES, QUICK_SHAPES, TORCH, build_cases, declared_skip
 from hal.cli import main as hal_main
-from tests.ep_vendors import FALLBACK, FAULTY, write_ep_vendors
+from tests.ep_vendors import FALLBACK, FAULTY, ONE_SIDED, write_ep_vendors
 from tests.plugin_dist import environment_with
 
 #: Every case of the quick depth on a vendor with no dispatcher of its own (the CPU).
@@ -94,6 +95,20 @@ def test_a_request_the_vendor_falls_back_from_resolves_to_its_fallback(site, tmp
             assert (case["resolved"], case["fallback"]) == ("fp8", "int8 -> fp8"), case
         else:
             assert (case["resolved"], case["fallback"]) == (case["dtype"], None), case
+
+
+def test_a_case_failing_on_one_rank_neither_stalls_nor_desynchronises_the_rest(site, tmp_path):
+    finished, report = _section(ONE_SIDED, tmp_path / "report", site)  # a stall would wait 600 s per case
+    assert finished.returncode == 1, finished.stdout[-4000:] + finished.stderr[-4000:]
+    assert [c["id"] for c in report["cases"]] == sorted(QUICK_IDS, key=[c["id"] for c in report["cases"]].index)
+    assert {c["id"] for c in report["cases"]} == QUICK_IDS
+    outcomes = [c["outcome"] for c in report["cases"]]
+    assert "failed" in outcomes and "passed" in outcomes[outcomes.index("failed") + 1:]
+    failed = [c for c in report["cases"] if c["outcome"] == "failed"]
+    assert all("rank 0: RuntimeError" in c["message"] and "raises on rank 0" in c["message"] for c in failed)
+    # where rank 0 failed in the forward, rank 1's collective with it failed too, rather than waiting
+    forward = [c for c in failed if c["ranks"][0]["stage"] == "forward"]
+    assert forward and all(c["ranks"][1]["outcome"] == "failed" for c in forward)
 
 
 @pytest.mark.parametrize("arguments", [

@@ -11,6 +11,7 @@ so one failure never leaves the ranks out of step.
 from __future__ import annotations
 
 import contextlib
+import gc
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -75,11 +76,13 @@ class World:
         return dist.new_group(backend=self.backend, timeout=self.timeout)
 
     def drop_data(self) -> None:
-        """Leave the data group now (peers blocked in one of its collectives fail at once)."""
+        """Leave the data group now: destroyed, and the failed case's layers (which hold it, in reference
+        cycles) collected, its connections close, so peers blocked in one of its collectives fail at once."""
         if self.data is not None:
             with contextlib.suppress(Exception):  # a broken group may refuse to be destroyed; it is dropped anyway
                 dist.destroy_process_group(self.data)
             self.data = None
+            gc.collect()
 
     def agree(self, outcome: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's outcome of the case just run, in rank order. A rank whose case did not pass (unless

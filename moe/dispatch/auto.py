@@ -35,16 +35,12 @@ class AutoDispatcher(Dispatcher):
         self.normal = AllToAllDispatcher(plan, num_experts, process_group, vendor=vendor)
         self.low_latency = LowLatencyDispatcher(plan, num_experts, capacity, process_group, vendor=vendor)
         self.capacity = self.low_latency.capacity
-        self._last = DispatchFormat.EP_NORMAL
-
-    @property
-    def formats(self) -> tuple[DispatchFormat, ...]:
-        return (DispatchFormat.EP_NORMAL, DispatchFormat.EP_LOW_LATENCY)
+        self._last = "normal"
 
     @property
     def last_mode(self) -> str:
         """"normal" or "low-latency": what the latest dispatch took."""
-        return "low-latency" if self._last is DispatchFormat.EP_LOW_LATENCY else "normal"
+        return self._last
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         return self.dispatch_async(hidden_states, routing, quantize).wait()  # type: ignore[return-value]
@@ -54,13 +50,13 @@ class AutoDispatcher(Dispatcher):
         hit = destinations(routing.topk_ids, self.num_local_experts, self.world_size)
         sizes = self.normal.exchange_sizes(hit, routing.topk_ids)
         if sizes.max_tokens <= self.capacity:
-            self._last = DispatchFormat.EP_LOW_LATENCY
+            self._last = "low-latency"
             return self.low_latency.dispatch_async(hidden_states, routing, quantize)
-        self._last = DispatchFormat.EP_NORMAL
+        self._last = "normal"
         return self.normal.dispatch_async(hidden_states, routing, quantize, sizes=sizes, hit=hit)
 
     def _mode(self, dispatched: DispatchOutput) -> Dispatcher:
-        return self.low_latency if dispatched.format is DispatchFormat.EP_LOW_LATENCY else self.normal
+        return self.low_latency if self.low_latency.owns(dispatched) else self.normal
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:

@@ -10,14 +10,15 @@ graph where the backend allows it. The communication buffers are allocated once 
 (two sets, so two micro-batches can be in flight) and sized from the plan; a capacity whose
 buffers could never fit the vendor's device memory raises `InvalidInput` at construction.
 
-The payload handed to the experts is `[local_experts, capacity * ranks, H]`; the first
-`expert_counts[e]` rows of expert e are valid (source rank order, then token order) and the rest
-are zero. More tokens than the capacity raise `InvalidInput`; nothing is dropped.
+The experts get every rank's slots as received tokens and, sorted by local expert, the row of
+each (token, local expert) pair (`DispatchOutput.row_index`, `capacity * ranks * k` entries, the
+valid ones first: the grouped GEMMs compute only the counts' rows, so the work follows the real
+pairs, not the capacity). More tokens than the capacity raise `InvalidInput`; nothing is dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from hal import DispatchPlan, InvalidInput, Vendor, invalid, positive_int
 from hal.reference import ReceivedTokens
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending
 from moe.dispatch.tokens import all_to_all, destinations, partial_sums, receive, sum_partials
-from moe.dispatch.wire import pack_into, take_records
+from moe.dispatch.wire import pack_into, unpack
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -64,7 +65,8 @@ class _Buffers:
 class LowLatencyDispatcher(Dispatcher):
     """Masked-layout dispatch with a fixed per-rank token capacity (one rank or many)."""
 
-    format = DispatchFormat.EP_LOW_LATENCY
+    #: static shapes, but rows grouped by local expert with padding past the counts (not the masked layout)
+    format = DispatchFormat.EP_NORMAL
     #: buffer sets per dispatcher: two micro-batches may be in flight at once
     IN_FLIGHT = 2
 
@@ -75,6 +77,7 @@ class LowLatencyDispatcher(Dispatcher):
                                      "a positive int for the low-latency dispatcher")
         self._check_fits()
         self._sets: list[_Buffers] = []
+        self._exact_rows = vendor is None or vendor.capabilities().host_synchronous
         self._next = 0
 
     @property
@@ -82,6 +85,14 @@ class LowLatencyDispatcher(Dispatcher):
         """Bytes of the records every rank's slots take on one rank (`capacity * ranks` tokens, as the
         plan sizes a token): the all-gathered receive buffer."""
         return self.plan.buffer_bytes(self.world_size * self.capacity)
+
+    @property
+    def last_mode(self) -> str:
+        return "low-latency"
+
+    def owns(self, dispatched: DispatchOutput) -> bool:
+        """Whether `dispatched` came from this dispatcher's `dispatch`."""
+        return isinstance(dispatched.handle, _LowLatencyHandle)
 
     @property
     def memory_bytes(self) -> int:
@@ -148,15 +159,15 @@ class LowLatencyDispatcher(Dispatcher):
         hit = destinations(routing.topk_ids, self.num_local_experts, world)
         slot = torch.arange(tokens, device=hit.device).unsqueeze(1) + torch.arange(world, device=hit.device) * cap
         home_index = torch.where(hit, slot, world * cap).reshape(-1)
-        local, slots = self.num_local_experts, world * cap
+        local = self.num_local_experts
 
         def finish() -> DispatchOutput:
-            got = receive(buffers.recv_meta, top_k, self.first_expert, local, self.vendor, slots=slots,
-                          empty_row=slots)
-            payload = take_records(buffers.recv, got.row_index, self.plan, quantized.global_scale)
-            payload = _masked(payload, local, slots)
-            return DispatchOutput(self.format, payload, got.expert_counts,
-                                  _LowLatencyHandle(got, home_index, tokens, buffers))
+            got = receive(buffers.recv_meta, top_k, self.first_expert, local, self.vendor)
+            if self._exact_rows:  # reading the count back costs nothing here; such vendors want exact groups
+                got = replace(got, row_index=got.row_index[: int(got.expert_counts.sum())])
+            source = unpack(recv, self.plan, quantized.global_scale)
+            return DispatchOutput(self.format, source, got.expert_counts,
+                                  _LowLatencyHandle(got, home_index, tokens, buffers), row_index=got.row_index)
 
         return Pending(works, finish)
 
@@ -176,14 +187,3 @@ class LowLatencyDispatcher(Dispatcher):
         world = self.world_size
         return Pending([work], lambda: sum_partials(returned, handle.home_index, handle.tokens, world, out_dtype,
                                                     self.vendor))
-
-
-def _masked(rows: Any, local: int, slots: int) -> Any:
-    """Quantized rows `[L * slots, H]` viewed as `[L, slots, H]` (scales follow)."""
-    from hal import QuantizedTensor
-
-    scale = rows.scale
-    if scale is not None:
-        scale = scale.view(local, slots, *scale.shape[1:])
-    return QuantizedTensor(rows.data.view(local, slots, rows.data.shape[-1]), rows.dtype, rows.layout, scale,
-                           rows.global_scale)
