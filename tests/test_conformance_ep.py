@@ -100,7 +100,6 @@ def test_a_request_the_vendor_falls_back_from_resolves_to_its_fallback(site, tmp
 def test_a_case_failing_on_one_rank_neither_stalls_nor_desynchronises_the_rest(site, tmp_path):
     finished, report = _section(ONE_SIDED, tmp_path / "report", site)  # a stall would wait 600 s per case
     assert finished.returncode == 1, finished.stdout[-4000:] + finished.stderr[-4000:]
-    assert [c["id"] for c in report["cases"]] == sorted(QUICK_IDS, key=[c["id"] for c in report["cases"]].index)
     assert {c["id"] for c in report["cases"]} == QUICK_IDS
     outcomes = [c["outcome"] for c in report["cases"]]
     assert "failed" in outcomes and "passed" in outcomes[outcomes.index("failed") + 1:]

@@ -170,6 +170,8 @@ def test_what_deepep_serves_passes(dtype, capacity):
     ({"dtype": DispatchDtype.FP8, "fp8_built": False}, UnsupportedDispatchDtype, "sm90 features"),
     ({"dtype": DispatchDtype.FP8, "hidden_size": 7000}, UnsupportedCapability, "multiple of 128"),
     ({"hidden_size": 1004}, UnsupportedCapability, "multiple of 8"),
+    ({"hidden_size": 1000}, UnsupportedCapability, "multiple of 32 bytes"),  # 125 16-byte units: a device assert
+    ({"hidden_size": 8192 + 16}, UnsupportedCapability, "at most 16368"),
     ({"world": 1}, UnsupportedCapability, "2 or more ranks"),
     ({"world": 3, "num_experts": 255}, UnsupportedCapability, "not 3"),
     ({"num_experts": 255}, InvalidInput, "multiple of the 2 ranks"),

@@ -12,9 +12,11 @@ required (`bounds`):
 - the EP and single-rank outputs differ by at most `AGREEMENT_FACTOR` times the single-rank error
   plus those roundings (a rounding that lands differently may flip a quantized value downstream).
 
-A dispatcher may refuse a case (`UnsupportedCapability` / `InvalidInput`): the case is skipped
-with its message, except an auto-mode layer refusing a batch above its capacity (auto must then
-take normal mode).
+A layer may refuse a case (`UnsupportedCapability` / `InvalidInput`) when it is built, and a vendor's
+own dispatcher may also refuse a forward (a shape limit): the case is skipped with the message.
+The torch.distributed dispatchers run every shape the single-rank layer runs, so a refusal in
+their forward fails the case, as does an auto-mode layer refusing a batch above its capacity
+(auto must then take normal mode).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from conformance.ep.cases import Case, Shape
+from conformance.ep.cases import TORCH, Case, Shape
 from conformance.expectations import Expected, expected_resolution
 from conformance.reference import generator, moe_features, relative_error
 from conformance.tolerances import OUTPUT_ROUNDING, layer_tolerance
@@ -156,8 +158,12 @@ def run_case(case: Case, ctx: RankContext, group: Any) -> dict[str, Any]:
         _run(case, ctx, group, result)
     except (UnsupportedCapability, InvalidInput) as exc:
         refused, stage = f"{type(exc).__name__}: {exc}", result["stage"]
-        if case.mode == "auto-large" and stage == "forward":
+        if stage == "forward" and case.mode == "auto-large":
             result.update(outcome="failed", message=f"auto mode refused a batch above its capacity ({refused})")
+        elif stage == "forward" and case.dispatcher == TORCH:
+            result.update(outcome="failed", message=f"the torch.distributed dispatcher refused the forward of a "
+                                                    f"layer it built ({refused})",
+                          details=traceback.format_exc()[-MAX_DETAILS:])
         else:
             result.update(outcome="skipped", message=f"refused at {stage}: {refused}")
     except CaseFailure as exc:

@@ -72,7 +72,8 @@ def _run_ranks(ranks: int, vendor: str | None, args: argparse.Namespace, init: s
         procs = []
         for rank in range(ranks):
             command = rank_command(vendor, args.depth, args.report, init, json_output=args.json and rank == 0)
-            log = None if rank == 0 else stack.enter_context(open(args.report / f"ep-rank{rank}.log", "w"))
+            path = args.report / f"ep-rank{rank}.log"
+            log = None if rank == 0 else stack.enter_context(open(path, "w", encoding="utf-8"))
             procs.append(subprocess.Popen(command, env=rank_environment(rank, ranks), stdout=log,
                                           stderr=None if log is None else subprocess.STDOUT))
         try:

@@ -25,6 +25,10 @@ INTERNODE_RANKS = (16, 24, 32, 64, 128, 144, 160)
 #: Most local experts of the intranode notify kernel (its 128 threads) and of the host counters.
 INTRANODE_MAX_LOCAL_EXPERTS = 128
 MAX_LOCAL_EXPERTS = 1024
+#: DeepEP v1.2.1 csrc/kernels/intranode.cu (dispatch): a row is an even number of 16-byte units, and half a row plus
+#: an 8-byte barrier fits one warp's 8192-byte TMA buffer.
+NORMAL_ROW_MULTIPLE = 32
+NORMAL_TMA_BYTES_PER_WARP = 8192
 #: The low-latency kernels' TMA wants `capacity * ranks` slots per expert in multiples of 4.
 LOW_LATENCY_SLOT_MULTIPLE = 4
 #: DeepEP's own workspace per buffer (`NUM_WORKSPACE_BYTES`).
@@ -56,6 +60,13 @@ def check_request(*, dtype: DispatchDtype, hidden_size: int, num_experts: int, w
     if hidden_size % 8:
         raise UnsupportedCapability(f"deepep: rows must be whole 16-byte units (hidden a multiple of 8 bf16 "
                                     f"values), got hidden {hidden_size}")
+    row_bytes = hidden_size * (1 if dtype is DispatchDtype.FP8 else 2)
+    if row_bytes % NORMAL_ROW_MULTIPLE or row_bytes // 2 + 8 > NORMAL_TMA_BYTES_PER_WARP:
+        # DeepEP's intranode kernel copies each half row through one warp's TMA buffer and asserts this on the
+        # device (a failed assert kills the process, so refuse here)
+        raise UnsupportedCapability(
+            f"deepep: a {dtype} row of hidden {hidden_size} is {row_bytes} bytes; its normal-mode kernels need a "
+            f"multiple of {NORMAL_ROW_MULTIPLE} bytes of at most {2 * (NORMAL_TMA_BYTES_PER_WARP - 8)}")
     if world < 2:
         raise UnsupportedCapability(f"deepep needs an expert-parallel group of 2 or more ranks, got {world}; "
                                     "one rank dispatches locally (ep_dispatcher=None)")
