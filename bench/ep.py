@@ -238,7 +238,9 @@ class EpBench:
         if case.mode == "low-latency":
             graphed = world.graph_median_us(lambda: layer(x, logits))
             if graphed is not None:
-                row.layer_graph_us = world.slowest([graphed])[0]
+                alone = [world.graph_median_us(lambda: layer.dispatcher.dispatch(x, routing, quantize)),
+                         world.graph_median_us(lambda: layer.dispatcher.combine(rows, dispatched, torch.bfloat16))]
+                row.layer_graph_us, row.dispatch_graph_us, row.combine_graph_us = world.slowest([graphed, *alone])
                 row.local_layer_graph_us = self.local_graph_us(case.dtype, case.tokens)
         del layer, dispatched, rows
         _empty_cache()

@@ -36,6 +36,9 @@ class Row:
     #: single-rank layer of this rank's experts the same way
     layer_graph_us: float | None = None
     local_layer_graph_us: float | None = None
+    #: dispatch and combine alone, replayed from CUDA graphs (low-latency mode)
+    dispatch_graph_us: float | None = None
+    combine_graph_us: float | None = None
     local_reason: str | None = None  #: why the single-rank layer could not run (a `hal.HalError`)
     derived: dict[str, float | None] = field(default_factory=dict)
 
@@ -114,6 +117,18 @@ def print_tables(console: Console, rows: list[Row], meta: dict[str, Any]) -> Non
                           _num(d["dispatch_pct_of_a2a"], ".0f") + "%", _num(d["dispatch_GBps"], ".3g"),
                           us(r.combine_us), us(r.a2a_combine_us), _num(d["combine_pct_of_a2a"], ".0f") + "%",
                           us(r.layer_us), us(r.local_layer_us), _num(d["layer_over_local"], ".2f"))
+        console.print(table)
+    graphed = [r for r in rows if r.layer_graph_us is not None]
+    if graphed:
+        table = Table(title="low-latency mode replayed from CUDA graphs", box=box.SIMPLE_HEAD, padding=(0, 1),
+                      pad_edge=False)
+        for i, name in enumerate(("dtype", "dispatcher", "tok/rank", "disp µs", "comb µs", "layer µs", "local µs",
+                                  "x local")):
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
+        for r in graphed:
+            table.add_row(r.dtype, r.dispatcher, str(r.tokens), us(r.dispatch_graph_us), us(r.combine_graph_us),
+                          us(r.layer_graph_us), us(r.local_layer_graph_us),
+                          _num(r.derived["graph_layer_over_local"], ".2f"))
         console.print(table)
     for r in rows:
         if r.status != "ok":

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from conformance.capability import all_labels, declared_status
+from conformance.environment import environment
 from conformance.runner import SuiteRun
 from hal import Capabilities
 
@@ -100,19 +98,6 @@ class VendorReport:
             "unfinished": [{"id": nodeid, "seconds": round(seconds, 1)} for nodeid, seconds in run.unfinished]
             if run else [],
         }
-
-
-def environment() -> dict[str, str]:
-    """Versions and the date, for the report header."""
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "moe_hal": version("moe-hal"), "torch": version("torch"), "pytest": version("pytest"),
-            "python": platform.python_version(), "platform": platform.platform()}
 
 
 def run_depth(reports: list[VendorReport]) -> str | None:

@@ -140,7 +140,8 @@ class VendorOps(abc.ABC):
                     capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """The vendor's own expert-parallel dispatch `name`: rows for this rank's experts, grouped by local
         expert, in `dtype` (rows past the counts' sum are padding), int64 counts per local expert, and
-        the handle `ep_combine` needs; with `capacity`, the masked low-latency layout. Only vendors that
+        the handle `ep_combine` needs (optionally a fourth element, the received row of each sorted row:
+        the rows are then `payload[row_index]`); with `capacity`, the masked low-latency layout. Only vendors that
         declare `name` in `ep_dispatchers` implement it. `topk_weights` and `capacity` are passed only
         when given."""
         from hal.errors import UnsupportedCapability

@@ -44,7 +44,9 @@ class ExpertParallelOps:
                     num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
                     capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
-        `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`.
+        `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`, or
+        `(received tokens, counts, handle, row_index)` where the rows are the tokens `row_index` picks
+        (the experts' first GEMM reads them through the index instead of a gathered copy).
 
         `topk_weights` `[T, k]` travel with the tokens where the dispatcher reduces each token's
         expert outputs on the experts' side (the combine then only sums per rank). With `capacity`

@@ -15,6 +15,7 @@ from moe.dispatch import (
 from moe.layer import MoELayer
 from moe.shared import SharedExperts
 from moe.sharding import TensorShard
+from moe.stages import StartedForward
 from moe.routing import GroupedSigmoidTopK, GroupedTopK, Router, Routing, SigmoidTopK, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerKey, RunnerRegistry, run_grouped_experts
 from moe.schemes import (
@@ -38,6 +39,6 @@ __all__ = [
     "ExpertRunner", "RunnerKey", "RunnerRegistry", "run_grouped_experts",
     "ExpertWeights", "NvFp4", "QuantScheme", "Unquantized", "W4A4Int4", "W8A8Fp8Block", "W8A8Int8",
     "make_scheme", "nvfp4_global_scale",
-    "SharedExperts", "TensorShard",
+    "SharedExperts", "StartedForward", "TensorShard",
     "W8A8Fp8", "CheckpointFormat", "ExpertCheckpointLoader", "load_safetensors", "parse_expert_name",
 ]

@@ -5,7 +5,8 @@ Every device question goes to `hal`: the dispatch dtype comes from the layer's p
 matmul kind) from the vendor's declared capabilities, the fused path from
 `capabilities().fused_deep_moe`. The layer never looks at a device type. The path is chosen
 once (`moe.pipeline`): at construction (fused or not, the runner) and whenever the weights
-change (the dispatch quantizer); `forward` routes and runs it.
+change (the dispatch quantizer); `forward` routes and runs it, or `start` / `run_experts` /
+`finish` run it in stages an engine interleaves across micro-batches (`moe.stages`).
 """
 
 from __future__ import annotations
@@ -33,19 +34,22 @@ from moe.dispatch import (
     AllToAllDispatcher,
     AutoDispatcher,
     Dispatcher,
+    DispatchOutput,
     LocalDispatcher,
     LowLatencyDispatcher,
+    Pending,
     VendorEpDispatcher,
 )
 from moe.dispatch.base import group_size_and_rank
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
-from moe.pipeline import Pipeline, choose_pipeline
+from moe.pipeline import Pipeline, UnfusedPipeline, choose_pipeline
 from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
 from moe.shared import SharedExperts, SharedExpertsBlock
 from moe.sharding import TensorShard
+from moe.stages import StartedForward
 from moe.weight_store import WeightStore
 
 
@@ -81,6 +85,10 @@ class MoELayer(ExpertLoading, torch.nn.Module):
     Weights and scales are registered buffers (`experts.*`, `shared_experts.*`): `state_dict()`
     and `load_state_dict()` round-trip them, `.to(device)` moves them, and loading copies the
     caller's tensors. Under `torch.compile` the layer is one custom op (`moe.compiled`).
+
+    Stages (eager, unfused path): `start` routes and starts the dispatch, `run_experts` computes the
+    experts, `finish` starts the combine; together they equal `forward` bit for bit, and two
+    micro-batches interleaved overlap one's communication with the other's experts (`moe.stages`).
 
     Threads: a loaded layer may be called from several threads at once; each call allocates
     its own working tensors (the low-latency dispatch buffers included) and every result equals
@@ -259,17 +267,8 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         scaled by its (top-1) weight and are combined with weight 1; the shared experts take the
         rows as they are.
         """
-        pipeline = self._pipeline
-        if pipeline is None:
-            raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
-        routed = route(self, logits, ids, weights)
-        topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
-        routed_x = x
-        weights_on_input = routed.weights_on_input
-        if weights_on_input:
-            routed_x = (x.to(torch.float32) * topk_weights).to(x.dtype)
-            topk_weights = torch.ones_like(topk_weights)
-        routing = Routing(topk_ids, topk_weights)
+        pipeline = self._loaded_pipeline()
+        routed_x, routing = self._routed_rows(x, logits, ids, weights)
         partial = self.tensor_shard.size > 1
         if self.shared_experts is None and not partial:
             return pipeline(routed_x, routing)
@@ -279,11 +278,83 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         out = pipeline(routed_x, routing, torch.float32)
         if shared is not None:
             out = out + shared_output()
-        if partial:
-            import torch.distributed as dist
+        return (self._tensor_parallel_sum(out) if partial else out).to(x.dtype)
 
-            dist.all_reduce(out, group=self.tp_group)
-        return out.to(x.dtype)
+    def _loaded_pipeline(self) -> Pipeline:
+        pipeline = self._pipeline
+        if pipeline is None:
+            raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
+        return pipeline
+
+    def _routed_rows(self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None,
+                     weights: torch.Tensor | None) -> tuple[torch.Tensor, Routing]:
+        """The rows the routed experts take and their routing (Llama-4: rows scaled by the weight, weight 1)."""
+        routed = route(self, logits, ids, weights)
+        topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
+        if not routed.weights_on_input:
+            return x, Routing(topk_ids, topk_weights)
+        return (x.to(torch.float32) * topk_weights).to(x.dtype), Routing(topk_ids, torch.ones_like(topk_weights))
+
+    def _tensor_parallel_sum(self, out: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(out, group=self.tp_group)
+        return out
+
+    # Stages of one forward (`moe.stages`): an engine interleaves them across micro-batches.
+
+    def start(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None, *,
+              topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> StartedForward:
+        """Route, quantize and start the dispatch of one micro-batch (arguments and checks as `forward`);
+        `wait()` on the result gives the `DispatchOutput` for `run_experts`. With a process group this is
+        collective, like `forward`: every rank starts (and finishes) its micro-batches in the same order;
+        a low-latency dispatcher holds at most two micro-batches in flight.
+
+        `finish(run_experts(started.wait()), started).wait()` equals `forward(...)` bit for bit. Eager only,
+        on the unfused path: the fused op (`fused_deep_moe`) raises `UnsupportedCapability`."""
+        pipeline = self._unfused_pipeline("start")
+        x = check_hidden_states(hidden_states, self.hidden_size, self.vendor.device)
+        logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights,
+                                              self.vendor.device)
+        routed_x, routing = self._routed_rows(x, logits, ids, weights)
+        pending = self.dispatcher.dispatch_async(routed_x, routing, pipeline.quantize)
+        return StartedForward(pending, x, hidden_states.shape, id(self))
+
+    def run_experts(self, dispatched: DispatchOutput) -> torch.Tensor:
+        """This rank's experts' output rows for a dispatch output (`start(...).wait()`), by the runner of
+        its format."""
+        if not isinstance(dispatched, DispatchOutput):
+            raise invalid("dispatched", "a moe.DispatchOutput (MoELayer.start(...).wait())", type(dispatched).__name__)
+        return self._unfused_pipeline("run_experts").experts(dispatched)
+
+    def finish(self, expert_output: torch.Tensor, started: StartedForward) -> Pending:
+        """Start the combine of `expert_output` (`run_experts`) for the micro-batch `started`; `wait()` on
+        the result gives its output, in the input's shape and dtype. The shared experts run here, beside
+        the combine; the tensor-parallel sum (a collective) runs in `wait()`."""
+        if not isinstance(started, StartedForward) or started.layer_id != id(self):
+            raise invalid("started", "what this layer's start() returned",
+                          "one of another layer" if isinstance(started, StartedForward) else type(started).__name__)
+        self._unfused_pipeline("finish")
+        x, partial, shared = started.rows, self.tensor_shard.size > 1, self.shared_experts
+        out_dtype = torch.float32 if partial or shared is not None else x.dtype
+        combining = self.dispatcher.combine_async(expert_output, started.wait(), out_dtype)
+        shared_output = None if shared is None else self.vendor.overlap(lambda: shared(self.vendor, self.scheme, x))
+
+        def output() -> torch.Tensor:
+            out: torch.Tensor = combining.wait()  # type: ignore[assignment]
+            if shared_output is not None:
+                out = out + shared_output()
+            out = (self._tensor_parallel_sum(out) if partial else out).to(x.dtype)
+            return out if out.shape == started.shape else out.view(started.shape)
+
+        return Pending([], output)
+
+    def _unfused_pipeline(self, stage: str) -> UnfusedPipeline:
+        if self.fused:
+            raise UnsupportedCapability(
+                f"MoELayer.{stage}: this layer takes the vendor's fused op (fused_deep_moe), one op for dispatch, "
+                "experts and combine, which has no stages; build it with fused=False to run it in stages")
+        return self._loaded_pipeline()  # type: ignore[return-value]  # not fused: unfused
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

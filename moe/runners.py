@@ -244,24 +244,55 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
     """gate/up grouped GEMM -> the experts' activation -> down grouped GEMM, one `hal` call per
     projection (the experts' biases added by the same call).
 
-    The masked low-latency payload is computed slot by slot (empty slots hold zeros), so
-    the shapes never depend on the counts.
+    The masked low-latency payload `[L, slots, H]` is computed on its valid rows only: they are read
+    through an index that lists them expert by expert (the grouped GEMMs follow the counts, so the
+    work follows the real pairs, not the capacity), and the results are written back to their
+    slots; empty slots are zero where the vendor reads counts back for free (`host_synchronous`),
+    else left unwritten. Shapes never depend on the counts.
     The rows a dispatcher hands over through an index (`dispatched.row_index`) are read through it
     by the first GEMM (the tokens are brought into the scheme's operand format once each, not once
     per expert).
     """
+    if dispatched.format is DispatchFormat.EP_LOW_LATENCY and dispatched.row_index is None:
+        return _run_masked(vendor, scheme, weights, dispatched)
     groups = dispatched.groups()
-    out_dtype = scheme.output_dtype()
     if dispatched.row_index is not None:
         lead, rows, row_index = dispatched.row_index.shape, dispatched.source, dispatched.row_index
     else:
         payload = dispatched.payload
         lead, rows, row_index = payload.data.shape[:-1], _flatten_rows(payload), None
+    down = _both_projections(vendor, scheme, weights, rows, groups, row_index)
+    return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
+
+
+def _both_projections(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights, rows: QuantizedTensor,
+                      groups: Groups, row_index: torch.Tensor | None) -> torch.Tensor:
+    out_dtype = scheme.output_dtype()
     operand = scheme.first_operand(vendor, rows, weights)
     activated = first_projection(vendor, operand, weights, groups, out_dtype, row_index=row_index)
-    down = vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
+    return vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
                                  out_dtype=out_dtype, **_bias(weights.w2_bias))
-    return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
+
+
+def _run_masked(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
+                dispatched: DispatchOutput) -> torch.Tensor:
+    """The masked layout's valid rows, computed compactly and written back to their slots."""
+    payload, counts = dispatched.payload, dispatched.expert_counts
+    local, slots = payload.data.shape[:2]
+    valid = (torch.arange(slots, device=counts.device) < counts.unsqueeze(1)).reshape(-1)
+    before = torch.cumsum(valid, 0) - valid.to(torch.int64)  # valid slots ahead of each slot
+    total = counts.sum()
+    compact = torch.where(valid, before, total + torch.arange(valid.numel(), device=valid.device) - before)
+    slot_of_row = torch.empty_like(compact).scatter_(0, compact, torch.arange(compact.numel(), device=compact.device))
+    exact = vendor.capabilities().host_synchronous
+    if exact:  # such vendors want groups covering every row; reading the count costs nothing here
+        slot_of_row = slot_of_row[: int(total)]
+    down = _both_projections(vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(counts),
+                             slot_of_row)
+    rows = local * slots
+    out = down.new_zeros((rows, down.shape[-1])) if exact else down.new_empty((rows, down.shape[-1]))
+    out.index_copy_(0, slot_of_row, down)
+    return out.view(local, slots, down.shape[-1])
 
 
 def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeights, groups: Groups,

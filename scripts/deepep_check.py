@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 import hal  # noqa: E402
 import moe  # noqa: E402
+from bench.ep_world import World  # noqa: E402
 from vendors.cuda import CudaVendor  # noqa: E402
 
 DEEPEP = "deepep"
@@ -87,18 +88,7 @@ class Report:
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     """The median of `repeats` CUDA-event timings of `fn()` after two warm-ups, the ranks lined up each time."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return World(torch.device("cuda", torch.cuda.current_device()), repeats, warmup=2).median_us(fn) / 1000.0
 
 
 def relative(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -122,7 +112,9 @@ def ops_case(vendor: hal.Vendor, report: Report, dtype: str, tokens: int, capaci
     vendor.prepare_ep(DEEPEP, process_group=group, num_experts=e, hidden_size=h, dtype=dtype, capacity=capacity)
     common = {"name": DEEPEP, "dtype": dtype, "num_experts": e, "process_group": group, "topk_weights": w,
               "capacity": capacity}
-    payload, counts, handle = vendor.ep_dispatch(x, ids, **common)
+    payload, counts, handle, *index = vendor.ep_dispatch(x, ids, **common)
+    if index:  # the received tokens and the row of each pair
+        payload = hal.take_rows(payload, index[0])
     gathered = [torch.empty_like(ids) for _ in range(world)]
     dist.all_gather(gathered, ids)
     expected = torch.bincount(torch.cat(gathered).flatten(), minlength=e)[first:first + local]
@@ -138,7 +130,7 @@ def ops_case(vendor: hal.Vendor, report: Report, dtype: str, tokens: int, capaci
     ref = xq * (w * (1 + ids.float() / e)).sum(dim=-1, keepdim=True)
 
     def call() -> None:
-        _, _, again = vendor.ep_dispatch(x, ids, **common)
+        again = vendor.ep_dispatch(x, ids, **common)[2]
         vendor.ep_combine(y_rows, w, again, name=DEEPEP, out_dtype=torch.bfloat16)
 
     ms = median_ms(call, ARGS.repeats)

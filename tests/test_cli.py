@@ -182,3 +182,14 @@ def test_doctor_works_without_pytest_and_conformance_says_what_to_install():
     suite = subprocess.run([sys.executable, "-c", code, "conformance", "--vendor", "cpu"], capture_output=True,
                            text=True, env=env, timeout=300)
     assert suite.returncode == 1 and "pip install 'moe-hal[test]'" in suite.stderr
+
+
+def test_explain_names_the_expert_parallel_dispatchers_and_refuses_an_absent_one(capsys):
+    status, out, _ = run(capsys, "explain", "--vendor", "ascend", "--ep-dispatcher", "mc2")
+    assert status == 0, out
+    assert "expert parallel: mc2 (normal)" in " ".join(out.split())
+    status, out, _ = run(capsys, "explain", "--vendor", "cpu", "--ep-dispatcher", "deepep", "--json")
+    assert status == 1
+    report = json.loads(out)
+    assert not report["buildable"] and "'deepep' is not available" in report["problems"][0]
+    assert report["ep_dispatchers"]["declared"] == []

@@ -4,10 +4,7 @@ the matrix of dispatcher and mode against dispatch dtype, a rich table, `ep-conf
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from conformance.environment import environment
 from conformance.ep.cases import DTYPE_SCHEMES, MODES, Case
 
 JSON_NAME = "ep-conformance.json"
@@ -98,19 +96,6 @@ class Section:
                 "seconds": round(self.seconds, 2), "stopped": self.stopped or None, "notes": self.notes,
                 "matrix": self.matrix(),
                 "capabilities": self.capabilities, "cases": self.cases}
-
-
-def environment() -> dict[str, str]:
-    """Versions and the date, for the report header."""
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "moe_hal": version("moe-hal"), "torch": version("torch"), "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def _cell(cell: dict[str, int] | None) -> str:

@@ -95,6 +95,8 @@ def build_parser() -> OneLineParser:
     explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
                          help="dtype the expert runner requires, if any")
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
+    explain.add_argument("--ep-dispatcher", metavar="NAME",
+                         help="a vendor's own expert-parallel dispatcher the layer would use (e.g. deepep, mc2)")
     explain.add_argument("--activation", type=_converter(Activation.parse, "activation"),
                          help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}")
     explain.set_defaults(handler=commands.explain)

@@ -203,9 +203,17 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
     problems = layer_problems(target.capabilities, parse_scheme(scheme or "unquantized"), args.hidden,
                               activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU)
+    caps = target.capabilities
+    wanted = getattr(args, "ep_dispatcher", None)
+    if wanted is not None and wanted not in caps.ep_dispatchers:
+        why = caps.ep_dispatchers_absent.get(wanted, f"declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'}")
+        problems.append(f"expert-parallel dispatcher {wanted!r} is not available: {why}")
     if args.json:
         _emit_json({"table": target.source, "device_model": target.device_model, "note": target.note,
-                    "plan": plan.as_dict(), "warnings": messages, "buildable": not problems, "problems": problems})
+                    "plan": plan.as_dict(), "warnings": messages, "buildable": not problems, "problems": problems,
+                    "ep_dispatchers": {"declared": sorted(caps.ep_dispatchers),
+                                       "low_latency": sorted(caps.ep_low_latency),
+                                       "absent": dict(caps.ep_dispatchers_absent)}})
         return 1 if problems else 0
     console.print(f"dispatch plan for vendor {plan.vendor!r} on {escape(plan.device_name)}")
     console.print(f"note: {escape(target.note)}")
@@ -224,6 +232,7 @@ def explain(args: argparse.Namespace, console: Console) -> int:
         console.print(f"fallback:  none ({plan.requested} is supported)")
     console.print(f"resolved:  {plan.resolved} ({plan.scale_layout}), {plan.bytes_per_token} bytes per token "
                   f"at hidden {plan.hidden_size} (bf16 would be {2 * plan.hidden_size})")
+    console.print(f"expert parallel: {escape(_ep_text(caps))}")
     for message in others:
         console.print(f"[yellow]warning:[/] {escape(message)}")
     for problem in problems:

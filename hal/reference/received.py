@@ -59,33 +59,46 @@ def sort_received(local_ids: torch.Tensor, topk_weights: torch.Tensor, num_local
     """
     r, k = local_ids.shape
     sort = sort or sort_pairs
-    here = (local_ids >= 0) & (local_ids < num_local)
-    key = torch.where(here, local_ids.to(torch.int64), torch.full_like(local_ids, num_local, dtype=torch.int64))
-    order, inverse, counts = sort(key, num_local + 1)[:3]
+    # Another rank's expert or an empty slot sorts after the local ones, as key num_local (in the ids' dtype:
+    # the sort takes int32 and int64 alike).
+    key = local_ids.clamp(-1, num_local).remainder_(num_local + 1)
+    sorted_pairs = sort(key, num_local + 1)
+    order, inverse, counts = sorted_pairs[:3]
     counts = counts[:num_local]
-    token_of_row = torch.div(order, k, rounding_mode="floor")
+    token_of_row = sorted_pairs[3] if len(sorted_pairs) > 3 else torch.div(order, k, rounding_mode="floor")
     if slots is None:
         row_index = token_of_row if rows is None else token_of_row[:rows]
         position = inverse
     else:
-        starts = torch.cumsum(counts, 0) - counts
-        expert_of_row = key.reshape(-1).index_select(0, order)
-        valid = expert_of_row < num_local
-        expert = expert_of_row.clamp(max=num_local - 1)
-        rank_in_expert = torch.arange(r * k, device=key.device) - starts.index_select(0, expert)
-        masked = expert * slots + rank_in_expert
-        dump = num_local * slots
-        index = torch.full((dump + 1,), empty_row, dtype=torch.int64, device=key.device)
-        index.scatter_(0, torch.where(valid, masked, dump), token_of_row)
-        row_index = index[:dump]
-        position = masked.index_select(0, inverse)
-    position = position.view(r, k)
+        row_index, position = _masked_rows(key, order, inverse, counts, token_of_row, slots, empty_row)
+    away = key == num_local
+    return ReceivedTokens(row_index, counts, _combine_index(position.view(r, k), away),
+                          topk_weights.to(torch.float32).masked_fill(away, 0.0))
+
+
+def _masked_rows(key: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, counts: torch.Tensor,
+                 token_of_row: torch.Tensor, slots: int, empty_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row index `[L * slots]`, the masked row of each pair) of the masked layout."""
+    num_local = counts.numel()
+    starts = torch.cumsum(counts, 0) - counts
+    expert_of_row = key.reshape(-1).index_select(0, order).to(torch.int64)
+    valid = expert_of_row < num_local
+    expert = expert_of_row.clamp(max=num_local - 1)
+    rank_in_expert = torch.arange(order.numel(), device=key.device) - starts.index_select(0, expert)
+    masked = expert * slots + rank_in_expert
+    dump = num_local * slots
+    index = torch.full((dump + 1,), empty_row, dtype=torch.int64, device=key.device)
+    index.scatter_(0, masked.masked_fill(~valid, dump), token_of_row)
+    return index[:dump], masked.index_select(0, inverse)
+
+
+def _combine_index(position: torch.Tensor, away: torch.Tensor) -> torch.Tensor:
+    """int64 `[R * k]`: each pair's expert row; a pair `away` (not local) takes its token's first local row,
+    or row 0 for a token without one."""
     unset = torch.iinfo(torch.int64).max
-    first = torch.where(here, position, unset).amin(dim=1, keepdim=True)
-    first = torch.where(first == unset, 0, first)
-    combine_index = torch.where(here, position, first).reshape(-1)
-    combine_weights = torch.where(here, topk_weights.to(torch.float32), 0.0)
-    return ReceivedTokens(row_index, counts, combine_index, combine_weights)
+    # The remainder turns `unset` (no local pair) into 0 and leaves every real row as it is.
+    first = position.masked_fill(away, unset).amin(dim=1, keepdim=True).remainder(unset)
+    return torch.where(away, first, position).reshape(-1)
 
 
 def reduce_received(expert_rows: torch.Tensor, received: ReceivedTokens, out_dtype: torch.dtype, *,

@@ -19,7 +19,6 @@ from hal import DispatchPlan, Vendor
 from moe.dispatch.all_to_all import AllToAllDispatcher
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending
 from moe.dispatch.low_latency import LowLatencyDispatcher
-from moe.dispatch.tokens import destinations
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -43,17 +42,18 @@ class AutoDispatcher(Dispatcher):
         return self._last
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
-        return self.dispatch_async(hidden_states, routing, quantize).wait()  # type: ignore[return-value]
+        pending = self.dispatch_async(hidden_states, routing, quantize, async_op=False)
+        return pending.wait()  # type: ignore[return-value]
 
-    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> Pending:
+    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *,
+                       async_op: bool = True) -> Pending:
         """Exchange the counts (with every rank's batch size), then dispatch in the mode they call for."""
-        hit = destinations(routing.topk_ids, self.num_local_experts, self.world_size)
-        sizes = self.normal.exchange_sizes(hit, routing.topk_ids)
+        sizes = self.normal.exchange_sizes(routing.topk_ids)
         if sizes.max_tokens <= self.capacity:
             self._last = "low-latency"
-            return self.low_latency.dispatch_async(hidden_states, routing, quantize)
+            return self.low_latency.dispatch_async(hidden_states, routing, quantize, async_op=async_op)
         self._last = "normal"
-        return self.normal.dispatch_async(hidden_states, routing, quantize, sizes=sizes, hit=hit)
+        return self.normal.dispatch_async(hidden_states, routing, quantize, sizes=sizes, async_op=async_op)
 
     def _mode(self, dispatched: DispatchOutput) -> Dispatcher:
         return self.low_latency if self.low_latency.owns(dispatched) else self.normal
@@ -62,9 +62,10 @@ class AutoDispatcher(Dispatcher):
                 out_dtype: torch.dtype) -> torch.Tensor:
         return self._mode(dispatched).combine(expert_output, dispatched, out_dtype)
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                      out_dtype: torch.dtype) -> Pending:
-        return self._mode(dispatched).combine_async(expert_output, dispatched, out_dtype)
+    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *,
+                      async_op: bool = True) -> Pending:
+        return self._mode(dispatched).combine_async(  # type: ignore[call-arg]
+            expert_output, dispatched, out_dtype, async_op=async_op)
 
     def __repr__(self) -> str:
         return (f"AutoDispatcher(dtype={self.plan.resolved}, experts={self.num_experts}, capacity={self.capacity}, "

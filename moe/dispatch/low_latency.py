@@ -1,9 +1,9 @@
 """Low-latency expert-parallel dispatch: fixed capacity, fixed-size collectives, masked layout.
 
 Each rank may send at most `capacity` (`max_dispatch_tokens_per_rank`) tokens per call. Every
-rank writes its tokens as records (`plan.bytes_per_token` bytes, `moe.dispatch.wire`) with their
-routing into a send buffer of `capacity` slots, and one all-gather gives every rank every rank's
-slots; each rank lays out the rows of its own experts, and after the experts one equal-split
+rank writes its tokens as routed rows (a record of `plan.bytes_per_token` bytes and the token's
+routing, `moe.dispatch.wire`) into a send buffer of `capacity` slots, and one all-gather gives
+every rank every rank's slots; each rank lays out the rows of its own experts, and after the experts one equal-split
 all-to-all returns one partial sum per (token, rank) (`moe.dispatch.tokens`). Collective sizes
 never depend on the routing, nothing waits on the host, so a forward can be captured in a CUDA
 graph where the backend allows it. The communication buffers are allocated once per dispatcher
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hal import DispatchPlan, InvalidInput, Vendor, invalid, positive_int
+from hal import DispatchPlan, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
 from hal.reference import ReceivedTokens
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending
-from moe.dispatch.tokens import all_to_all, destinations, partial_sums, receive, sum_partials
-from moe.dispatch.wire import pack_into, unpack
+from moe.dispatch.tokens import Constants, all_to_all, partial_sums, receive, sum_partials
+from moe.dispatch.wire import pack_into, routed_row_bytes, routing_offset, view_records, view_routing
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
@@ -36,30 +36,52 @@ from moe.schemes.base import Quantizer
 @dataclass(frozen=True)
 class _LowLatencyHandle:
     received: ReceivedTokens
-    home_index: torch.Tensor  #: `[T * ranks]`: row of each (token, rank) partial in the returned rows
+    home_index: torch.Tensor  #: `[T * ranks]`: row of each (token, rank) partial in the returned rows (0: none)
     tokens: int
     buffers: _Buffers
 
 
 class _Buffers:
-    """One set of communication buffers: send and receive records and routing, returned partials.
-    The receive buffers have one extra zero row that empty slots read."""
+    """One set of communication buffers: the routed rows sent (`moe.dispatch.wire`), every rank's rows
+    received, the partial sums returned, and the views of them every call reads."""
 
-    def __init__(self, slots: int, world: int, record_bytes: int, top_k: int, device: torch.device) -> None:
-        self.send = torch.empty((slots, record_bytes), dtype=torch.uint8, device=device)
-        self.send_meta = torch.empty((slots, 2 * top_k), dtype=torch.int32, device=device)
-        self.recv = torch.zeros((world * slots + 1, record_bytes), dtype=torch.uint8, device=device)
-        self.recv_meta = torch.empty((world * slots, 2 * top_k), dtype=torch.int32, device=device)
-        self.returned: dict[torch.dtype, torch.Tensor] = {}
-        self.world, self.slots = world, slots
+    def __init__(self, plan: DispatchPlan, slots: int, world: int, top_k: int, device: torch.device) -> None:
+        width = routed_row_bytes(plan, top_k)
+        # Zeros: a slot past the tokens sends what it held, finite (a runner may convert every received row).
+        self.send = torch.zeros((slots, width), dtype=torch.uint8, device=device)
+        self.recv = torch.zeros((world * slots, width), dtype=torch.uint8, device=device)
+        start = routing_offset(plan, top_k)
+        self.send_routing = self.send[:, start:start + 8 * top_k].view(torch.int32)  #: ids, then weights' bits
+        self.send_ids = self.send_routing[:, :top_k]
+        self.recv_ids, self.recv_weights = view_routing(self.recv, plan, top_k)
+        self.plan, self.top_k, self.world, self.slots = plan, top_k, world, slots
+        source = view_records(self.recv, plan)
+        # A part whose offset does not fit its dtype is a copy, taken anew per call.
+        self._source = source if _views_of(source, self.recv) else None
+        self.returned: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def returned_rows(self, dtype: torch.dtype, hidden: int) -> torch.Tensor:
-        """The `[world * slots + 1, hidden]` rows partial sums come back to (last row zero)."""
+    def source(self, global_scale: torch.Tensor | None) -> QuantizedTensor:
+        """The received rows as quantized rows (views of the receive buffer where the layout allows)."""
+        if self._source is None:
+            return view_records(self.recv, self.plan, global_scale)
+        if global_scale is None:
+            return self._source
+        return QuantizedTensor(self._source.data, self._source.dtype, self._source.layout, self._source.scale,
+                               global_scale)
+
+    def returned_rows(self, dtype: torch.dtype, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`[1 + world * slots, hidden]` rows whose row 0 stays zero, the rows after it partial sums come back to)."""
         rows = self.returned.get(dtype)
         if rows is None:
-            rows = torch.zeros((self.world * self.slots + 1, hidden), dtype=dtype, device=self.send.device)
-            self.returned[dtype] = rows
+            full = torch.zeros((1 + self.world * self.slots, hidden), dtype=dtype, device=self.send.device)
+            rows = self.returned[dtype] = (full, full[1:])
         return rows
+
+
+def _views_of(q: QuantizedTensor, buffer: torch.Tensor) -> bool:
+    """Whether every tensor of `q` is a view of `buffer`."""
+    storage = buffer.untyped_storage().data_ptr()
+    return all(t.untyped_storage().data_ptr() == storage for t in (q.data, q.scale) if t is not None)
 
 
 class LowLatencyDispatcher(Dispatcher):
@@ -79,6 +101,7 @@ class LowLatencyDispatcher(Dispatcher):
         self._sets: list[_Buffers] = []
         self._exact_rows = vendor is None or vendor.capabilities().host_synchronous
         self._next = 0
+        self._constants = Constants()
 
     @property
     def buffer_bytes(self) -> int:
@@ -117,73 +140,85 @@ class LowLatencyDispatcher(Dispatcher):
     def _buffers(self, device: torch.device, top_k: int) -> _Buffers:
         """The next buffer set: persistent on a group (its ranks call from one thread each, in order);
         fresh per call on one rank, where the layer may be called from several threads at once."""
-        record = self.plan.bytes_per_token
         if self.process_group is None:
-            return _Buffers(self.capacity, 1, record, top_k, device)
-        if not self._sets or self._sets[0].send.device != device or self._sets[0].send_meta.shape[1] != 2 * top_k:
-            self._sets = [_Buffers(self.capacity, self.world_size, record, top_k, device)
+            return _Buffers(self.plan, self.capacity, 1, top_k, device)
+        if not self._sets or self._sets[0].send.device != device or self._sets[0].top_k != top_k:
+            self._sets = [_Buffers(self.plan, self.capacity, self.world_size, top_k, device)
                           for _ in range(self.IN_FLIGHT)]
         buffers = self._sets[self._next]
         self._next = (self._next + 1) % len(self._sets)
         return buffers
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
-        """Masked payload `[L, capacity * ranks, H]` and per-local-expert counts."""
-        return self.dispatch_async(hidden_states, routing, quantize).wait()  # type: ignore[return-value]
+        """Every rank's tokens and, grouped by local expert, the row of each pair (`row_index`)."""
+        pending = self.dispatch_async(hidden_states, routing, quantize, async_op=False)
+        return pending.wait()  # type: ignore[return-value]
 
-    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> Pending:
-        """Start the dispatch; `wait()` gives the masked output."""
-        tokens, top_k = hidden_states.shape[0], routing.top_k
+    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *,
+                       async_op: bool = True) -> Pending:
+        """Start the dispatch; `wait()` gives the output (`async_op` False: as `dispatch`)."""
+        tokens = hidden_states.shape[0]
         if tokens > self.capacity:
             raise InvalidInput(
                 f"hidden_states: expected at most max_dispatch_tokens_per_rank={self.capacity} tokens per "
                 f"rank for low-latency dispatch, got {tokens}; raise the capacity in DispatchConfig or "
                 "split the batch (tokens are never dropped)"
             )
-        world, cap = self.world_size, self.capacity
-        buffers = self._buffers(hidden_states.device, top_k)
+        buffers = self._buffers(hidden_states.device, routing.top_k)
         quantized = quantize(hidden_states)
-        pack_into(buffers.send, quantized, self.plan)
-        meta = buffers.send_meta
-        meta[:tokens, :top_k].copy_(routing.topk_ids)
-        meta[:tokens, top_k:].copy_(routing.topk_weights.to(torch.float32).view(torch.int32))
-        meta[tokens:, :top_k].fill_(-1)  # empty slots route nowhere
-        recv = buffers.recv[: world * cap]
+        self._write(buffers, quantized, routing)
         if self.process_group is None:
-            recv.copy_(buffers.send)
-            buffers.recv_meta.copy_(meta)
-            works: list[object] = []
+            buffers.recv.copy_(buffers.send)
+            work = None
         else:
-            works = [dist.all_gather_into_tensor(recv, buffers.send, group=self.process_group, async_op=True),
-                     dist.all_gather_into_tensor(buffers.recv_meta, meta, group=self.process_group, async_op=True)]
-        hit = destinations(routing.topk_ids, self.num_local_experts, world)
-        slot = torch.arange(tokens, device=hit.device).unsqueeze(1) + torch.arange(world, device=hit.device) * cap
-        home_index = torch.where(hit, slot, world * cap).reshape(-1)
-        local = self.num_local_experts
+            work = dist.all_gather_into_tensor(buffers.recv, buffers.send, group=self.process_group, async_op=async_op)
+        home_index = self._home_index(routing.topk_ids)
 
         def finish() -> DispatchOutput:
-            got = receive(buffers.recv_meta, top_k, self.first_expert, local, self.vendor)
+            got = receive(buffers.recv_ids, buffers.recv_weights, self.first_expert, self.num_local_experts,
+                          self._constants.sort(self.vendor))
             if self._exact_rows:  # reading the count back costs nothing here; such vendors want exact groups
                 got = replace(got, row_index=got.row_index[: int(got.expert_counts.sum())])
-            source = unpack(recv, self.plan, quantized.global_scale)
+            source = buffers.source(quantized.global_scale)
             return DispatchOutput(self.format, source, got.expert_counts,
                                   _LowLatencyHandle(got, home_index, tokens, buffers), row_index=got.row_index)
 
-        return Pending(works, finish)
+        return Pending([work], finish)
+
+    def _write(self, buffers: _Buffers, quantized: QuantizedTensor, routing: Routing) -> None:
+        """This rank's routed rows into the send buffer; the slots past its tokens route nowhere (id -1)."""
+        tokens = quantized.data.shape[0]
+        pack_into(buffers.send, quantized, self.plan)
+        weights = routing.topk_weights.to(torch.float32).view(torch.int32)
+        torch.cat([routing.topk_ids, weights], dim=1, out=buffers.send_routing[:tokens])  # ids cast to int32
+        if tokens < self.capacity:
+            buffers.send_ids[tokens:].fill_(-1)
+
+    def _home_index(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """`[T * ranks]`: 1 + the returned row of each (token, rank) partial (rank r's slot t), 0 where the
+        token did not go."""
+        tokens, world, cap, device = topk_ids.shape[0], self.world_size, self.capacity, topk_ids.device
+        owner = torch.div(topk_ids, self.num_local_experts, rounding_mode="floor").to(torch.int64)
+        hit = torch.zeros((tokens, world), dtype=torch.bool, device=device).scatter_(1, owner, True)
+        slots = self._constants.get(("slots", device, cap, world), lambda: torch.arange(
+            1, 1 + cap, device=device).unsqueeze(1) + torch.arange(world, device=device) * cap)  # [cap, world]
+        return (slots[:tokens] * hit).view(-1)
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Each token's partial sums come back from every rank (fixed size) and the ones it went to are added."""
-        return self.combine_async(expert_output, dispatched, out_dtype).wait()  # type: ignore[return-value]
+        pending = self.combine_async(expert_output, dispatched, out_dtype, async_op=False)
+        return pending.wait()  # type: ignore[return-value]
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                      out_dtype: torch.dtype) -> Pending:
-        """Start the combine; `wait()` gives the `[T, H]` result."""
+    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *,
+                      async_op: bool = True) -> Pending:
+        """Start the combine; `wait()` gives the `[T, H]` result (`async_op` False: as `combine`)."""
         handle: _LowLatencyHandle = dispatched.handle
         partial = partial_sums(expert_output, handle.received, self.vendor)
-        slots = self.world_size * self.capacity
-        returned = handle.buffers.returned_rows(partial.dtype, partial.shape[-1])
-        work = all_to_all(returned[:slots], partial, self.process_group, async_op=True)
-        world = self.world_size
-        return Pending([work], lambda: sum_partials(returned, handle.home_index, handle.tokens, world, out_dtype,
+        returned, tail = handle.buffers.returned_rows(partial.dtype, partial.shape[-1])
+        work = all_to_all(tail, partial, self.process_group, async_op=async_op)
+        world, cap, device = self.world_size, self.capacity, partial.device
+        ones = self._constants.get(("ones rows", device, cap, world),
+                                   lambda: torch.ones((cap, world), dtype=torch.float32, device=device))
+        return Pending([work], lambda: sum_partials(returned, handle.home_index, ones[:handle.tokens], out_dtype,
                                                     self.vendor))

@@ -1,5 +1,5 @@
-"""What token-wise expert-parallel dispatchers share: where each token goes, its routing on the wire,
-the receiving rank's expert rows, and the sum of the partial results that come back.
+"""What token-wise expert-parallel dispatchers share: the receiving rank's expert rows, the sum of the
+partial results that come back, the collectives, and the constants a dispatcher keeps between calls.
 
 A token travels once to every rank that holds any of its experts (not once per expert), with
 its top-k ids and weights; the receiving rank computes each of its experts' rows and sends back
@@ -11,42 +11,69 @@ the bytes of one row per (token, expert) each way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Hashable
 
 import torch
 import torch.distributed as dist
 
-from hal import Vendor
+from hal import Vendor, accepts_keyword
 from hal.reference import ReceivedTokens, reduce_received, sort_received, weighted_combine
-from moe.routing import Routing
+
+#: `sort(ids, num_experts) -> (order, inverse, counts[, token of each row])`, as `hal.Vendor.sort_by_expert`.
+SortFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]]
 
 
-def destinations(topk_ids: torch.Tensor, num_local: int, world: int) -> torch.Tensor:
-    """bool `[T, world]`: whether token t has an expert on rank r (experts split evenly, contiguously)."""
-    rank_of_pair = torch.div(topk_ids, num_local, rounding_mode="floor").to(torch.int64)
-    hit = torch.zeros((topk_ids.shape[0], world), dtype=torch.bool, device=topk_ids.device)
-    return hit.scatter_(1, rank_of_pair, True)
+class Constants:
+    """Tensors a dispatcher reuses on every call and never writes, keyed by device and size, and the
+    vendor's sort it calls. One per dispatcher: nothing is shared between layers."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[Hashable, torch.Tensor] = {}
+        self._sort: tuple[Vendor | None, SortFn | None] | None = None
+
+    def get(self, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The tensor cached under `key` (which must name its device and shape), made on first use."""
+        found = self._tensors.get(key)
+        if found is None:
+            found = self._tensors[key] = make()
+        return found
+
+    def _prefix(self, name: str, n: int, device: torch.device, make: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """The first n entries of the longest `make(size)` made so far on `device` (grown when too short)."""
+        key = (name, device)
+        found = self._tensors.get(key)
+        if found is None or found.numel() < n:
+            found = self._tensors[key] = make(n if found is None else max(n, 2 * found.numel()))
+        return found if found.numel() == n else found[:n]
+
+    def arange(self, n: int, device: torch.device) -> torch.Tensor:
+        """int64 `[n]`: 0, 1, ..., n - 1."""
+        return self._prefix("arange", n, device, lambda size: torch.arange(size, device=device))
+
+    def ones(self, n: int, device: torch.device) -> torch.Tensor:
+        """fp32 `[n]` of ones (contiguous)."""
+        return self._prefix("ones", n, device, lambda size: torch.ones(size, dtype=torch.float32, device=device))
+
+    def sort(self, vendor: Vendor | None) -> SortFn | None:
+        """The sort `receive` takes: the vendor's `sort_by_expert`, with the token of each sorted row where the
+        vendor writes it in the sort's own pass (None: the reference)."""
+        cached = self._sort
+        if cached is None or cached[0] is not vendor:
+            fn: SortFn | None = None
+            if vendor is not None:
+                fn = vendor.sort_by_expert
+                if accepts_keyword(type(vendor), "sort_by_expert", "tokens"):
+                    fn = functools.partial(vendor.sort_by_expert, tokens=True)
+            cached = self._sort = (vendor, fn)
+        return cached[1]
 
 
-def pack_routing(routing: Routing) -> torch.Tensor:
-    """int32 `[T, 2k]`: each token's global expert ids, then its weights (fp32 bits)."""
-    ids = routing.topk_ids.to(torch.int32)
-    weights = routing.topk_weights.to(torch.float32).view(torch.int32)
-    return torch.cat([ids, weights], dim=1)
-
-
-def unpack_routing(meta: torch.Tensor, top_k: int, first_expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(local expert ids int64 `[R, k]` (outside `[0, L)`: another rank's), weights fp32 `[R, k]`)."""
-    local = meta[:, :top_k].to(torch.int64) - first_expert
-    return local, meta[:, top_k:].contiguous().view(torch.float32)
-
-
-def receive(meta: torch.Tensor, top_k: int, first_expert: int, num_local: int, vendor: Vendor | None, *,
-            rows: int | None = None, slots: int | None = None, empty_row: int = 0) -> ReceivedTokens:
-    """The expert rows of received tokens (see `hal.reference.sort_received`), sorted by the vendor."""
-    local, weights = unpack_routing(meta, top_k, first_expert)
-    sort = None if vendor is None else vendor.sort_by_expert
-    return sort_received(local, weights, num_local, rows=rows, slots=slots, empty_row=empty_row, sort=sort)
+def receive(ids: torch.Tensor, weights: torch.Tensor, first_expert: int, num_local: int, sort: SortFn | None, *,
+            rows: int | None = None) -> ReceivedTokens:
+    """The expert rows of received tokens with global expert ids `ids` `[R, k]` (int32; -1: an empty slot) and
+    their weights (see `hal.reference.sort_received`)."""
+    return sort_received(ids - first_expert, weights, num_local, rows=rows, sort=sort)
 
 
 def partial_sums(expert_output: torch.Tensor, received: ReceivedTokens, vendor: Vendor | None) -> torch.Tensor:
@@ -55,11 +82,10 @@ def partial_sums(expert_output: torch.Tensor, received: ReceivedTokens, vendor: 
     return reduce_received(expert_output, received, expert_output.dtype, combine=combine)
 
 
-def sum_partials(returned: torch.Tensor, index: torch.Tensor, tokens: int, world: int, out_dtype: torch.dtype,
+def sum_partials(returned: torch.Tensor, index: torch.Tensor, ones: torch.Tensor, out_dtype: torch.dtype,
                  vendor: Vendor | None) -> torch.Tensor:
-    """`out[t] = sum_r returned[index[t, r]]` in fp32, rank order (`index` `[T * world]`; a rank the token
-    did not go to points at a zero row of `returned`)."""
-    ones = torch.ones((tokens, world), dtype=torch.float32, device=returned.device)
+    """`out[t] = sum_r returned[index[t, r]]` in fp32, rank order (`index` `[T * world]`, `ones` fp32
+    `[T, world]`; a rank the token did not go to points at a zero row of `returned`)."""
     if vendor is not None:
         return vendor.weighted_combine(returned, index, ones, out_dtype)
     return weighted_combine(returned, index, ones, out_dtype)
@@ -100,5 +126,4 @@ def all_to_all(output: torch.Tensor, input: torch.Tensor, group: object, output_
     return dist.all_to_all_single(output, input, output_splits, input_splits, group=group, async_op=async_op)
 
 
-__all__ = ["Pending", "all_to_all", "destinations", "pack_routing", "partial_sums", "receive", "sum_partials",
-           "unpack_routing"]
+__all__ = ["Constants", "Pending", "all_to_all", "partial_sums", "receive", "sum_partials"]

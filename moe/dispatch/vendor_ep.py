@@ -72,10 +72,10 @@ class VendorEpDispatcher(Dispatcher):
         low_latency = self._low_latency_now(hidden_states.shape[0], hidden_states.device)
         self._last = DispatchFormat.EP_LOW_LATENCY if low_latency else DispatchFormat.EP_NORMAL
         extra = {"capacity": self.capacity} if low_latency else {}
-        payload, counts, handle = self._vendor.ep_dispatch(
+        payload, counts, handle, *row_index = self._vendor.ep_dispatch(
             hidden_states, routing.topk_ids, name=self.name, dtype=self.plan.resolved, num_experts=self.num_experts,
             process_group=self.process_group, topk_weights=routing.topk_weights, **extra)
-        return DispatchOutput(self._last, payload, counts, (handle, routing))
+        return DispatchOutput(self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0])
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:

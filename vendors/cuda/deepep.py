@@ -39,7 +39,6 @@ from hal import (
     ScaleLayout,
     UnsupportedCapability,
     UnsupportedDispatchDtype,
-    take_rows,
 )
 from hal.reference import ReceivedTokens, reduce_received, sort_received
 from vendors.cuda.deepep_limits import (
@@ -269,8 +268,9 @@ class DeepEp:
             tokens = QuantizedTensor(recv, DispatchDtype.BF16, ScaleLayout.NONE)
         received = sort_received(recv_ids, recv_weights, len(counts), rows=int(sum(counts)),
                                  sort=self._sort if recv_ids.shape[0] else None)
-        payload = take_rows(tokens, received.row_index)
-        return payload, received.expert_counts.to(torch.int64), NormalHandle(buffer, handle, received)
+        # the received tokens and the row of each pair: the first GEMM reads them through the index (no gather)
+        return (tokens, received.expert_counts.to(torch.int64), NormalHandle(buffer, handle, received),
+                received.row_index)
 
     def _dispatch_low_latency(self, held: _Held, x: torch.Tensor, ids: torch.Tensor, dtype: DispatchDtype,
                               num_experts: int, capacity: int) -> tuple[QuantizedTensor, torch.Tensor,
