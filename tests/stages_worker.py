@@ -9,6 +9,7 @@ each dispatch took.
 
 from __future__ import annotations
 
+import gc
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,12 @@ def staged_interleaved(layer, batches) -> tuple[list[torch.Tensor], list[str]]:
 
 def run(case: Case, rank: int, world: int) -> dict:
     """Whether the stages (one by one and interleaved) equal `layer(...)` bit for bit, and the modes taken."""
+    result = compare(case, rank)
+    gc.collect()  # free the layer (it holds the group; reference cycles) now, not at exit, where gloo at times aborts
+    return result
+
+
+def compare(case: Case, rank: int) -> dict:
     layer = build(case)
     source = 0 if case.tp else rank  # tensor-parallel ranks share their tokens
     batches = [inputs(case, source, TOKENS[source % 2][i], i) for i in range(2)]
