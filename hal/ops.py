@@ -131,7 +131,7 @@ class VendorOps(abc.ABC):
         return lambda: result
 
     def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype, capacity: int | None) -> None:
+                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
         """Allocate what dispatcher `name` needs for a layer of this size (see `hal.Vendor.prepare_ep`).
         Nothing by default."""
 

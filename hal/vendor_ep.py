@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hal import checks
-from hal.dtypes import DispatchDtype
+from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, UnsupportedCapability, invalid, positive_int
 from hal.overrides import accepts_keyword
 
@@ -28,21 +28,25 @@ class ExpertParallelOps:
         def capabilities(self) -> Capabilities: ...  # hal.Platform's
 
     def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype | str, capacity: int | None) -> None:
+                   dtype: DispatchDtype | str, capacity: int | None,
+                   layout: ScaleLayout | str | None = None) -> None:
         """Make what expert-parallel dispatcher `name` needs for one layer (communication buffers sized
         from its plan), once, when the layer is built: a plan whose buffers cannot be had (more than
         the device's free memory) is refused here, not at the first forward. `capacity` is the
-        low-latency per-rank token capacity (None: normal mode only)."""
+        low-latency per-rank token capacity (None: normal mode only); `layout` the activation scale layout
+        the layer plans for `dtype` (None: the dtype's default)."""
         self._require_ep(name, capacity)
         parsed = checks.concrete_dtype(dtype)
         for label, value in (("num_experts", num_experts), ("hidden_size", hidden_size)):
             positive_int(label, value)
+        extra = _layout_keyword(self.ops, "prepare_ep", parsed, layout)
         self.ops.prepare_ep(name, process_group=process_group, num_experts=num_experts, hidden_size=hidden_size,
-                            dtype=parsed, capacity=capacity)
+                            dtype=parsed, capacity=capacity, **extra)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
                     num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
+                    capacity: int | None = None,
+                    layout: ScaleLayout | str | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
         `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`, or
         `(received tokens, counts, handle, row_index)` where the rows are the tokens `row_index` picks
@@ -74,6 +78,7 @@ class ExpertParallelOps:
             extra["topk_weights"] = topk_weights  # ops from before the keyword combine at home
         if capacity is not None:
             extra["capacity"] = capacity
+        extra.update(_layout_keyword(self.ops, "ep_dispatch", parsed, layout))
         return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=parsed,
                                     num_experts=num_experts, process_group=process_group, **extra)
 
@@ -104,3 +109,14 @@ class ExpertParallelOps:
                 raise UnsupportedCapability(
                     f"vendor {self.name!r}: expert-parallel dispatcher {name!r} has no low-latency mode "
                     f"(declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})")
+
+
+def _layout_keyword(ops: VendorOps, method: str, dtype: DispatchDtype,
+                    layout: ScaleLayout | str | None) -> dict[str, ScaleLayout]:
+    """`{"layout": parsed}` for ops whose `method` takes it (ops from before the keyword get nothing)."""
+    if layout is None or not accepts_keyword(type(ops), method, "layout"):
+        return {}
+    parsed = ScaleLayout(layout)
+    if parsed not in dtype.scale_layouts():
+        raise invalid("layout", f"a scale layout of {dtype} ({', '.join(map(str, dtype.scale_layouts()))})", parsed)
+    return {"layout": parsed}

@@ -287,6 +287,8 @@ def _run_masked(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
     exact = vendor.capabilities().host_synchronous
     if exact:  # such vendors want groups covering every row; reading the count costs nothing here
         slot_of_row = slot_of_row[: int(total)]
+    elif dispatched.max_rows is not None:  # the valid rows come first: the static bound is enough
+        slot_of_row = slot_of_row[: min(dispatched.max_rows, slot_of_row.numel())]
     down = _both_projections(vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(counts),
                              slot_of_row)
     rows = local * slots

@@ -20,6 +20,7 @@ from hal import (
     InvalidInput,
     ProbeResult,
     ReferenceOps,
+    ScaleLayout,
     UnsupportedCapability,
     UnsupportedDispatchDtype,
     Vendor,
@@ -199,6 +200,13 @@ def test_buffer_sizes_grow_and_refuse_past_free_memory():
     assert memory_refusal("normal", large, free_bytes=0, freed_bytes=large.total_bytes, world=2) is None
     why = memory_refusal("low-latency", BufferSize(0, 70 * 2**30, 128), free_bytes=2**30, freed_bytes=0, world=2)
     assert "70.03 GiB exceeds the free device memory (1.00 GiB" in why and "max_dispatch_tokens_per_rank" in why
+
+
+def test_deepep_low_latency_refuses_a_per_token_fp8_plan():
+    ep = DeepEp(ops=None)
+    with pytest.raises(UnsupportedCapability, match="one scale per 128 channels"):
+        ep.prepare(None, num_experts=256, hidden_size=7168, dtype=DispatchDtype.FP8, capacity=128,
+                   layout=ScaleLayout.PER_TOKEN)
 
 
 def test_deepep_needs_a_process_group_and_its_own_handle():

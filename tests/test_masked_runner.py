@@ -39,3 +39,4 @@ def test_masked_rows_equal_the_rows_computed_alone(scheme: str, dtype: str, coun
             want = run_grouped_experts(vendor, layer.scheme, layer.expert_weights,
                                        DispatchOutput(DispatchFormat.STANDARD, row, alone))
             torch.testing.assert_close(out[e, j], want[0], rtol=0, atol=0)
+

@@ -58,6 +58,9 @@ class DispatchOutput:
     expert_counts: torch.Tensor
     handle: Any = None
     row_index: torch.Tensor | None = None
+    #: a static bound on the valid rows (e.g. a masked layout's `capacity * ranks * min(k, L)`), which the
+    #: experts may size their work by; None: every row may be valid
+    max_rows: int | None = None
 
     @property
     def payload(self) -> QuantizedTensor:

@@ -50,7 +50,8 @@ class VendorEpDispatcher(Dispatcher):
         self.format = _FORMATS[mode][-1] if mode != "auto" else DispatchFormat.EP_NORMAL
         self._last = self.format
         vendor.prepare_ep(name, process_group=process_group, num_experts=num_experts, hidden_size=plan.hidden_size,
-                          dtype=plan.resolved, capacity=None if mode == "normal" else capacity)
+                          dtype=plan.resolved, capacity=None if mode == "normal" else capacity,
+                          layout=plan.scale_layout)
 
     @property
     def formats(self) -> tuple[DispatchFormat, ...]:
@@ -74,8 +75,13 @@ class VendorEpDispatcher(Dispatcher):
         extra = {"capacity": self.capacity} if low_latency else {}
         payload, counts, handle, *row_index = self._vendor.ep_dispatch(
             hidden_states, routing.topk_ids, name=self.name, dtype=self.plan.resolved, num_experts=self.num_experts,
-            process_group=self.process_group, topk_weights=routing.topk_weights, **extra)
-        return DispatchOutput(self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0])
+            process_group=self.process_group, topk_weights=routing.topk_weights, layout=self.plan.scale_layout,
+            **extra)
+        bound = None
+        if low_latency:  # each received token holds at most min(k, L) of this rank's pairs
+            bound = self.capacity * self.world_size * min(routing.top_k, self.num_local_experts)  # type: ignore[operator]
+        return DispatchOutput(self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0],
+                              max_rows=bound)
 
     def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
                 out_dtype: torch.dtype) -> torch.Tensor:

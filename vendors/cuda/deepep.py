@@ -161,10 +161,11 @@ class DeepEp:
     # -- buffers ---------------------------------------------------------------------------------------
 
     def prepare(self, process_group: Any, *, num_experts: int, hidden_size: int, dtype: DispatchDtype,
-                capacity: int | None, normal_too: bool = True) -> None:
+                capacity: int | None, normal_too: bool = True, layout: ScaleLayout | None = None) -> None:
         """Check the request against what DeepEP takes and make (or grow) the group's buffer for it. With a
         `capacity` the normal-mode buffer is made as well where that mode can serve the layer (a layer in
         "auto" mode switches per call) and `normal_too`; otherwise it is made at a first normal call."""
+        _check_low_latency_layout(dtype, capacity, layout)
         world = _world(process_group)
         probe = self._deep_ep_probe()
         request = {"dtype": dtype, "hidden_size": hidden_size, "num_experts": num_experts, "world": world,
@@ -231,8 +232,8 @@ class DeepEp:
     # -- dispatch / combine ----------------------------------------------------------------------------
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, dtype: DispatchDtype, num_experts: int,
-                 process_group: Any, topk_weights: torch.Tensor | None,
-                 capacity: int | None) -> tuple[QuantizedTensor, torch.Tensor, NormalHandle | LowLatencyHandle]:
+                 process_group: Any, topk_weights: torch.Tensor | None, capacity: int | None,
+                 layout: ScaleLayout | None = None) -> tuple[Any, ...]:
         """`(rows, int64 counts per local expert, handle)`: normal mode without `capacity`, else low-latency."""
         mode = NORMAL if capacity is None else LOW_LATENCY
         top_k = topk_ids.shape[1]
@@ -242,28 +243,32 @@ class DeepEp:
                                         f"{top_k}")
         spec = (num_experts, x.shape[1], capacity, dtype)
         prepare = {"num_experts": num_experts, "hidden_size": x.shape[1], "dtype": dtype, "capacity": capacity}
+        _check_low_latency_layout(dtype, capacity, layout)
         held = self._held(process_group, mode, spec, prepare)
         ids = topk_ids.to(torch.int64).contiguous()
         if capacity is None:
             if topk_weights is None:
                 raise InvalidInput("topk_weights: expected the routing weights [T, k] for deepep's normal mode "
                                    "(they travel with the tokens; the experts' side applies them), got None")
-            return self._dispatch_normal(held.buffer, x, ids, topk_weights, dtype, num_experts)
+            return self._dispatch_normal(held.buffer, x, ids, topk_weights, dtype, num_experts,
+                                         layout or ScaleLayout.GROUP_128)
         return self._dispatch_low_latency(held, x, ids, dtype, num_experts, capacity)
 
     def _dispatch_normal(self, buffer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                         dtype: DispatchDtype, num_experts: int) -> tuple[QuantizedTensor, torch.Tensor, NormalHandle]:
+                         dtype: DispatchDtype, num_experts: int, layout: ScaleLayout) -> tuple[Any, ...]:
         per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, num_experts)
-        if dtype is DispatchDtype.FP8:
-            sent = self._ops.quantize(x, dtype=DispatchDtype.FP8, layout=ScaleLayout.GROUP_128, global_scale=None)
-            rows: Any = (sent.data.contiguous(), sent.scale)
+        if dtype is DispatchDtype.FP8:  # the plan's scale layout; DeepEP carries any number of scales per token
+            sent = self._ops.quantize(x, dtype=DispatchDtype.FP8, layout=layout, global_scale=None)
+            scale = sent.scale.reshape(sent.scale.shape[0], -1).contiguous()
+            rows: Any = (sent.data.contiguous(), scale)
         else:
             rows = x.to(torch.bfloat16).contiguous()
         recv, recv_ids, recv_weights, counts, handle, _ = buffer.dispatch(
             rows, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, topk_idx=ids, topk_weights=weights.to(torch.float32).contiguous())
         if isinstance(recv, tuple):
-            tokens = QuantizedTensor(recv[0], DispatchDtype.FP8, ScaleLayout.GROUP_128, recv[1])
+            scale = recv[1] if layout is ScaleLayout.GROUP_128 else recv[1].reshape(-1)
+            tokens = QuantizedTensor(recv[0], DispatchDtype.FP8, layout, scale)
         else:
             tokens = QuantizedTensor(recv, DispatchDtype.BF16, ScaleLayout.NONE)
         received = sort_received(recv_ids, recv_weights, len(counts), rows=int(sum(counts)),
@@ -315,6 +320,14 @@ class DeepEp:
     def _combine(self, rows: torch.Tensor, index: torch.Tensor | None, weights: torch.Tensor,
                  out_dtype: torch.dtype) -> torch.Tensor:
         return self._ops.weighted_combine(rows, index, weights, out_dtype=out_dtype)
+
+
+def _check_low_latency_layout(dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None) -> None:
+    """DeepEP's low-latency dispatch casts to fp8 itself, with one scale per 128 channels."""
+    if capacity is not None and dtype is DispatchDtype.FP8 and layout not in (None, ScaleLayout.GROUP_128):
+        raise UnsupportedCapability(
+            f"deepep low-latency mode casts fp8 itself, with one scale per 128 channels; this layer plans fp8 "
+            f"with {layout} scales (its scheme's): use normal mode, or the torch.distributed low-latency path")
 
 
 def _world(process_group: Any) -> int:

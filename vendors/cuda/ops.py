@@ -120,17 +120,18 @@ class CudaOps(ReferenceOps):
         return self._side.run(work)
 
     def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype, capacity: int | None) -> None:
+                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
         """Make (or grow) the DeepEP buffer a layer needs, refusing what DeepEP cannot serve (`vendors.cuda.deepep`)."""
         self._ep(name).prepare(process_group, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype,
-                               capacity=capacity)
+                               capacity=capacity, layout=layout)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
                     num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
+                    capacity: int | None = None,
+                    layout: ScaleLayout | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """DeepEP's normal dispatch (no `capacity`) or low-latency dispatch (`vendors.cuda.deepep`)."""
         return self._ep(name).dispatch(x, topk_ids, dtype=dtype, num_experts=num_experts, process_group=process_group,
-                                       topk_weights=topk_weights, capacity=capacity)
+                                       topk_weights=topk_weights, capacity=capacity, layout=layout)
 
     def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
                    out_dtype: torch.dtype) -> torch.Tensor:
