@@ -8,6 +8,7 @@ the ranks' results back. Rendezvous is a `file://` store in the folder.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def worker_main(cases: Callable[[int], Sequence[Any]], run: Callable[[Any, int, 
         except Exception:  # recorded for the test to show
             results[case.name] = traceback.format_exc()
     (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
+    gc.collect()  # free the cases' layers (reference cycles) before the group: gloo at times aborts at exit otherwise
     dist.destroy_process_group()
     return 0
 
