@@ -50,7 +50,7 @@ from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_sc
 from moe.shared import SharedExperts, SharedExpertsBlock
 from moe.sharding import TensorShard
 from moe.stages import StartedForward
-from moe.weight_store import WeightStore
+from moe.weight_store import OwnerCallback, WeightStore
 
 
 class MoELayer(ExpertLoading, torch.nn.Module):
@@ -180,7 +180,7 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         self.runner: ExpertRunner | None = choice.runner
         layout = self.scheme.gemm_kind().spec.weight_layout
         self.experts = WeightStore((layout, layout), self.activation, self.vendor.device)
-        self.experts.on_change = self._rebuild
+        self.experts.on_change = OwnerCallback(self._rebuild)
         self.experts.prepare = self.vendor.prepare_weight
         self.shared_experts = None if shared_experts is None else \
             SharedExpertsBlock(shared_experts, (layout, layout), self.activation, self.vendor.device)

@@ -11,6 +11,7 @@ a caller's tensor.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,8 @@ class WeightStore(torch.nn.Module):
         self._layouts = layouts
         self._activation = activation
         self._weights: ExpertWeights | None = None
-        #: called after the weights change (load, state dict, device move); set by the owner
+        #: called after the weights change (load, state dict, device move); set by the owner (a bound method
+        #: of it is held weakly: `OwnerCallback`)
         self.on_change: Callable[[], None] | None = None
         #: the vendor's `prepare_weight`, applied to weights that arrive through a state dict
         self.prepare: Callable[[QuantizedWeight], QuantizedWeight] | None = None
@@ -139,3 +141,30 @@ def _tensors_of(weights: ExpertWeights) -> dict[str, torch.Tensor]:
 def with_activation(weights: ExpertWeights, activation: Activation) -> ExpertWeights:
     """`weights` computed with `activation`."""
     return dataclasses.replace(weights, activation=activation)
+
+
+class OwnerCallback:
+    """A bound method of the object that owns a store, held weakly: the owner (a layer) holds the store, so a
+    strong reference back would make a cycle, and the layer, with its process group, would live until the
+    garbage collector runs (at exit, after `destroy_process_group`, gloo can abort). A deep copy of the
+    owner gets a callback to the copy."""
+
+    def __init__(self, method: Callable[[], None]) -> None:
+        self._method = weakref.WeakMethod(method)  # type: ignore[arg-type]
+        self._name = method.__name__
+
+    def __call__(self) -> None:
+        method = self._method()
+        if method is not None:
+            method()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OwnerCallback:
+        method = self._method()
+        owner = None if method is None else memo.get(id(method.__self__))
+        return self if owner is None else OwnerCallback(getattr(owner, self._name))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        method = self._method()
+        if method is None:
+            raise TypeError("a callback whose owner is gone cannot be pickled")
+        return (OwnerCallback, (method,))
