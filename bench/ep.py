@@ -25,6 +25,7 @@ WORLD_SIZE) it prints the torchrun command line to use and exits 2. docs/bench-e
 from __future__ import annotations
 
 import argparse
+import gc
 import datetime
 import json
 import math
@@ -280,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, vendor, caps)
     finally:
         if started:
+            gc.collect()  # whatever still holds the group goes first: gloo can abort when it outlives it
             dist.destroy_process_group()
 
 

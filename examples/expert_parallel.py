@@ -77,6 +77,7 @@ def main() -> None:
               f"exact={torch.equal(y, expected)}, {elapsed * 1e3:.2f} ms/call", flush=True)
         if args.bandwidth:
             report_bandwidth(layer, x[mine], logits[mine], name)
+    del layer, single  # the layers hold the group: free them before it (gloo can abort at exit otherwise)
     dist.destroy_process_group()
 
 
