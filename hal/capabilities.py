@@ -74,6 +74,9 @@ class Capabilities:
     #: two calls of an op with the same inputs give bit-identical results (no atomics, no run-to-run
     #: reduction order); a vendor whose kernels are not bit-reproducible declares False
     deterministic: bool = True
+    #: `grouped_matmul` takes groups covering fewer rows than its operand and leaves the rest uncomputed
+    #: (unspecified): a fixed-shape dispatch can then hand over a padded tail without reading counts back
+    grouped_matmul_padding: bool = False
     #: the vendor's own expert-parallel dispatchers (`Vendor.ep_dispatch` / `ep_combine`), by name
     ep_dispatchers: frozenset[str] = frozenset()
     #: those of `ep_dispatchers` that also run in low-latency mode (a fixed per-rank token capacity,
@@ -117,6 +120,7 @@ class Capabilities:
         object.__setattr__(self, "expert_bias", bool(self.expert_bias))
         object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
         object.__setattr__(self, "deterministic", bool(self.deterministic))
+        object.__setattr__(self, "grouped_matmul_padding", bool(self.grouped_matmul_padding))
         object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
         object.__setattr__(self, "ep_low_latency", frozenset(str(n) for n in self.ep_low_latency))
         object.__setattr__(self, "ep_dispatchers_absent", MappingProxyType(
@@ -213,6 +217,7 @@ class Capabilities:
             "expert_bias": self.expert_bias,
             "host_synchronous": self.host_synchronous,
             "deterministic": self.deterministic,
+            "grouped_matmul_padding": self.grouped_matmul_padding,
             "ep_dispatchers": sorted(self.ep_dispatchers),
             "ep_low_latency": sorted(self.ep_low_latency),
             "ep_dispatchers_absent": dict(sorted(self.ep_dispatchers_absent.items())),

@@ -36,7 +36,7 @@ from hal import (
     load_plugins,
     take_rows,
 )
-from moe.dispatch.base import DispatchFormat, DispatchOutput
+from moe.dispatch.base import DispatchFormat, DispatchOutput, padded_counts
 from moe.schemes import SCHEMES, QuantScheme
 from moe.schemes.base import ExpertWeights, GemmOperand
 
@@ -284,12 +284,14 @@ def _run_masked(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
     total = counts.sum()
     compact = torch.where(valid, before, total + torch.arange(valid.numel(), device=valid.device) - before)
     slot_of_row = torch.empty_like(compact).scatter_(0, compact, torch.arange(compact.numel(), device=compact.device))
-    exact = vendor.capabilities().host_synchronous
+    caps = vendor.capabilities()
+    exact = caps.host_synchronous
     if exact:  # such vendors want groups covering every row; reading the count costs nothing here
         slot_of_row = slot_of_row[: int(total)]
     elif dispatched.max_rows is not None:  # the valid rows come first: the static bound is enough
         slot_of_row = slot_of_row[: min(dispatched.max_rows, slot_of_row.numel())]
-    down = _both_projections(vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(counts),
+    gemm_counts = counts if exact or caps.grouped_matmul_padding else padded_counts(counts, slot_of_row.numel())
+    down = _both_projections(vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(gemm_counts),
                              slot_of_row)
     rows = local * slots
     out = down.new_zeros((rows, down.shape[-1])) if exact else down.new_empty((rows, down.shape[-1]))

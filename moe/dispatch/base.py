@@ -61,6 +61,9 @@ class DispatchOutput:
     #: a static bound on the valid rows (e.g. a masked layout's `capacity * ranks * min(k, L)`), which the
     #: experts may size their work by; None: every row may be valid
     max_rows: int | None = None
+    #: the rows per group the experts' GEMMs take, where they differ from `expert_counts` (a padded tail
+    #: counted into the last group, for a vendor whose grouped matmul wants every row covered)
+    gemm_counts: torch.Tensor | None = None
 
     @property
     def payload(self) -> QuantizedTensor:
@@ -83,7 +86,7 @@ class DispatchOutput:
         if self.format is DispatchFormat.EP_LOW_LATENCY:
             slots = self.payload.data.shape[1]
             return Groups.from_counts(torch.full_like(self.expert_counts, slots))
-        return Groups.from_counts(self.expert_counts)
+        return Groups.from_counts(self.expert_counts if self.gemm_counts is None else self.gemm_counts)
 
 
 class Dispatcher(abc.ABC):
@@ -171,6 +174,13 @@ class Dispatcher(abc.ABC):
         """Every format this dispatcher's outputs may have (one, except for a dispatcher that changes
         mode per call)."""
         return (self.format,)
+
+
+def padded_counts(counts: torch.Tensor, rows: int) -> torch.Tensor:
+    """`counts` with the rows past their total (of `rows`) added to the last group, on the device."""
+    padded = counts.clone()
+    padded[-1:] += rows - counts.sum()
+    return padded
 
 
 def group_size_and_rank(process_group: Any, argument: str = "process_group") -> tuple[int, int]:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from hal import DispatchPlan, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
 from hal.reference import ReceivedTokens
-from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending
+from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending, padded_counts
 from moe.dispatch.tokens import Constants, all_to_all, partial_sums, receive, sum_partials
 from moe.dispatch.wire import pack_into, routed_row_bytes, routing_offset, view_records, view_routing
 from moe.routing import Routing
@@ -100,6 +100,7 @@ class LowLatencyDispatcher(Dispatcher):
         self._check_fits()
         self._sets: list[_Buffers] = []
         self._exact_rows = vendor is None or vendor.capabilities().host_synchronous
+        self._padding = vendor is not None and vendor.capabilities().grouped_matmul_padding
         self._next = 0
         self._constants = Constants()
 
@@ -177,11 +178,15 @@ class LowLatencyDispatcher(Dispatcher):
         def finish() -> DispatchOutput:
             got = receive(buffers.recv_ids, buffers.recv_weights, self.first_expert, self.num_local_experts,
                           self._constants.sort(self.vendor))
+            gemm_counts = None
             if self._exact_rows:  # reading the count back costs nothing here; such vendors want exact groups
                 got = replace(got, row_index=got.row_index[: int(got.expert_counts.sum())])
+            elif not self._padding:  # the GEMMs must cover every row: the tail is computed as the last expert's
+                gemm_counts = padded_counts(got.expert_counts, got.row_index.numel())
             source = buffers.source(quantized.global_scale)
             return DispatchOutput(self.format, source, got.expert_counts,
-                                  _LowLatencyHandle(got, home_index, tokens, buffers), row_index=got.row_index)
+                                  _LowLatencyHandle(got, home_index, tokens, buffers), row_index=got.row_index,
+                                  gemm_counts=gemm_counts)
 
         return Pending([work], finish)
 

@@ -63,6 +63,7 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
         grouped_matmul=kinds,
         limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",
+        grouped_matmul_padding=kernels,  # the Triton grouped GEMM schedules the groups' rows only
         ep_dispatchers=ep["ep_dispatchers"],
         ep_low_latency=ep["ep_low_latency"],
         ep_dispatchers_absent=ep["ep_dispatchers_absent"],
