@@ -4,6 +4,7 @@ as strict as the op's documented limits; the layer refuses it where it cannot ru
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ import moe
 from hal import DispatchConfig, InvalidInput, UnsupportedCapability, get_vendor
 from tests.gloo_world import spawn_world
 from tests.mc2_worker import CASES
+from vendors.ascend.capabilities import generation_of
 from vendors.ascend.emulation.torch_npu_ops import EmulatedTorchNpu
+from vendors.ascend.mc2 import mc2_problems
 
 WORKER = Path(__file__).with_name("mc2_worker.py")
 #: The same rows, GEMMs and fp32 weighted sums as one rank. int8 (integer accumulation) agrees
@@ -64,3 +67,36 @@ def test_unknown_arguments_and_groups_are_refused():
         npu.npu_moe_distribute_dispatch(x, ids, "g", 2, 0, 8, k=2)  # type: ignore[call-arg]
     with pytest.raises(RuntimeError, match="not a communicator"):
         npu.npu_moe_distribute_dispatch(x, ids, "g", 2, 0, 8)
+
+
+@pytest.mark.parametrize("soc", ["Ascend910_9392", "Ascend910B3"])
+def test_the_vendor_refuses_exactly_the_shapes_the_op_rejects(soc):
+    npu = EmulatedTorchNpu(soc)
+    generation = generation_of(soc)
+    for h, bs, k in itertools.product((32, 100, 256, 4096, 7168, 7200), (1, 256, 300, 512, 513), (1, 8, 9)):
+        try:
+            npu._check_shapes("npu_moe_distribute_dispatch", h, bs, k)
+            rejected = False
+        except RuntimeError:
+            rejected = True
+        assert bool(mc2_problems(generation, hidden=h, tokens=bs, top_k=k)) == rejected, (soc, h, bs, k)
+
+
+def test_a_hidden_size_the_op_rejects_is_refused_when_the_layer_is_built():
+    group = _single_rank_group()
+    try:
+        with pytest.raises(InvalidInput, match="hidden size 256.*7168 on Atlas A3"):
+            moe.MoELayer(256, 96, 8, 2, vendor=get_vendor("ascend-emulated"), process_group=group,
+                         dispatch=DispatchConfig(ep_dispatcher="mc2"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _single_rank_group():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return torch.distributed.group.WORLD

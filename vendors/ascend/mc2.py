@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from hal import DispatchDtype, QuantizedTensor, ScaleLayout, UnsupportedCapability
+from hal import DispatchDtype, InvalidInput, QuantizedTensor, ScaleLayout, UnsupportedCapability
 from vendors.ascend.binding import NpuBinding
+from vendors.ascend.capabilities import generation_of
 
 #: dispatch dtype -> the op's quant_mode (0: rows as they are, 2: dynamic per-token int8)
 _QUANT_MODES = {DispatchDtype.BF16: 0, DispatchDtype.FP16: 0, DispatchDtype.INT8: 2}
@@ -35,6 +36,38 @@ class Mc2Handle:
     num_experts: int
 
 
+def mc2_problems(generation: str | None, *, hidden: int, tokens: int | None = None,
+                 top_k: int | None = None) -> list[str]:
+    """Why the MC2 ops refuse a layer of hidden size `hidden` (and, when given, a batch of `tokens`
+    with `top_k` experts each); empty when they take it.
+
+    Limits of Ascend's op page for `npu_moe_distribute_dispatch`: 0 < K <= 8; on Atlas A3 H is
+    exactly 7168 and BS at most 512; elsewhere H is a multiple of 32 up to 7168 and BS at most 256.
+    """
+    found = []
+    if generation == "A3":
+        if hidden != 7168:
+            found.append(f"hidden size {hidden}: the MC2 dispatch takes exactly 7168 on Atlas A3")
+        most = 512
+    else:
+        if not 0 < hidden <= 7168 or hidden % 32:
+            found.append(f"hidden size {hidden}: the MC2 dispatch takes a multiple of 32 up to 7168 on "
+                         f"Atlas {generation}")
+        most = 256
+    if tokens is not None and not 0 < tokens <= most:
+        found.append(f"{tokens} tokens per rank: the MC2 dispatch takes 1..{most} on Atlas {generation}")
+    if top_k is not None and not 0 < top_k <= 8:
+        found.append(f"top-k {top_k}: the MC2 dispatch takes 1..8")
+    return found
+
+
+def check_mc2(binding: NpuBinding, *, hidden: int, tokens: int | None = None, top_k: int | None = None) -> None:
+    """Refuse (`InvalidInput`, every reason) what the MC2 ops would reject on this binding's SoC."""
+    found = mc2_problems(generation_of(binding.soc_name), hidden=hidden, tokens=tokens, top_k=top_k)
+    if found:
+        raise InvalidInput("the MC2 expert-parallel dispatcher cannot take this: " + "; ".join(found))
+
+
 def mc2_dispatch(binding: NpuBinding, x: torch.Tensor, topk_ids: torch.Tensor, *, dtype: DispatchDtype,
                  num_experts: int, process_group: Any) -> tuple[QuantizedTensor, torch.Tensor, Mc2Handle]:
     """The rows for this rank's experts in `dtype` (bf16, fp16 or int8), their counts, and the handle."""
@@ -44,6 +77,7 @@ def mc2_dispatch(binding: NpuBinding, x: torch.Tensor, topk_ids: torch.Tensor, *
         raise UnsupportedCapability(f"the MC2 dispatcher carries bf16, fp16 and int8, not {dtype}")
     if binding.comm_name is None:
         raise UnsupportedCapability("the MC2 dispatcher needs the runtime's HCCL communicator names")
+    check_mc2(binding, hidden=x.shape[-1], tokens=x.shape[0], top_k=topk_ids.shape[-1])
     name, world, rank = binding.comm_name(process_group), dist.get_world_size(process_group), dist.get_rank(process_group)
     rows = x.to(torch.float16 if dtype is DispatchDtype.FP16 else torch.bfloat16)
     ids = topk_ids.to(torch.int32)

@@ -34,7 +34,7 @@ from hal import (
 )
 from vendors.ascend.binding import NpuBinding
 from vendors.ascend.fused import DeepEpFusedMoe, check_fused_operands
-from vendors.ascend.mc2 import mc2_combine, mc2_dispatch
+from vendors.ascend.mc2 import check_mc2, mc2_combine, mc2_dispatch
 
 #: Activation dtypes npu_dynamic_quant accepts.
 _NPU_QUANT_INPUTS = (torch.float16, torch.bfloat16)
@@ -61,6 +61,11 @@ class AscendOps(ReferenceOps):
         if self._fused is None:
             self._fused = DeepEpFusedMoe(self)
         self._fused.prepare(w13, w2, process_group)
+
+    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
+                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
+        """Refuse, when the layer is built, a hidden size the MC2 ops reject on this SoC."""
+        check_mc2(self.binding, hidden=hidden_size)
 
     def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
                     num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
