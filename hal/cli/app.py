@@ -11,9 +11,9 @@ from importlib import metadata
 from typing import NoReturn
 
 from rich.console import Console
-from stevedore import ExtensionManager
 
 from hal.cli import commands
+from hal.entry_points import guarded, load_plugins
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype
 from hal.errors import HalError, InvalidInput
@@ -106,16 +106,14 @@ def build_parser() -> OneLineParser:
 
 
 def _load_command_plugins(sub: argparse._SubParsersAction) -> None:
-    def on_failure(_manager: object, entry_point: object, error: Exception) -> None:
-        sys.stderr.write(f"hal: warning: command plugin {getattr(entry_point, 'name', '?')!r} "
-                         f"failed to load: {type(error).__name__}: {error}\n")
-
-    manager = ExtensionManager(COMMAND_GROUP, invoke_on_load=False, on_load_failure_callback=on_failure)
-    for extension in manager.extensions:
-        try:
-            extension.plugin(sub)
-        except Exception as exc:
-            on_failure(None, extension.entry_point, exc)
+    """Add every registered command; one that fails to load or to register is a warning, not an end."""
+    loaded, failures = load_plugins(COMMAND_GROUP)
+    for name, register in loaded:
+        _, error = guarded(lambda: register(sub)) if callable(register) else (None, f"{register!r} is not callable")
+        if error is not None:
+            sys.stderr.write(f"hal: warning: command plugin {name!r} failed to register: {error}\n")
+    for failure in failures:
+        sys.stderr.write(f"hal: warning: command plugin {failure.name!r} failed to load: {failure.error}\n")
 
 
 def make_console() -> Console:
