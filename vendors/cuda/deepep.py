@@ -259,7 +259,8 @@ class DeepEp:
         per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, num_experts)
         if dtype is DispatchDtype.FP8:  # the plan's scale layout; DeepEP carries any number of scales per token
             sent = self._ops.quantize(x, dtype=DispatchDtype.FP8, layout=layout, global_scale=None)
-            scale = sent.scale.reshape(sent.scale.shape[0], -1).contiguous()
+            # [T, scales per token] also for T = 0 (a rank that routes nothing this call)
+            scale = (sent.scale.flatten(1) if sent.scale.dim() > 1 else sent.scale.unsqueeze(1)).contiguous()
             rows: Any = (sent.data.contiguous(), scale)
         else:
             rows = x.to(torch.bfloat16).contiguous()
