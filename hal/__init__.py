@@ -4,7 +4,7 @@ This module is the API: `moe`, the vendors, the conformance suite and engines im
 from `hal` itself. Two subpackages are public too: `hal.reference` (the torch reference
 implementation of every op, which vendors build on) and `hal.cli` (for `hal.commands`
 plugins). Every other submodule is private; the import contracts in pyproject.toml and
-`tests/test_import_boundary.py` hold the other layers to that.
+`tests/integration/test_import_boundary.py` hold the other layers to that.
 
 Engine code asks `hal` every device question; vendors answer through the `Vendor`
 interface and register themselves as plugins in the `hal.vendors` entry-point group.

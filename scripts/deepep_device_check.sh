@@ -6,7 +6,7 @@
 #
 # Environment (all optional): DEEPEP_BUILD (default /tmp/deepep: reused when it already imports), NPROC (2),
 # WHEELS (a folder of wheels for what the device lacks, e.g. stevedore; default .whl), CHECK_TIMEOUT (seconds, 230),
-# DEEPEP_PYTEST=1 also runs the GPU tests of tests/test_cuda_deepep.py afterwards.
+# DEEPEP_PYTEST=1 also runs the GPU tests of tests/vendors/cuda/test_cuda_deepep.py afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -61,7 +61,7 @@ timeout "${CHECK_TIMEOUT:-230}" "$py" -m torch.distributed.run --standalone --np
 status=$?
 [ $status -eq 124 ] && echo "ERROR: scripts/deepep_check.py ran past ${CHECK_TIMEOUT:-230} s and was stopped" >&2
 if [ "${DEEPEP_PYTEST:-0}" = 1 ]; then
-  "$py" -m pytest tests/test_cuda_deepep.py -m gpu -q -p no:cacheprovider || status=1
+  "$py" -m pytest tests/vendors/cuda/test_cuda_deepep.py -m gpu -q -p no:cacheprovider || status=1
 fi
 echo "deepep device check: exit $status after $((SECONDS - start)) s"
 exit $status
