@@ -14,7 +14,7 @@ call takes the entry of its problem whose M is nearest on a log scale, if its M 
 the table does not hold, or a call outside that reach, takes the built-in defaults. (On the
 H100, entries taken 8-32x beyond the largest tuned M made the layer 6-10 % slower than the
 built-in choice, whose backend changes with the rows; taken 4x beyond, 4-5 % slower on both
-the H100 and the H200: docs/performance.md, "round 2, part 2" and "part 3".) Tables ship in this package
+the H100 and the H200, measured 2026-11-23: `git log -p -- docs/performance.md`.) Tables ship in this package
 (`vendors/cuda/tuning_tables/<device>.json`, found by device name) or are passed to
 `CudaVendor(tuning=...)`.
 
