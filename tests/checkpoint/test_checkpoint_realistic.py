@@ -25,6 +25,8 @@ from tests.support.checkpoint_synthetic import (
 )
 from tests.support.moe_reference import reference_moe, relative_error, softmax_topk
 
+pytestmark = pytest.mark.slow  # realistic shapes: seconds to tens of seconds each on a CPU
+
 PREFIX = "model.layers.7.mlp"
 E, I, LOCAL, TP_RANK, TP = 64, 768, range(40, 48), 1, 2
 

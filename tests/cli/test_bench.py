@@ -25,6 +25,7 @@ def _hal(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_cpu_bench_runs_the_small_shape_and_says_roofline_needs_a_gpu(tmp_path):
     done = _hal("bench", "--vendor", "cpu", "--tokens", "1", "8", "--json", "--output", str(tmp_path / "b.json"),

@@ -3,6 +3,8 @@
 One module-scoped run of `torch.distributed.run --standalone --nproc-per-node 2 -m bench.ep` writes the
 JSON the tests judge: one row per (dispatcher, mode, dtype, tokens), positive times where measured, bytes
 from the plan (bf16: 2H per token; fp8 with 128-channel group scales: H + 4 ceil(H/128)), skipped rows with
+
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
 their reason. A second world runs the same code through `hal bench --ep`; outside a world both commands
 exit 2 with the torchrun command line to use.
 """

@@ -20,6 +20,8 @@ from hal import GemmKind, KNOWN_SCHEMES
 from tests.support.conformance_contract_vendors import write_contract_vendors
 from tests.support.plugin_dist import environment_with
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 CONTRACTS = "test_op_contracts.py"
 OP_INPUTS = f"{CONTRACTS}::test_op_leaves_its_inputs_unchanged"
 OP_CONTIGUOUS = f"{CONTRACTS}::test_op_returns_contiguous_tensors"

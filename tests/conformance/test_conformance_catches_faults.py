@@ -16,6 +16,8 @@ from hal import GemmKind, KNOWN_SCHEMES
 from tests.support.conformance_vendors import write_faulty_vendors
 from tests.support.plugin_dist import environment_with
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 
 def _run(tmp_path, vendor: str) -> dict:
     write_faulty_vendors(tmp_path / "site")

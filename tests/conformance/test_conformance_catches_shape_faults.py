@@ -21,6 +21,8 @@ import pytest
 from tests.support.conformance_vendors import SHAPE_FAULTS, write_faulty_vendors
 from tests.support.plugin_dist import environment_with
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 SWEEPS = "test_shape_sweeps.py"
 #: fault -> test functions (`file::function`) that must fail for it, whatever else fails too. The
 #: property tests usually fail too (`test_properties.py`), but which cases hypothesis draws may change

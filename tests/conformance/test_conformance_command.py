@@ -22,6 +22,8 @@ from conformance.plugin import DEPTHS
 from tests.support.plugin_dist import environment_with
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 ROOT = REPO
 TEMPLATE = ROOT / "examples" / "vendor_template"
 

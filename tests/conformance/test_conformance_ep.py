@@ -23,6 +23,8 @@ from hal.cli import main as hal_main
 from tests.support.ep_vendors import FALLBACK, FAULTY, ONE_SIDED, write_ep_vendors
 from tests.support.plugin_dist import environment_with
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 #: Every case of the quick depth on a vendor with no dispatcher of its own (the CPU).
 QUICK_IDS = {f"{TORCH}/{mode}/{dtype}/{shape.name}" for mode in MODES for dtype in DTYPE_SCHEMES
              for shape in QUICK_SHAPES}

@@ -33,6 +33,8 @@ from hal.cli.app import main
 from tests.support.plugin_dist import environment_with, write_distribution, write_misbehaving_plugins
 from vendors.cpu import CpuVendor
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 
 def run_python(root, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     """Run `python *args` with the distributions under `root` installed; the result and its wall time."""

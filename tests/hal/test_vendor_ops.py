@@ -140,8 +140,8 @@ def test_op_sources_tell_native_ops_from_the_reference():
     sources = {s.op: s for s in EmulatedAscendVendor().op_sources()}
     assert set(sources) == set(OP_NAMES)
     native = {op for op, s in sources.items() if s.native}
-    assert native == {"quantize", "quantize_int4", "grouped_matmul", "swiglu", "fused_deep_moe", "prepare_fused", "ep_dispatch",
-                      "ep_combine"}
+    assert native == {"quantize", "quantize_int4", "grouped_matmul", "swiglu", "fused_deep_moe", "prepare_fused", "prepare_ep",
+                      "ep_dispatch", "ep_combine"}
     assert "npu_grouped_matmul" in sources["grouped_matmul"].detail
     assert sources["dequantize"].detail == "hal.reference"
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
 import textwrap
 
@@ -11,6 +14,7 @@ import torch
 
 from hal import DispatchDtype, UnsupportedCapability, VendorUnavailable
 from vendors.ascend import AscendVendor
+from tests.support.paths import REPO
 from vendors.cuda import CudaVendor
 
 
@@ -77,10 +81,28 @@ def test_ascend_without_a_device_says_so(tmp_path, monkeypatch, restore_torch_np
     assert not result.available and "sees no NPU" in result.reason
 
 
+#: Run in a fresh interpreter: a stand-in torch_npu renames torch's privateuse1 backend to "npu", as the
+#: real one does, and that rename lasts for the process (torch.compile in the same process then fails).
+SOC_PROBE = """
+import json, sys
+from hal import DispatchDtype
+from vendors.ascend import AscendVendor
+import torch
+vendor = AscendVendor()
+caps = vendor.capabilities()
+print(json.dumps({"available": vendor.probe().available, "reason": vendor.probe().reason,
+                  "device_name": caps.device_name, "notes": list(caps.notes),
+                  "fp8_fallback": str(caps.fallback_for(DispatchDtype.FP8)),
+                  "device": str(vendor.device), "fused": sorted(caps.fused_deep_moe)}))
+"""
+
+
 @pytest.mark.parametrize("soc, generation", [("Ascend910_9392", "A3"), ("Ascend910B3", "A2"),
                                              ("Ascend910X", "A2")])
-def test_ascend_capabilities_follow_the_soc(tmp_path, monkeypatch, restore_torch_npu, soc, generation):
-    _fake_torch_npu(tmp_path, monkeypatch, f"""
+def test_ascend_capabilities_follow_the_soc(tmp_path, soc, generation):
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent(f"""
         import torch
         torch.utils.rename_privateuse1_backend("npu")  # as torch_npu does on import
 
@@ -89,19 +111,22 @@ def test_ascend_capabilities_follow_the_soc(tmp_path, monkeypatch, restore_torch
             device_count = staticmethod(lambda: 8)
             current_device = staticmethod(lambda: 0)
             get_device_name = staticmethod(lambda index: {soc!r})
-    """)
-    vendor = AscendVendor()
-    assert vendor.probe().available and soc in vendor.probe().reason
-    caps = vendor.capabilities()
-    assert caps.device_name.startswith(soc) and f"SoC generation {generation}" in caps.notes
-    assert caps.fallback_for(DispatchDtype.FP8) is DispatchDtype.INT8
-    assert vendor.device == torch.device("npu", 0)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("HAL_VENDOR", None)
+    done = subprocess.run([sys.executable, "-c", SOC_PROBE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["available"] and soc in found["reason"]
+    assert found["device_name"].startswith(soc) and f"SoC generation {generation}" in found["notes"]
+    assert found["fp8_fallback"] == str(DispatchDtype.INT8)
+    assert found["device"] == "npu:0"
     if soc == "Ascend910X":
-        assert any("unrecognised SoC" in note for note in caps.notes)
+        assert any("unrecognised SoC" in note for note in found["notes"])
     # The fused op is not declared, and the notes say why: no Ascend DeepEP port importable here
     # (A3), or a generation the port's fused kernel is not built for (A2).
     why = "deep_ep" if generation == "A3" else "built for A3 and A5"
-    assert caps.fused_deep_moe == frozenset() and any(why in note for note in caps.notes)
+    assert found["fused"] == [] and any(why in note for note in found["notes"])
 
 
 def test_importing_vendor_packages_needs_no_runtime():

@@ -15,6 +15,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 pytest.importorskip("transformers")
 
 import hal  # noqa: E402

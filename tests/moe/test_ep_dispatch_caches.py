@@ -15,6 +15,8 @@ from tests.support.ep_cache_worker import CASES
 from tests.support.gloo_world import spawn_world
 from tests.support.paths import SUPPORT
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 WORKER = SUPPORT / "ep_cache_worker.py"
 
 

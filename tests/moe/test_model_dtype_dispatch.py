@@ -251,12 +251,14 @@ def _layer_error(realistic, dtype: torch.dtype, dispatch: str = "auto") -> tuple
     return _max_relative(y, _REFERENCES[dtype]), layer
 
 
+@pytest.mark.slow
 def test_an_fp32_model_is_within_1e_5_of_float64(realistic):
     error, layer = _layer_error(realistic, torch.float32)
     assert (layer.plan.resolved, layer.plan.source) == (FP32, PlanSource.MODEL_DTYPE)
     assert error <= 1e-5, f"max abs error / max abs reference {error:.3g}"  # measured 5e-7 (bf16 dispatch: 2e-3)
 
 
+@pytest.mark.slow
 def test_an_fp16_model_is_not_rounded_to_bf16(realistic):
     error, layer = _layer_error(realistic, torch.float16)
     assert layer.plan.resolved is FP16

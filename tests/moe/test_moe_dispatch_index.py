@@ -58,6 +58,7 @@ def test_the_first_gemm_reads_the_tokens_through_the_dispatch_index(scheme, toke
     assert torch.equal(y, legacy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 def test_through_the_index_at_a_realistic_shape(top_k):
     """128 experts, 1500 tokens, H and I off multiples of 128: the layer reading through the index computes the

@@ -53,6 +53,8 @@ from tests.support.ep_worker import (
 )
 from tests.support.paths import REPO, SUPPORT
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 WORKER = SUPPORT / "ep_worker.py"
 REPO = REPO
 WORLD_TIMEOUT_S = 240

@@ -19,6 +19,8 @@ import moe
 from hal import InvalidInput
 from tests.support.plugin_dist import environment_with, write_distribution
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 PLUGIN = """
 import moe
 

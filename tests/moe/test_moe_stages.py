@@ -25,6 +25,8 @@ from tests.support.stages_worker import cases
 from tests.moe.test_moe_layer import FusedInt8
 from tests.support.paths import REPO, SUPPORT
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 ROOT = REPO
 WORKER = SUPPORT / "stages_worker.py"
 E, H, I, K = 8, 64, 32, 2

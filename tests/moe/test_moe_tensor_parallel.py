@@ -19,6 +19,8 @@ from tests.support.gloo_world import spawn_world
 from tests.support.tp_worker import cases
 from tests.support.paths import SUPPORT
 
+pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
+
 WORKER = SUPPORT / "tp_worker.py"
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "w8a8-fp8-block": 1e-2, "w8a8-int8": 3e-2}
 

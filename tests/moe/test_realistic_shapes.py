@@ -16,6 +16,8 @@ import moe
 from moe import MoELayer
 from vendors.cpu import CpuVendor
 
+pytestmark = pytest.mark.slow  # realistic shapes: seconds to tens of seconds each on a CPU
+
 
 def _counts(experts: int, rows: int, gen: torch.Generator) -> list[int]:
     """Uneven rows per expert, a quarter of the experts empty, summing to `rows`."""

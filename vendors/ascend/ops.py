@@ -50,6 +50,7 @@ class AscendOps(ReferenceOps):
         "grouped_matmul": "npu_grouped_matmul (group_type=0, split_item=2)",
         "swiglu": "npu_swiglu",
         "prepare_fused": "the port's weights (FRACTAL_NZ, w13 tile permutation, w2 [E, H, I]) made at load",
+        "prepare_ep": "refuses the hidden sizes the MC2 ops reject on this SoC (their op page's limits)",
         "ep_dispatch": "npu_moe_distribute_dispatch (MC2; int8 with quant_mode=2)",
         "ep_combine": "npu_moe_distribute_combine (MC2, weighted by the routing weights)",
         "fused_deep_moe": "the Ascend DeepEP port (Buffer.fused_deep_moe / dispatch + torch_npu MoE ops + combine)",

@@ -33,6 +33,7 @@ def world_results(request, tmp_path_factory):
     return spawn_world(WORKER, world, out)
 
 
+@pytest.mark.slow
 def test_mc2_layers_equal_the_single_rank_layer(world_results):
     for case in CASES:
         for rank, result in enumerate(world_results):

@@ -279,6 +279,7 @@ def test_finalize_accepts_drop_pad_modes_2_and_3(version):
         npu.npu_moe_finalize_routing(rows, None, None, None, scales, row_major, None, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["2.8"])
 def test_hal_conformance_runs_under_an_older_modelled_version(version, tmp_path):
     env = {**os.environ, VERSION_VARIABLE: version}

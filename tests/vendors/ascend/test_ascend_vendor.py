@@ -285,6 +285,7 @@ def test_a5_dispatches_fp8_natively_through_the_layer():
 # -- the acceptance run ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_conformance_suite_passes_on_the_emulation(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "ascend-emulated",
                            "--report", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=ROOT)
