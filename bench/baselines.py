@@ -34,15 +34,22 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
     through_index = "row_index" in grouped_matmul_keywords(type(vendor))
     rows = q if through_index else q.rows(token)
     index = {"row_index": token} if through_index else {}
-    act = vendor.grouped_matmul(rows.data if gemm.is_float else rows, weights.w13, groups, out_dtype=torch.bfloat16,
-                                activation=weights.activation, **index)
+    act = vendor.grouped_matmul(
+        rows.data if gemm.is_float else rows,
+        weights.w13,
+        groups,
+        out_dtype=torch.bfloat16,
+        activation=weights.activation,
+        **index,
+    )
     second = act if gemm.is_float else vendor.quantize(act, gemm.activation.dtype, layout=gemm.activation.layout)
     y = vendor.grouped_matmul(second, weights.w2, groups, out_dtype=torch.bfloat16)
     return vendor.weighted_combine(y, inverse, topk_weights, x.dtype)
 
 
-def per_expert_loop(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                    top_k: int) -> torch.Tensor:
+def per_expert_loop(
+    x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int
+) -> torch.Tensor:
     """A straightforward PyTorch MoE in bf16: for each expert, gather its tokens and run two matmuls."""
     topk_weights, ids = _softmax_topk(logits, top_k)
     out = torch.zeros(x.shape[0], w2.shape[-1], dtype=torch.float32, device=x.device)

@@ -74,19 +74,25 @@ class ShapeBench:
         w13 = torch.randn(e, h, 2 * i, device=device, generator=g, dtype=torch.bfloat16) / math.sqrt(h)
         w2 = torch.randn(e, i, h, device=device, generator=g, dtype=torch.bfloat16) / math.sqrt(i)
         self.loop_weights = (w13, w2)  # bf16, for the per-expert loop
-        self.layers = {p: MoELayer.from_float(w13, w2, shape.top_k, scheme=PRECISIONS[p], vendor=vendor)
-                       for p in precisions}
+        self.layers = {
+            p: MoELayer.from_float(w13, w2, shape.top_k, scheme=PRECISIONS[p], vendor=vendor) for p in precisions
+        }
 
     def inputs(self, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`ROTATING_INPUTS` (x, router logits) pairs."""
         device = self.vendor.device
         g = torch.Generator(device=device).manual_seed(tokens)
-        return [(torch.randn(tokens, self.shape.hidden, device=device, generator=g).to(torch.bfloat16),
-                 torch.randn(tokens, self.shape.experts, device=device, generator=g))
-                for _ in range(ROTATING_INPUTS)]
+        return [
+            (
+                torch.randn(tokens, self.shape.hidden, device=device, generator=g).to(torch.bfloat16),
+                torch.randn(tokens, self.shape.experts, device=device, generator=g),
+            )
+            for _ in range(ROTATING_INPUTS)
+        ]
 
-    def run(self, precision: str, tokens: int, timer: DeviceTimer, ceilings: Ceilings | None,
-            graphs: bool) -> CaseResult:
+    def run(
+        self, precision: str, tokens: int, timer: DeviceTimer, ceilings: Ceilings | None, graphs: bool
+    ) -> CaseResult:
         """Time the case eagerly, through the direct kernels, the per-expert loop and (if `graphs`) graph replay."""
         layer = self.layers[precision]
         sets = self.inputs(tokens)
@@ -97,23 +103,28 @@ class ShapeBench:
         estimate = timer.median_us(layer_call, warmup=2, repeats=3)
         repeats = repeats_for(estimate)
         result = CaseResult(
-            self.shape.name, tokens, precision,
+            self.shape.name,
+            tokens,
+            precision,
             eager_us=timer.median_us(layer_call, warmup=3, repeats=repeats),
             direct_eager_us=timer.median_us(direct_call, warmup=3, repeats=repeats),
             loop_us=timer.median_us(loop_call, warmup=1, repeats=max(5, repeats // 4)),
         )
         if graphs:
             result.graph_us = timer.median_us(_graphed(layer_call, len(sets)), warmup=5, repeats=max(repeats, 50))
-            result.direct_graph_us = timer.median_us(_graphed(direct_call, len(sets)), warmup=5,
-                                                     repeats=max(repeats, 50))
+            result.direct_graph_us = timer.median_us(
+                _graphed(direct_call, len(sets)), warmup=5, repeats=max(repeats, 50)
+            )
         self._roofline(result, layer, sets, ceilings)
         return result
 
     def _roofline(self, result: CaseResult, layer: MoELayer, sets: list, ceilings: Ceilings | None) -> None:
         """Touched experts' weight bytes and the GEMM flops; the roofline time where ceilings exist."""
         weights = layer.expert_weights
-        per_expert = sum(t.numel() * t.element_size() for w in (weights.w13, weights.w2)
-                         for t in w.tensors().values()) / self.shape.experts
+        per_expert = (
+            sum(t.numel() * t.element_size() for w in (weights.w13, weights.w2) for t in w.tensors().values())
+            / self.shape.experts
+        )
         touched = [layer.router(r).topk_ids.unique().numel() for _, r in sets]
         result.touched_experts = sum(touched) / len(touched)
         result.weight_bytes = result.touched_experts * per_expert

@@ -18,8 +18,10 @@ class Ceilings:
 
     def as_dict(self) -> dict[str, float]:
         """Plain data (GB/s and TFLOP/s) for JSON."""
-        return {"copy_GBps": self.copy_bytes_per_s / 1e9,
-                **{f"matmul_{k}_TFLOPs": v / 1e12 for k, v in self.matmul_flops_per_s.items()}}
+        return {
+            "copy_GBps": self.copy_bytes_per_s / 1e9,
+            **{f"matmul_{k}_TFLOPs": v / 1e12 for k, v in self.matmul_flops_per_s.items()},
+        }
 
 
 def measure(timer: DeviceTimer, *, copy_bytes: int = 1 << 30, n: int = 8192) -> Ceilings:

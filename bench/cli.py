@@ -20,8 +20,10 @@ from hal import Capabilities, HalError, InvalidInput, VendorRegistry
 from hal.cli import positive_int_argument
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
-NO_ROOFLINE = ("roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "
-               "its copy bandwidth and matmul peak, so only eager times are shown")
+NO_ROOFLINE = (
+    "roofline figures need a GPU: this vendor's device has no CUDA events or graphs to measure "
+    "its copy bandwidth and matmul peak, so only eager times are shown"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,21 +31,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "time the MoE layer on a vendor against the device's measured roofline"
     parser = subparsers.add_parser("bench", help=text, description=text)
     parser.add_argument("--vendor", help="vendor to run (default: the selected one)")
-    parser.add_argument("--model", action="extend", nargs="+", dest="models", metavar="NAME",
-                        help=f"model shapes ({', '.join(SHAPES)}; default: the three named models on a GPU, "
-                             "tiny elsewhere)")
-    parser.add_argument("--tokens", action="extend", nargs="+", type=positive_int_argument, metavar="N",
-                        help=f"token counts (default {' '.join(map(str, TOKENS))} on a GPU, "
-                             f"{' '.join(map(str, CPU_TOKENS))} elsewhere)")
-    parser.add_argument("--precision", action="extend", nargs="+", choices=sorted(PRECISIONS), dest="precisions",
-                        help="bf16 (unquantized) and/or fp8 (w8a8-fp8-block); default both where declared")
+    parser.add_argument(
+        "--model",
+        action="extend",
+        nargs="+",
+        dest="models",
+        metavar="NAME",
+        help=f"model shapes ({', '.join(SHAPES)}; default: the three named models on a GPU, tiny elsewhere)",
+    )
+    parser.add_argument(
+        "--tokens",
+        action="extend",
+        nargs="+",
+        type=positive_int_argument,
+        metavar="N",
+        help=f"token counts (default {' '.join(map(str, TOKENS))} on a GPU, "
+        f"{' '.join(map(str, CPU_TOKENS))} elsewhere)",
+    )
+    parser.add_argument(
+        "--precision",
+        action="extend",
+        nargs="+",
+        choices=sorted(PRECISIONS),
+        dest="precisions",
+        help="bf16 (unquantized) and/or fp8 (w8a8-fp8-block); default both where declared",
+    )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON report to FILE")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
-    parser.add_argument("--ep", nargs=argparse.REMAINDER, metavar="OPTION",
-                        help="the expert-parallel benchmark, run under torchrun (torchrun --nproc-per-node 2 "
-                             "$(which hal) bench --ep ...); every option after --ep is its own: see "
-                             "hal bench --ep --help and docs/bench-ep.md")
+    parser.add_argument(
+        "--ep",
+        nargs=argparse.REMAINDER,
+        metavar="OPTION",
+        help="the expert-parallel benchmark, run under torchrun (torchrun --nproc-per-node 2 "
+        "$(which hal) bench --ep ...); every option after --ep is its own: see "
+        "hal bench --ep --help and docs/bench-ep.md",
+    )
     parser.set_defaults(handler=bench)
 
 
@@ -72,12 +95,22 @@ def bench(args: argparse.Namespace, console: Console) -> int:
         progress.print("measuring the device's ceilings (copy bandwidth, dense matmul)...")
         measured = ceiling_probe.measure(timer)
     payload = {
-        "vendor": vendor.name, "device": caps.device_name, "torch": torch.__version__,
+        "vendor": vendor.name,
+        "device": caps.device_name,
+        "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "ceilings": measured.as_dict() if measured else None,
         "note": "" if gpu else NO_ROOFLINE,
-        "shapes": {s.name: {"hidden": s.hidden, "intermediate": s.intermediate, "experts": s.experts,
-                            "top_k": s.top_k, "note": s.note} for s in shapes},
+        "shapes": {
+            s.name: {
+                "hidden": s.hidden,
+                "intermediate": s.intermediate,
+                "experts": s.experts,
+                "top_k": s.top_k,
+                "note": s.note,
+            }
+            for s in shapes
+        },
     }
     results: list[CaseResult] = []
     total = len(shapes) * len(precisions) * len(tokens)
@@ -92,8 +125,10 @@ def bench(args: argparse.Namespace, console: Console) -> int:
                 result = built.run(precision, count, timer, measured, graphs=gpu)
                 results.append(result)
                 fraction = result.derived()["roofline_fraction_graph"]
-                progress.print(f"[{len(results)}/{total}] {shape.name} {precision} {count} tokens: "
-                               f"{result.best_us:.1f} µs" + (f" ({100 * fraction:.0f}% of roofline)" if fraction else ""))
+                progress.print(
+                    f"[{len(results)}/{total}] {shape.name} {precision} {count} tokens: "
+                    f"{result.best_us:.1f} µs" + (f" ({100 * fraction:.0f}% of roofline)" if fraction else "")
+                )
         del built
         if gpu:
             torch.cuda.empty_cache()
@@ -118,8 +153,9 @@ def writable_file(option: str, path: Path | None) -> None:
     if path.is_dir():
         raise InvalidInput(f"{option}: expected a file path, got the directory {str(path)!r}")
     if not parent.is_dir():
-        raise InvalidInput(f"{option}: expected a file in an existing directory, got {str(path)!r} "
-                           f"({str(parent)!r} does not exist)")
+        raise InvalidInput(
+            f"{option}: expected a file in an existing directory, got {str(path)!r} ({str(parent)!r} does not exist)"
+        )
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise InvalidInput(f"{option}: {str(path)!r} is not writable")
 

@@ -34,7 +34,6 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,51 +44,8 @@ import hal
 import moe
 from bench.ep_report import Row, print_tables, us
 from bench.ep_world import WARMUP, World
-from hal.cli import positive_int_argument
 
-#: The scheme each dispatch dtype is measured with (the dispatch dtype is requested explicitly too).
-SCHEMES = {"bf16": "unquantized", "fp8": "w8a8-fp8-block"}
-MODES = ("normal", "low-latency", "auto")
-#: `--ep-dispatcher` name of the torch.distributed path (`DispatchConfig(ep_dispatcher=None)`).
-TORCH_PATH = "torch"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The EP benchmark's options (the same for `python -m bench.ep` and `hal bench --ep`)."""
-    parser.add_argument("--vendor", help="vendor to run (default: HAL_VENDOR, then the highest-priority available)")
-    parser.add_argument("--hidden", type=positive_int_argument, default=7168, help="hidden size H (default 7168)")
-    parser.add_argument("--intermediate", type=positive_int_argument, default=2048,
-                        help="expert intermediate size I (default 2048)")
-    parser.add_argument("--experts", type=positive_int_argument, default=256,
-                        help="routed experts in all, a multiple of the world size (default 256)")
-    parser.add_argument("--top-k", type=positive_int_argument, default=8, help="experts per token (default 8)")
-    parser.add_argument("--tokens", nargs="+", type=positive_int_argument, default=[128, 4096], metavar="N",
-                        help="tokens per rank (default 128 4096)")
-    parser.add_argument("--dtype", nargs="+", choices=sorted(SCHEMES), default=["bf16", "fp8"], dest="dtypes",
-                        help="dispatch dtypes: bf16 (scheme unquantized), fp8 (scheme w8a8-fp8-block); default both")
-    parser.add_argument("--mode", nargs="+", choices=MODES, dest="modes",
-                        help="expert-parallel modes (default: normal and low-latency for the torch path; for a "
-                             "vendor dispatcher normal, plus low-latency where it declares it)")
-    parser.add_argument("--ep-dispatcher", nargs="+", dest="dispatchers", metavar="NAME",
-                        help=f"dispatchers: {TORCH_PATH!r} (torch.distributed) and/or a vendor's own "
-                             "(`hal caps` lists them; default: torch and every one the vendor declares)")
-    parser.add_argument("--max-ll-tokens", type=positive_int_argument, default=512, metavar="N",
-                        help="skip low-latency rows above N tokens per rank (its buffers grow with the "
-                             "capacity, = tokens); auto mode uses capacity min(tokens, N) (default 512)")
-    parser.add_argument("--json", type=Path, metavar="FILE", dest="json_file",
-                        help="also write the rows as JSON to FILE (rank 0)")
-    parser.add_argument("--repeats", type=positive_int_argument, default=20,
-                        help="timed samples per measurement, after 3 warm-up calls (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
-
-
-def build_parser(prog: str = "python -m bench.ep") -> argparse.ArgumentParser:
-    """The standalone parser (`torchrun ... -m bench.ep`)."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                     epilog="run under torchrun, e.g. torchrun --nproc-per-node 2 -m bench.ep "
-                                            "...; see docs/bench-ep.md")
-    add_arguments(parser)
-    return parser
+from bench.ep_args import MODES, SCHEMES, TORCH_PATH, add_arguments, build_parser  # noqa: F401  (the module's API)
 
 
 @dataclass(frozen=True)
@@ -158,14 +114,17 @@ class EpBench:
         top_k = self.args.top_k
         if group is None:
             first = self.world.rank * self.local_experts
-            w13, w2 = w13[first:first + self.local_experts], w2[first:first + self.local_experts]
+            w13, w2 = w13[first : first + self.local_experts], w2[first : first + self.local_experts]
             top_k = min(top_k, self.local_experts)
-        config = hal.DispatchConfig(dtype=case.dtype, max_dispatch_tokens_per_rank=capacity,
-                                    ep_mode=None if group is None else case.mode,
-                                    ep_dispatcher=None if case.dispatcher == TORCH_PATH or group is None
-                                    else case.dispatcher)
-        return moe.MoELayer.from_float(w13, w2, top_k, scheme=SCHEMES[case.dtype], vendor=self.vendor,
-                                       process_group=group, dispatch=config)
+        config = hal.DispatchConfig(
+            dtype=case.dtype,
+            max_dispatch_tokens_per_rank=capacity,
+            ep_mode=None if group is None else case.mode,
+            ep_dispatcher=None if case.dispatcher == TORCH_PATH or group is None else case.dispatcher,
+        )
+        return moe.MoELayer.from_float(
+            w13, w2, top_k, scheme=SCHEMES[case.dtype], vendor=self.vendor, process_group=group, dispatch=config
+        )
 
     def local_us(self, dtype: str) -> tuple[dict[int, float], str | None]:
         """The single-rank layer holding only this rank's experts (no process group) at every token count, on
@@ -199,8 +158,9 @@ class EpBench:
         capacity = case.capacity(a.max_ll_tokens)
         row = Row(case.dispatcher, case.mode, case.dtype, case.tokens, capacity)
         if case.mode == "low-latency" and case.tokens > a.max_ll_tokens:
-            return row.skip(f"low-latency capacity {case.tokens} tokens per rank is above --max-ll-tokens "
-                              f"{a.max_ll_tokens}")
+            return row.skip(
+                f"low-latency capacity {case.tokens} tokens per rank is above --max-ll-tokens {a.max_ll_tokens}"
+            )
         local, row.local_reason = self.local_us(case.dtype)
         row.local_layer_us = local.get(case.tokens)
         layer, error = world.attempt(lambda: self.layer(case, capacity, dist.group.WORLD))
@@ -216,8 +176,7 @@ class EpBench:
         def probe() -> tuple[Any, torch.Tensor]:
             layer(x, logits)
             dispatched = layer.dispatcher.dispatch(x, routing, quantize)
-            rows = torch.zeros(*dispatched.payload.data.shape[:-1], a.hidden, dtype=torch.bfloat16,
-                               device=x.device)
+            rows = torch.zeros(*dispatched.payload.data.shape[:-1], a.hidden, dtype=torch.bfloat16, device=x.device)
             layer.dispatcher.combine(rows, dispatched, torch.bfloat16)
             return dispatched, rows
 
@@ -234,13 +193,16 @@ class EpBench:
             world.median_us(lambda: dist.all_to_all_single(recv_c, send_c)),
             world.median_us(lambda: layer(x, logits)),
         ]
-        (row.dispatch_us, row.a2a_dispatch_us, row.combine_us, row.a2a_combine_us,
-         row.layer_us) = world.slowest(medians)
+        (row.dispatch_us, row.a2a_dispatch_us, row.combine_us, row.a2a_combine_us, row.layer_us) = world.slowest(
+            medians
+        )
         if case.mode == "low-latency":
             graphed = world.graph_median_us(lambda: layer(x, logits))
             if graphed is not None:
-                alone = [world.graph_median_us(lambda: layer.dispatcher.dispatch(x, routing, quantize)),
-                         world.graph_median_us(lambda: layer.dispatcher.combine(rows, dispatched, torch.bfloat16))]
+                alone = [
+                    world.graph_median_us(lambda: layer.dispatcher.dispatch(x, routing, quantize)),
+                    world.graph_median_us(lambda: layer.dispatcher.combine(rows, dispatched, torch.bfloat16)),
+                ]
                 row.layer_graph_us, row.dispatch_graph_us, row.combine_graph_us = world.slowest([graphed, *alone])
                 row.local_layer_graph_us = self.local_graph_us(case.dtype, case.tokens)
         del layer, dispatched, rows
@@ -259,7 +221,6 @@ def _empty_cache() -> None:
     empty = getattr(torch.accelerator, "empty_cache", None)  # torch >= 2.8
     if empty is not None and torch.accelerator.is_available():
         empty()
-
 
 
 def run(args: argparse.Namespace) -> int:
@@ -288,8 +249,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, vendor: hal.Vendor, caps: hal.Capabilities) -> int:
     world = World(vendor.device, args.repeats)
     if args.experts % world.size:
-        raise hal.InvalidInput(f"--experts: expected a multiple of the world size ({world.size}) so that every "
-                               f"rank holds the same number of experts, got {args.experts}")
+        raise hal.InvalidInput(
+            f"--experts: expected a multiple of the world size ({world.size}) so that every "
+            f"rank holds the same number of experts, got {args.experts}"
+        )
     todo = cases(args, caps)
     bench = EpBench(vendor, args, world)
     progress = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -297,20 +260,40 @@ def _run(args: argparse.Namespace, vendor: hal.Vendor, caps: hal.Capabilities) -
     with torch.inference_mode():
         for i, case in enumerate(todo, 1):
             if world.rank == 0:
-                progress.print(f"[{i}/{len(todo)}] {case.dtype} {case.dispatcher}/{case.mode}, "
-                               f"{case.tokens} tokens per rank ...", markup=False)
+                progress.print(
+                    f"[{i}/{len(todo)}] {case.dtype} {case.dispatcher}/{case.mode}, {case.tokens} tokens per rank ...",
+                    markup=False,
+                )
             row = bench.run(case)
             rows.append(row)
             if world.rank == 0:
-                done = f"skipped: {row.reason}" if row.status != "ok" else (
-                    f"dispatch {us(row.dispatch_us)} µs, combine {us(row.combine_us)} µs, "
-                    f"layer {us(row.layer_us)} µs")
+                done = (
+                    f"skipped: {row.reason}"
+                    if row.status != "ok"
+                    else (
+                        f"dispatch {us(row.dispatch_us)} µs, combine {us(row.combine_us)} µs, "
+                        f"layer {us(row.layer_us)} µs"
+                    )
+                )
                 progress.print(f"    {done}", markup=False)
-    meta = {"vendor": vendor.name, "device": caps.device_name, "backend": caps.collective_backend,
-            "world_size": world.size, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "hidden": args.hidden, "intermediate": args.intermediate, "experts": args.experts,
-            "top_k": args.top_k, "local_experts": args.experts // world.size, "repeats": args.repeats,
-            "warmup": WARMUP, "max_ll_tokens": args.max_ll_tokens, "seed": args.seed, "schemes": SCHEMES}
+    meta = {
+        "vendor": vendor.name,
+        "device": caps.device_name,
+        "backend": caps.collective_backend,
+        "world_size": world.size,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "hidden": args.hidden,
+        "intermediate": args.intermediate,
+        "experts": args.experts,
+        "top_k": args.top_k,
+        "local_experts": args.experts // world.size,
+        "repeats": args.repeats,
+        "warmup": WARMUP,
+        "max_ll_tokens": args.max_ll_tokens,
+        "seed": args.seed,
+        "schemes": SCHEMES,
+    }
     if world.rank == 0:
         if args.json_file is not None:
             args.json_file.write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=2) + "\n")
@@ -329,23 +312,39 @@ def torchrun_command(argv: Sequence[str], *, hal_command: bool = False) -> str:
 
 def refuse_outside_torchrun(argv: Sequence[str], what: str = "python -m bench.ep") -> int:
     """Say how to launch under torchrun (this process is not in a torchrun world); return 2."""
-    sys.stderr.write(f"{what}: error: not inside a torchrun world (WORLD_SIZE is not set): the expert-parallel "
-                     "benchmark runs one process per device. Run:\n"
-                     f"  {torchrun_command(argv)}\n"
-                     f"or\n  {torchrun_command(argv, hal_command=True)}\n")
+    sys.stderr.write(
+        f"{what}: error: not inside a torchrun world (WORLD_SIZE is not set): the expert-parallel "
+        "benchmark runs one process per device. Run:\n"
+        f"  {torchrun_command(argv)}\n"
+        f"or\n  {torchrun_command(argv, hal_command=True)}\n"
+    )
     return 2
 
 
 def from_hal(args: argparse.Namespace) -> int:
     """`hal bench --ep ...`: everything after `--ep` is this benchmark's (`--vendor` / `--tokens` given before
     it are passed on); other `hal bench` options are refused."""
-    given = [o for o, v in (("--model", args.models), ("--precision", args.precisions), ("--output", args.output),
-                            ("--markdown", args.markdown), ("--json", args.json or None)) if v]
+    given = [
+        o
+        for o, v in (
+            ("--model", args.models),
+            ("--precision", args.precisions),
+            ("--output", args.output),
+            ("--markdown", args.markdown),
+            ("--json", args.json or None),
+        )
+        if v
+    ]
     if given:
-        raise hal.InvalidInput(f"hal bench --ep: {', '.join(given)}: options of the single-device bench; give "
-                               "the EP benchmark's own options after --ep (see hal bench --ep --help)")
-    argv = ([] if args.vendor is None else ["--vendor", args.vendor]) + \
-           ([] if not args.tokens else ["--tokens", *map(str, args.tokens)]) + list(args.ep)
+        raise hal.InvalidInput(
+            f"hal bench --ep: {', '.join(given)}: options of the single-device bench; give "
+            "the EP benchmark's own options after --ep (see hal bench --ep --help)"
+        )
+    argv = (
+        ([] if args.vendor is None else ["--vendor", args.vendor])
+        + ([] if not args.tokens else ["--tokens", *map(str, args.tokens)])
+        + list(args.ep)
+    )
     options = build_parser("hal bench --ep").parse_args(argv)
     if "WORLD_SIZE" not in os.environ:
         return refuse_outside_torchrun(argv, "hal bench --ep")

@@ -56,9 +56,11 @@ class Row:
             "combine_pct_of_a2a": _pct(self.a2a_combine_us, self.combine_us),
             "combine_GBps": _rate(self.combine_bytes, self.combine_us),
             "a2a_combine_GBps": _rate(self.combine_bytes, self.a2a_combine_us),
-            "layer_over_local": None if not self.layer_us or not self.local_layer_us
+            "layer_over_local": None
+            if not self.layer_us or not self.local_layer_us
             else self.layer_us / self.local_layer_us,
-            "graph_layer_over_local": None if not self.layer_graph_us or not self.local_layer_graph_us
+            "graph_layer_over_local": None
+            if not self.layer_graph_us or not self.local_layer_graph_us
             else self.layer_graph_us / self.local_layer_graph_us,
         }
         return self
@@ -88,23 +90,43 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 #: The table's columns (docs/bench-ep.md explains them).
-COLUMNS = ("dispatcher/mode", "tok/rank", "disp µs", "a2a µs", "% a2a", "GB/s", "comb µs", "a2a µs", "% a2a",
-           "layer µs", "local µs", "x local")
-LEGEND = ("µs: the slowest rank's median; disp / comb: the dispatcher's dispatch / combine; a2a: "
-          "all_to_all_single of the same bytes (dispatch: tokens x top-k x plan bytes per token; combine: tokens x "
-          "top-k x H x 2); % a2a: a2a time / ours (100% = as fast as the plain collective); GB/s: dispatch bytes / "
-          "dispatch time; local: one rank's layer holding only its own experts, no process group, on the same "
-          "tokens; x local: layer / local, the price of expert parallelism")
+COLUMNS = (
+    "dispatcher/mode",
+    "tok/rank",
+    "disp µs",
+    "a2a µs",
+    "% a2a",
+    "GB/s",
+    "comb µs",
+    "a2a µs",
+    "% a2a",
+    "layer µs",
+    "local µs",
+    "x local",
+)
+LEGEND = (
+    "µs: the slowest rank's median; disp / comb: the dispatcher's dispatch / combine; a2a: "
+    "all_to_all_single of the same bytes (dispatch: tokens x top-k x plan bytes per token; combine: tokens x "
+    "top-k x H x 2); % a2a: a2a time / ours (100% = as fast as the plain collective); GB/s: dispatch bytes / "
+    "dispatch time; local: one rank's layer holding only its own experts, no process group, on the same "
+    "tokens; x local: layer / local, the price of expert parallelism"
+)
 
 
 def print_tables(console: Console, rows: list[Row], meta: dict[str, Any]) -> None:
     """One table per dtype, then the skipped rows' reasons and the legend."""
-    console.print(f"[bold]EP benchmark[/bold]: {meta['vendor']} on {meta['world_size']} x {meta['device']} "
-                  f"({meta['backend']}), H={meta['hidden']} I={meta['intermediate']} E={meta['experts']} "
-                  f"top-{meta['top_k']}, {meta['local_experts']} experts per rank")
+    console.print(
+        f"[bold]EP benchmark[/bold]: {meta['vendor']} on {meta['world_size']} x {meta['device']} "
+        f"({meta['backend']}), H={meta['hidden']} I={meta['intermediate']} E={meta['experts']} "
+        f"top-{meta['top_k']}, {meta['local_experts']} experts per rank"
+    )
     for dtype in dict.fromkeys(r.dtype for r in rows):
-        table = Table(title=f"dispatch dtype {dtype} (scheme {meta['schemes'][dtype]})", box=box.SIMPLE_HEAD,
-                      padding=(0, 1), pad_edge=False)
+        table = Table(
+            title=f"dispatch dtype {dtype} (scheme {meta['schemes'][dtype]})",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+        )
         for i, name in enumerate(COLUMNS):
             table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True, min_width=len(name))
         for r in (r for r in rows if r.dtype == dtype):
@@ -113,25 +135,43 @@ def print_tables(console: Console, rows: list[Row], meta: dict[str, Any]) -> Non
             if r.status != "ok":
                 table.add_row(label, str(r.tokens), "skipped", *["-"] * (len(COLUMNS) - 3))
                 continue
-            table.add_row(label, str(r.tokens), us(r.dispatch_us), us(r.a2a_dispatch_us),
-                          _num(d["dispatch_pct_of_a2a"], ".0f") + "%", _num(d["dispatch_GBps"], ".3g"),
-                          us(r.combine_us), us(r.a2a_combine_us), _num(d["combine_pct_of_a2a"], ".0f") + "%",
-                          us(r.layer_us), us(r.local_layer_us), _num(d["layer_over_local"], ".2f"))
+            table.add_row(
+                label,
+                str(r.tokens),
+                us(r.dispatch_us),
+                us(r.a2a_dispatch_us),
+                _num(d["dispatch_pct_of_a2a"], ".0f") + "%",
+                _num(d["dispatch_GBps"], ".3g"),
+                us(r.combine_us),
+                us(r.a2a_combine_us),
+                _num(d["combine_pct_of_a2a"], ".0f") + "%",
+                us(r.layer_us),
+                us(r.local_layer_us),
+                _num(d["layer_over_local"], ".2f"),
+            )
         console.print(table)
     graphed = [r for r in rows if r.layer_graph_us is not None]
     if graphed:
-        table = Table(title="low-latency mode replayed from CUDA graphs", box=box.SIMPLE_HEAD, padding=(0, 1),
-                      pad_edge=False)
-        for i, name in enumerate(("dtype", "dispatcher", "tok/rank", "disp µs", "comb µs", "layer µs", "local µs",
-                                  "x local")):
+        table = Table(
+            title="low-latency mode replayed from CUDA graphs", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False
+        )
+        for i, name in enumerate(
+            ("dtype", "dispatcher", "tok/rank", "disp µs", "comb µs", "layer µs", "local µs", "x local")
+        ):
             table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
         for r in graphed:
-            table.add_row(r.dtype, r.dispatcher, str(r.tokens), us(r.dispatch_graph_us), us(r.combine_graph_us),
-                          us(r.layer_graph_us), us(r.local_layer_graph_us),
-                          _num(r.derived["graph_layer_over_local"], ".2f"))
+            table.add_row(
+                r.dtype,
+                r.dispatcher,
+                str(r.tokens),
+                us(r.dispatch_graph_us),
+                us(r.combine_graph_us),
+                us(r.layer_graph_us),
+                us(r.local_layer_graph_us),
+                _num(r.derived["graph_layer_over_local"], ".2f"),
+            )
         console.print(table)
     for r in rows:
         if r.status != "ok":
-            console.print(f"skipped: {r.dtype} {r.dispatcher}/{r.mode} {r.tokens} tokens: {r.reason}",
-                          markup=False)
+            console.print(f"skipped: {r.dtype} {r.dispatcher}/{r.mode} {r.tokens} tokens: {r.reason}", markup=False)
     console.print(LEGEND, style="dim")

@@ -28,12 +28,28 @@ def _x(value: float | None) -> str:
 
 
 #: Columns of the table (and of the Markdown version in docs/performance.md).
-COLUMNS = ("model", "tokens", "prec", "graph µs", "eager µs", "roof µs", "roof% g", "roof% e", "GB/s", "TFLOP/s",
-           "ovh g", "ovh e", "loop µs", "vs loop")
-LEGEND = ("times in µs; graph / eager: the layer under CUDA-graph replay / called eagerly; roof: max(touched "
-          "weight bytes / copy bandwidth, flops / matmul peak); %rf g / e: roofline / measured time; GB/s and TF/s: "
-          "achieved (best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
-          "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time")
+COLUMNS = (
+    "model",
+    "tokens",
+    "prec",
+    "graph µs",
+    "eager µs",
+    "roof µs",
+    "roof% g",
+    "roof% e",
+    "GB/s",
+    "TFLOP/s",
+    "ovh g",
+    "ovh e",
+    "loop µs",
+    "vs loop",
+)
+LEGEND = (
+    "times in µs; graph / eager: the layer under CUDA-graph replay / called eagerly; roof: max(touched "
+    "weight bytes / copy bandwidth, flops / matmul peak); %rf g / e: roofline / measured time; GB/s and TF/s: "
+    "achieved (best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
+    "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time"
+)
 
 
 def rows(results: list[CaseResult]) -> list[list[str]]:
@@ -41,10 +57,24 @@ def rows(results: list[CaseResult]) -> list[list[str]]:
     out = []
     for r in results:
         d = r.derived()
-        out.append([r.model, str(r.tokens), r.precision, _us(r.graph_us), _us(r.eager_us), _us(r.roofline_us),
-                    _pct(d["roofline_fraction_graph"]), _pct(d["roofline_fraction_eager"]),
-                    f"{d['weight_GBps']:.0f}", _rate(d["TFLOPs"]), _x(d["overhead_graph"]),
-                    _x(d["overhead_eager"]), _us(r.loop_us), _x(d["speedup_vs_loop"])])
+        out.append(
+            [
+                r.model,
+                str(r.tokens),
+                r.precision,
+                _us(r.graph_us),
+                _us(r.eager_us),
+                _us(r.roofline_us),
+                _pct(d["roofline_fraction_graph"]),
+                _pct(d["roofline_fraction_eager"]),
+                f"{d['weight_GBps']:.0f}",
+                _rate(d["TFLOPs"]),
+                _x(d["overhead_graph"]),
+                _x(d["overhead_eager"]),
+                _us(r.loop_us),
+                _x(d["speedup_vs_loop"]),
+            ]
+        )
     return out
 
 
@@ -56,8 +86,16 @@ def markdown(results: list[CaseResult]) -> str:
 
 
 #: The terminal table's shorter headers (the Markdown table keeps `COLUMNS`).
-SHORT = {"graph µs": "graph", "eager µs": "eager", "roof µs": "roof", "roof% g": "%rf g", "roof% e": "%rf e",
-         "TFLOP/s": "TF/s", "loop µs": "loop", "vs loop": "x loop"}
+SHORT = {
+    "graph µs": "graph",
+    "eager µs": "eager",
+    "roof µs": "roof",
+    "roof% g": "%rf g",
+    "roof% e": "%rf e",
+    "TFLOP/s": "TF/s",
+    "loop µs": "loop",
+    "vs loop": "x loop",
+}
 
 
 def table(results: list[CaseResult], title: str) -> Table:
@@ -68,8 +106,9 @@ def table(results: list[CaseResult], title: str) -> Table:
     out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False, title_justify="left")
     for i in keep:
         column = COLUMNS[i]
-        out.add_column(SHORT.get(column, column), justify="left" if column in ("model", "prec") else "right",
-                       no_wrap=True)
+        out.add_column(
+            SHORT.get(column, column), justify="left" if column in ("model", "prec") else "right", no_wrap=True
+        )
     for row in cells:
         out.add_row(*(row[i] for i in keep))
     return out
@@ -77,8 +116,9 @@ def table(results: list[CaseResult], title: str) -> Table:
 
 def print_report(console: Console, payload: dict[str, Any], results: list[CaseResult]) -> None:
     """The header (device, ceilings or why there are none) and the table."""
-    console.print(f"device: {payload['device']} (vendor {payload['vendor']}), torch {payload['torch']}, "
-                  f"{payload['date']}")
+    console.print(
+        f"device: {payload['device']} (vendor {payload['vendor']}), torch {payload['torch']}, {payload['date']}"
+    )
     ceilings = payload.get("ceilings")
     if ceilings:
         console.print("ceilings: " + ", ".join(f"{k} {v:.0f}" for k, v in ceilings.items()))

@@ -25,8 +25,14 @@ SHAPES: dict[str, ModelShape] = {
         # One rank of an 8-way expert-parallel DeepSeek-V3 layer: 32 local experts of 256.
         # A token's 8 choices land on this rank 8 * 32 / 256 = 1 time on average, so the
         # rank's work is modelled as top-1 over its 32 experts (dispatch traffic excluded).
-        ModelShape("deepseek-v3-ep8", 7168, 2048, 32, 1,
-                   note="one EP8 rank: 32 local experts of 256, top-8 -> 1 local pair per token"),
+        ModelShape(
+            "deepseek-v3-ep8",
+            7168,
+            2048,
+            32,
+            1,
+            note="one EP8 rank: 32 local experts of 256, top-8 -> 1 local pair per token",
+        ),
         # A small shape any device (the CPU included) finishes quickly.
         ModelShape("tiny", 256, 128, 8, 2),
     )

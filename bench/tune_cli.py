@@ -34,17 +34,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "search a vendor's kernel configurations for model shapes and write its tuning table"
     parser = subparsers.add_parser("tune", help=text, description=text)
     parser.add_argument("--vendor", help="vendor to tune (default: the selected one)")
-    parser.add_argument("--model", action="extend", nargs="+", dest="models", metavar="NAME",
-                        help=f"model shapes ({', '.join(SHAPES)}; default: {' '.join(_DEFAULT_MODELS)})")
-    parser.add_argument("--tokens", action="extend", nargs="+", type=positive_int_argument, metavar="N",
-                        help=f"token counts (default {' '.join(map(str, TOKENS))})")
-    parser.add_argument("--precision", action="extend", nargs="+", choices=sorted(PRECISIONS), dest="precisions",
-                        help="bf16 and/or fp8 (w8a8-fp8-block); default both where declared")
-    parser.add_argument("--output", type=Path, metavar="FILE",
-                        help="where to write the table (default: hal-tuning-<device>.json here)")
-    parser.add_argument("--merge", type=Path, metavar="FILE",
-                        help="merge into this earlier table of the same device: its entries are kept unless tuned "
-                             "again now (default --output: FILE itself)")
+    parser.add_argument(
+        "--model",
+        action="extend",
+        nargs="+",
+        dest="models",
+        metavar="NAME",
+        help=f"model shapes ({', '.join(SHAPES)}; default: {' '.join(_DEFAULT_MODELS)})",
+    )
+    parser.add_argument(
+        "--tokens",
+        action="extend",
+        nargs="+",
+        type=positive_int_argument,
+        metavar="N",
+        help=f"token counts (default {' '.join(map(str, TOKENS))})",
+    )
+    parser.add_argument(
+        "--precision",
+        action="extend",
+        nargs="+",
+        choices=sorted(PRECISIONS),
+        dest="precisions",
+        help="bf16 and/or fp8 (w8a8-fp8-block); default both where declared",
+    )
+    parser.add_argument(
+        "--output", type=Path, metavar="FILE", help="where to write the table (default: hal-tuning-<device>.json here)"
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        metavar="FILE",
+        help="merge into this earlier table of the same device: its entries are kept unless tuned "
+        "again now (default --output: FILE itself)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the table")
     parser.set_defaults(handler=tune)
 
@@ -54,10 +77,14 @@ def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[
     out: dict[tuple, GemmProblem] = {}
     for shape in shapes:
         for kind in kinds:
-            for k, n, activation in ((shape.hidden, 2 * shape.intermediate, ActivationKind.SILU_GLU),
-                                     (shape.intermediate, shape.hidden, None)):
-                out.setdefault((kind, shape.experts, k, n, shape.top_k, activation),
-                               GemmProblem(kind, shape.experts, k, n, shape.top_k, tokens, activation))
+            for k, n, activation in (
+                (shape.hidden, 2 * shape.intermediate, ActivationKind.SILU_GLU),
+                (shape.intermediate, shape.hidden, None),
+            ):
+                out.setdefault(
+                    (kind, shape.experts, k, n, shape.top_k, activation),
+                    GemmProblem(kind, shape.experts, k, n, shape.top_k, tokens, activation),
+                )
     return list(out.values())
 
 
@@ -80,15 +107,18 @@ def tune(args: argparse.Namespace, console: Console) -> int:
         if kind is not None and caps.supports_gemm(kind):
             kinds.append(kind)
         elif args.precisions:
-            raise InvalidInput(f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} "
-                               "grouped matmul")
+            raise InvalidInput(
+                f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} grouped matmul"
+            )
     problems = problems_for(shapes, kinds, tuple(args.tokens or TOKENS))
     output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
     cases = [replace(problem, tokens=(tokens,)) for problem in problems for tokens in problem.tokens]
     progress = Console(stderr=True)
-    progress.print(f"tuning {len(problems)} grouped-matmul problems x {len(problems[0].tokens)} token counts on "
-                   f"{caps.device_name} (vendor {vendor.name}), one case at a time; {output} is rewritten after "
-                   "each, so an interrupted run keeps what it measured")
+    progress.print(
+        f"tuning {len(problems)} grouped-matmul problems x {len(problems[0].tokens)} token counts on "
+        f"{caps.device_name} (vendor {vendor.name}), one case at a time; {output} is rewritten after "
+        "each, so an interrupted run keeps what it measured"
+    )
     table: dict | None = None
     for done, case in enumerate(cases, 1):
         part = vendor.tune([case], progress=lambda line, done=done: progress.print(f"[{done}/{len(cases)}] {line}"))
@@ -98,12 +128,17 @@ def tune(args: argparse.Namespace, console: Console) -> int:
             break
         table = part if table is None else join_runs(table, part)
         written = _write(table, earlier, output, progress)
-    merged = "" if earlier is None else (
-        f", merged into the {sum(len(v) for v in earlier['entries'].values())} entries of {args.merge}")
+    merged = (
+        ""
+        if earlier is None
+        else (f", merged into the {sum(len(v) for v in earlier['entries'].values())} entries of {args.merge}")
+    )
     if args.json:
         print(json.dumps(written, indent=1))
-    console.print(f"wrote {output} ({sum(len(v) for v in written.get('entries', {}).values())} entries{merged}); "
-                  f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)")
+    console.print(
+        f"wrote {output} ({sum(len(v) for v in written.get('entries', {}).values())} entries{merged}); "
+        f"vendor {vendor.name!r} reads it as its tuning table (see `hal caps --vendor {vendor.name}`)"
+    )
     return 0
 
 

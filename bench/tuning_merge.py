@@ -27,19 +27,27 @@ def read_table(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"--merge: {str(path)!r} cannot be read as a JSON tuning table ({exc})") from None
-    if not (isinstance(data, dict) and isinstance(data.get("device"), str) and isinstance(data.get("format"), str)
-            and isinstance(data.get("entries"), dict)
-            and all(isinstance(rows, dict) for rows in data["entries"].values())):
-        raise InvalidInput(f"--merge: {str(path)!r} is not a tuning table (expected a JSON object with 'device', "
-                           "'format' and 'entries' of problem -> row count -> choice)")
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("device"), str)
+        and isinstance(data.get("format"), str)
+        and isinstance(data.get("entries"), dict)
+        and all(isinstance(rows, dict) for rows in data["entries"].values())
+    ):
+        raise InvalidInput(
+            f"--merge: {str(path)!r} is not a tuning table (expected a JSON object with 'device', "
+            "'format' and 'entries' of problem -> row count -> choice)"
+        )
     return data
 
 
 def check_device(earlier: Mapping[str, Any], device_name: str, path: Path) -> None:
     """Refuse to merge a table tuned on another device model (before any tuning time is spent)."""
     if earlier["device"] != device_name:
-        raise InvalidInput(f"--merge: {str(path)!r} was tuned on {earlier['device']!r}; this device is "
-                           f"{device_name!r} (tables are per device model)")
+        raise InvalidInput(
+            f"--merge: {str(path)!r} was tuned on {earlier['device']!r}; this device is "
+            f"{device_name!r} (tables are per device model)"
+        )
 
 
 def merge_tables(earlier: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,8 +57,10 @@ def merge_tables(earlier: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[s
     """
     for field in ("device", "format"):
         if earlier.get(field) != fresh.get(field):
-            raise InvalidInput(f"--merge: the earlier table's {field} is {earlier.get(field)!r}, the new one's "
-                               f"{fresh.get(field)!r}; they cannot be merged")
+            raise InvalidInput(
+                f"--merge: the earlier table's {field} is {earlier.get(field)!r}, the new one's "
+                f"{fresh.get(field)!r}; they cannot be merged"
+            )
     entries: dict[str, dict[str, Any]] = {}
     for key in sorted(set(earlier["entries"]) | set(fresh.get("entries", {}))):
         rows = {**earlier["entries"].get(key, {}), **fresh.get("entries", {}).get(key, {})}
@@ -62,8 +72,11 @@ def merge_tables(earlier: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[s
 
 def has_entries(table: object) -> bool:
     """Whether `table` has the `entries` (problem -> row count -> choice) that joins and merges rely on."""
-    return (isinstance(table, Mapping) and isinstance(table.get("entries"), Mapping)
-            and all(isinstance(rows, Mapping) for rows in table["entries"].values()))
+    return (
+        isinstance(table, Mapping)
+        and isinstance(table.get("entries"), Mapping)
+        and all(isinstance(rows, Mapping) for rows in table["entries"].values())
+    )
 
 
 def join_runs(table: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,12 +85,15 @@ def join_runs(table: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, An
     tables with entries."""
     for piece in (table, part):
         if not has_entries(piece):
-            raise InvalidInput("hal tune: the vendor's table has no 'entries' (problem -> row count -> choice), so the "
-                               "cases of a run cannot be joined")
+            raise InvalidInput(
+                "hal tune: the vendor's table has no 'entries' (problem -> row count -> choice), so the "
+                "cases of a run cannot be joined"
+            )
     for field in ("device", "format"):
         if table.get(field) != part.get(field):
-            raise InvalidInput(f"hal tune: one case's table has {field} {part.get(field)!r}, an earlier one's "
-                               f"{table.get(field)!r}")
+            raise InvalidInput(
+                f"hal tune: one case's table has {field} {part.get(field)!r}, an earlier one's {table.get(field)!r}"
+            )
     entries = {key: dict(rows) for key, rows in table["entries"].items()}
     for key, rows in part["entries"].items():
         entries[key] = dict(sorted({**entries.get(key, {}), **rows}.items(), key=lambda item: int(item[0])))

@@ -14,6 +14,7 @@ from conformance.tolerances import gemm_bound, swiglu_bound
 from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, grouped_matmul_keywords, take_rows
 from hal.reference import activation_value
 
+
 def expect(condition: bool, message: str) -> None:
     """Fail the current test with `message` unless `condition` holds (helpers outside test
     modules get no assertion rewriting, so they say what went wrong themselves)."""
@@ -57,7 +58,9 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     if how.get("strided_w"):
         w_dev = strided(w_dev)
     values = torch.tensor(counts, dtype=how.get("group_dtype", torch.int64))
-    groups = Groups.from_offsets(values.cumsum(0).to(values.dtype)) if how.get("offsets") else Groups.from_counts(values)
+    groups = (
+        Groups.from_offsets(values.cumsum(0).to(values.dtype)) if how.get("offsets") else Groups.from_counts(values)
+    )
     groups = Groups(groups.tensor.to(device), groups.kind)
     out_dtype = how.get("out_dtype")
     extra = {"out_dtype": out_dtype} if out_dtype else {}
@@ -74,8 +77,15 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
         pytest.fail(worst(error, bound) + _group_of_worst(error, bound, counts))
 
 
-def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], activation_kind: ActivationKind,
-                            k: int = K, n: int = 2 * N, gather_from: int | None = None) -> None:
+def run_activated_gemm_case(
+    vendor: Vendor,
+    kind: GemmKind,
+    counts: list[int],
+    activation_kind: ActivationKind,
+    k: int = K,
+    n: int = 2 * N,
+    gather_from: int | None = None,
+) -> None:
     """`grouped_matmul(..., activation=...)` against the float64 activation of the float64 product.
 
     The bound: the product's own (`gemm_bound`), carried through the activation by evaluating
@@ -85,8 +95,9 @@ def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], a
     source rows through `row_index`, as a dispatch hands them over."""
     if gather_from is not None:
         require_row_index(vendor)
-    gen = generator("gemm-activated", kind, counts, k, n, activation_kind.value,
-                    *(() if gather_from is None else (gather_from,)))
+    gen = generator(
+        "gemm-activated", kind, counts, k, n, activation_kind.value, *(() if gather_from is None else (gather_from,))
+    )
     source, row_index = _gathered_rows(kind, sum(counts), k, gen, {"gather_from": gather_from})
     x = random_codes_activation(kind.value, sum(counts), k, gen) if source is None else take_rows(source, row_index)
     w = random_codes_weight(kind.value, len(counts), k, n, gen)
@@ -98,21 +109,33 @@ def run_activated_gemm_case(vendor: Vendor, kind: GemmKind, counts: list[int], a
     device = vendor.device
     groups = Groups.from_counts(torch.tensor(counts).to(device))
     gather = {} if row_index is None else {"row_index": row_index.to(device)}
-    y = vendor.grouped_matmul(to_device(x if source is None else source, device), to_device(w, device), groups,
-                              activation=activation_kind, **gather)
+    y = vendor.grouped_matmul(
+        to_device(x if source is None else source, device),
+        to_device(w, device),
+        groups,
+        activation=activation_kind,
+        **gather,
+    )
     out_dtype = default_out_dtype(kind)
     width = n // 2 if activation_kind.gated else n
     expect(y.dtype == out_dtype, f"{activation_kind}: output dtype {y.dtype}, expected {out_dtype}")
-    expect(tuple(y.shape) == (sum(counts), width),
-           f"{activation_kind}: output shape {tuple(y.shape)}, expected {(sum(counts), width)}")
+    expect(
+        tuple(y.shape) == (sum(counts), width),
+        f"{activation_kind}: output shape {tuple(y.shape)}, expected {(sum(counts), width)}",
+    )
     ref, act_magnitude = reference_activation(product, activation_kind.value)
     slack = gemm_bound(product, magnitude, out_dtype)
     halves = 2 if activation_kind.gated else 1
     signs = [(a, b) for a in (-1, 1) for b in ((-1, 1) if halves == 2 else (1,))]
     carried = torch.zeros_like(ref)
     for a, b in signs:
-        moved = product + slack * torch.cat([torch.full((1, n // halves), float(a), dtype=torch.float64),
-                                             torch.full((1, n - n // halves), float(b), dtype=torch.float64)], 1)
+        moved = product + slack * torch.cat(
+            [
+                torch.full((1, n // halves), float(a), dtype=torch.float64),
+                torch.full((1, n - n // halves), float(b), dtype=torch.float64),
+            ],
+            1,
+        )
         carried = torch.maximum(carried, (reference_activation(moved, activation_kind.value)[0] - ref).abs())
     error = (y.double().cpu() - ref).abs()
     bound = 2 * carried + swiglu_bound(ref, act_magnitude, out_dtype)
@@ -124,8 +147,9 @@ def require_row_index(vendor: Vendor) -> None:
     """Skip a case read through `row_index` where the vendor's `grouped_matmul` override does not take
     the keyword (it predates it; the MoE layer gathers the rows for such a vendor)."""
     if "row_index" not in grouped_matmul_keywords(type(vendor)):
-        pytest.skip(f"vendor {vendor.name}: its grouped_matmul override takes no row_index "
-                    "(the layer gathers the rows for it)")
+        pytest.skip(
+            f"vendor {vendor.name}: its grouped_matmul override takes no row_index (the layer gathers the rows for it)"
+        )
 
 
 def _gathered_rows(kind: GemmKind, rows: int, k: int, gen: torch.Generator, how: dict):
@@ -153,8 +177,10 @@ def snapshot(vendor: Vendor) -> dict[str, torch.Tensor]:
     gen = generator("snapshot")
     x = torch.randn(6, 64, generator=gen).to(torch.bfloat16).to(vendor.device)
     caps = vendor.capabilities()
-    taken = {"swiglu": vendor.swiglu(x).cpu(),
-             "quantize": activation_value(vendor.quantize(x, caps.default_dispatch_dtype))}
+    taken = {
+        "swiglu": vendor.swiglu(x).cpu(),
+        "quantize": activation_value(vendor.quantize(x, caps.default_dispatch_dtype)),
+    }
     kinds = sorted(caps.grouped_matmul, key=lambda k: k.value)
     if kinds:
         a = to_device(random_codes_activation(kinds[0].value, 5, 64, gen), vendor.device)
@@ -171,5 +197,7 @@ def assert_unchanged(vendor: Vendor, before: dict[str, torch.Tensor]) -> None:
         again = after[name]
         scale = float(value.double().abs().max()) if value.numel() else 0.0
         difference = float((again.double() - value.double()).abs().max()) if value.numel() else 0.0
-        expect(again.shape == value.shape and difference <= 1e-3 * scale,
-               f"{name} gives other results after the refused call (max difference {difference:.3g})")
+        expect(
+            again.shape == value.shape and difference <= 1e-3 * scale,
+            f"{name} gives other results after the refused call (max difference {difference:.3g})",
+        )

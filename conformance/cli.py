@@ -45,21 +45,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `conformance` command to the `hal` command line."""
     text = "run the shared conformance suite against vendors and write a capability report"
     parser = subparsers.add_parser("conformance", help=text, description=text)
-    parser.add_argument("--vendor", action="extend", nargs="+", dest="vendors", metavar="NAME", type=_vendor_name,
-                        help="vendors to test (--vendor a b, or repeated; default: every available vendor)")
-    parser.add_argument("--report", type=Path, default=Path("conformance-report"), metavar="DIR",
-                        help="directory for conformance.json, conformance.md and pytest logs "
-                             "(default: ./conformance-report)")
-    parser.add_argument("-n", "--workers", type=_workers, default=0, metavar="N",
-                        help="pytest-xdist worker processes per vendor ('auto' for one per CPU; default 0: "
-                             "in this process)")
+    parser.add_argument(
+        "--vendor",
+        action="extend",
+        nargs="+",
+        dest="vendors",
+        metavar="NAME",
+        type=_vendor_name,
+        help="vendors to test (--vendor a b, or repeated; default: every available vendor)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=Path("conformance-report"),
+        metavar="DIR",
+        help="directory for conformance.json, conformance.md and pytest logs (default: ./conformance-report)",
+    )
+    parser.add_argument(
+        "-n",
+        "--workers",
+        type=_workers,
+        default=0,
+        metavar="N",
+        help="pytest-xdist worker processes per vendor ('auto' for one per CPU; default 0: in this process)",
+    )
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching this pytest -k expression")
-    parser.add_argument("--depth", choices=DEPTHS, default="quick",
-                        help="shape sweeps and property tests: quick (CI on a CPU; default) or full (the shapes "
-                             "of large models: thousands of tokens, 256 experts; for accelerators)")
-    parser.add_argument("--ep-ranks", type=positive_int_argument, default=0, metavar="N",
-                        help="run the expert-parallel section instead, on N local ranks (one device each where the "
-                             "vendor has devices); writes ep-conformance.json and .md")
+    parser.add_argument(
+        "--depth",
+        choices=DEPTHS,
+        default="quick",
+        help="shape sweeps and property tests: quick (CI on a CPU; default) or full (the shapes "
+        "of large models: thousands of tokens, 256 experts; for accelerators)",
+    )
+    parser.add_argument(
+        "--ep-ranks",
+        type=positive_int_argument,
+        default=0,
+        metavar="N",
+        help="run the expert-parallel section instead, on N local ranks (one device each where the "
+        "vendor has devices); writes ep-conformance.json and .md",
+    )
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     parser.set_defaults(handler=conformance)
 
@@ -100,8 +125,9 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
         _writable_directory(args.report)
         return run_section(args, console)
     if importlib.util.find_spec("pytest") is None:
-        raise HalError("hal conformance runs the suite with pytest, which is not installed: "
-                       "pip install 'moe-hal[test]'")
+        raise HalError(
+            "hal conformance runs the suite with pytest, which is not installed: pip install 'moe-hal[test]'"
+        )
     try:
         from conformance.report import as_json, print_matrix, write_reports
     except ImportError as exc:  # pytest present but broken, or another test dependency missing
@@ -116,8 +142,13 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
         stream = _terminal_stream()
         if stream is not None:
             stack.callback(stream.close)
-        screen = Console(file=stream, highlight=False, width=console.width, force_terminal=console.is_terminal,
-                         quiet=args.json) if stream is not None else console
+        screen = (
+            Console(
+                file=stream, highlight=False, width=console.width, force_terminal=console.is_terminal, quiet=args.json
+            )
+            if stream is not None
+            else console
+        )
         reports = [_run_one(registry, name, args, screen) for name in dict.fromkeys(names)]
     payload = as_json(reports)
     json_path, md_path = write_reports(reports, args.report, payload)
@@ -141,8 +172,9 @@ def _writable_directory(path: Path) -> None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        raise InvalidInput(f"--report: expected a directory that can be created and written, got "
-                           f"{str(path)!r} ({exc.strerror or exc})") from None
+        raise InvalidInput(
+            f"--report: expected a directory that can be created and written, got {str(path)!r} ({exc.strerror or exc})"
+        ) from None
 
 
 def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, screen: Console) -> VendorReport:
@@ -156,11 +188,14 @@ def _run_one(registry: VendorRegistry, name: str, args: argparse.Namespace, scre
     caps = vendor.capabilities()
     report = VendorReport(vendor.name, vendor.description, caps.device_name, caps)
     log = args.report / f"pytest-{vendor.name}.log"
-    screen.print(f"conformance suite on vendor {escape(vendor.name)} ({escape(caps.device_name)}); "
-                 f"pytest output in {escape(str(log))}")
+    screen.print(
+        f"conformance suite on vendor {escape(vendor.name)} ({escape(caps.device_name)}); "
+        f"pytest output in {escape(str(log))}"
+    )
     with _progress_display(screen) as show:
-        report.run = run_suite(vendor.name, workers=args.workers, keyword=args.keyword, log=log, on_progress=show,
-                               depth=args.depth)
+        report.run = run_suite(
+            vendor.name, workers=args.workers, keyword=args.keyword, log=log, on_progress=show, depth=args.depth
+        )
     if report.run.exit_code == USAGE_ERROR:
         _refuse_usage(args, log)
     return report
@@ -176,8 +211,10 @@ def _refuse_usage(args: argparse.Namespace, log: Path) -> None:
         lines = log.read_text(encoding="utf-8").splitlines()
     except OSError:
         lines = []
-    said = next((line.removeprefix("ERROR: ").strip() for line in lines if line.startswith("ERROR:")),
-                f"pytest exit status {USAGE_ERROR}, see {log}")
+    said = next(
+        (line.removeprefix("ERROR: ").strip() for line in lines if line.startswith("ERROR:")),
+        f"pytest exit status {USAGE_ERROR}, see {log}",
+    )
     if args.keyword:
         raise InvalidInput(f"-k: expected a pytest -k expression, got {args.keyword!r} ({said})")
     raise HalError(f"pytest refused the suite's command line: {said}")
@@ -194,8 +231,14 @@ class _progress_display:
 
     def __enter__(self) -> _progress_display:
         if self.screen.is_terminal:
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=self.screen)
+            self.bar = Bar(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[counts]}"),
+                TimeElapsedColumn(),
+                console=self.screen,
+            )
             self.bar.start()
         return self
 
@@ -228,8 +271,9 @@ def register_doctor(subparsers: argparse._SubParsersAction) -> None:
     """Add the `doctor` command to the `hal` command line."""
     text = "run the selected vendor's ops once against float64 references"
     parser = subparsers.add_parser("doctor", help=text, description=text)
-    parser.add_argument("--vendor", type=_vendor_name,
-                        help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
+    parser.add_argument(
+        "--vendor", type=_vendor_name, help="vendor name (default: HAL_VENDOR, then the highest-priority available)"
+    )
     parser.add_argument("--seed", type=_seed, default=0, help="random seed, 0 to 2**64 - 1 (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(handler=doctor)
@@ -244,19 +288,34 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     results = run_doctor(vendor, seed=args.seed)
     failed = [r for r in results if not r.passed]
     if args.json:
-        print(json.dumps({"vendor": vendor.name, "device": vendor.capabilities().device_name,
-                          "selection": {"source": selection.source.value, "detail": selection.detail},
-                          "checks": [r.as_dict() for r in results], "failed": len(failed)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "vendor": vendor.name,
+                    "device": vendor.capabilities().device_name,
+                    "selection": {"source": selection.source.value, "detail": selection.detail},
+                    "checks": [r.as_dict() for r in results],
+                    "failed": len(failed),
+                },
+                indent=2,
+            )
+        )
         return 1 if failed else 0
-    console.print(f"vendor: {vendor.name} on {escape(vendor.capabilities().device_name)} "
-                  f"(selected by {selection.source}: {escape(selection.detail)})")
+    console.print(
+        f"vendor: {vendor.name} on {escape(vendor.capabilities().device_name)} "
+        f"(selected by {selection.source}: {escape(selection.detail)})"
+    )
     table = Table(title="ops against float64 references (the conformance suite's bounds)", title_justify="left")
     for column in ("check", "result", "max error", "bound", "ms"):
         table.add_column(column, overflow="fold")
     for r in results:
-        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
-                      "-" if r.max_error is None else f"{r.max_error:.3g}",
-                      "-" if r.bound is None else f"{r.bound:.3g}", f"{r.seconds * 1000:.1f}")
+        table.add_row(
+            r.name,
+            "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+            "-" if r.max_error is None else f"{r.max_error:.3g}",
+            "-" if r.bound is None else f"{r.bound:.3g}",
+            f"{r.seconds * 1000:.1f}",
+        )
     console.print(table)
     for r in failed:
         if r.detail:

@@ -35,8 +35,14 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, object]:
         """Plain-data view for JSON output."""
-        return {"name": self.name, "passed": self.passed, "max_error": self.max_error,
-                "bound": self.bound, "seconds": round(self.seconds, 4), "detail": self.detail}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "max_error": self.max_error,
+            "bound": self.bound,
+            "seconds": round(self.seconds, 4),
+            "detail": self.detail,
+        }
 
 
 def run_doctor(vendor: Vendor, seed: int = 0) -> list[CheckResult]:
@@ -80,8 +86,9 @@ def _quantize(vendor: Vendor, dtype, layout, gen: torch.Generator) -> tuple[torc
     x = _activations(gen)
     ref = x.double()
     q = vendor.quantize(x.to(vendor.device), dtype, layout=layout)
-    error = torch.maximum((activation_value(q) - ref).abs(),
-                          (vendor.dequantize(q, torch.float32).double().cpu() - ref).abs())
+    error = torch.maximum(
+        (activation_value(q) - ref).abs(), (vendor.dequantize(q, torch.float32).double().cpu() - ref).abs()
+    )
     return error, quantize_bound(dtype.value, layout.value, ref)
 
 
@@ -98,8 +105,11 @@ def _gemm(vendor: Vendor, kind: GemmKind, gen: torch.Generator) -> tuple[torch.T
     x = random_codes_activation(kind.value, sum(counts), k, gen)
     w = random_codes_weight(kind.value, len(counts), k, n, gen)
     ref, magnitude = grouped_matmul(x, w, counts)
-    out = vendor.grouped_matmul(to_device(x, vendor.device), to_device(w, vendor.device),
-                                Groups.from_counts(torch.tensor(counts, device=vendor.device)))
+    out = vendor.grouped_matmul(
+        to_device(x, vendor.device),
+        to_device(w, vendor.device),
+        Groups.from_counts(torch.tensor(counts, device=vendor.device)),
+    )
     return (out.double().cpu() - ref).abs(), gemm_bound(ref, magnitude, out.dtype)
 
 

@@ -73,16 +73,28 @@ def _group_amax(ax: torch.Tensor, size: int | None) -> torch.Tensor:
 
 FACTS: dict[str, DtypeFacts] = {
     "bf16": DtypeFacts(torch.bfloat16, 1, None, False, lambda ax, rowmax, layout: ax * BF16_HALF_STEP, 0.02),
-    "fp8": DtypeFacts(torch.float8_e4m3fn, 1, torch.float32, False,
-                      lambda ax, rowmax, layout: ax * FP8_RELATIVE + _group_amax(ax, LAYOUT_GROUP[layout]) * FP8_SUBNORMAL,
-                      0.06),
+    "fp8": DtypeFacts(
+        torch.float8_e4m3fn,
+        1,
+        torch.float32,
+        False,
+        lambda ax, rowmax, layout: ax * FP8_RELATIVE + _group_amax(ax, LAYOUT_GROUP[layout]) * FP8_SUBNORMAL,
+        0.06,
+    ),
     "int8": DtypeFacts(torch.int8, 1, torch.float32, False, lambda ax, rowmax, layout: rowmax * INT8_HALF_STEP, 0.03),
-    "nvfp4": DtypeFacts(torch.uint8, 2, torch.float8_e4m3fn, True,
-                        lambda ax, rowmax, layout: torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING,
-                        0.30, whole_groups=True),
+    "nvfp4": DtypeFacts(
+        torch.uint8,
+        2,
+        torch.float8_e4m3fn,
+        True,
+        lambda ax, rowmax, layout: torch.maximum(ax, _group_amax(ax, 16) / 6) / 4 * NVFP4_SCALE_ROUNDING,
+        0.30,
+        whole_groups=True,
+    ),
     # The suite's layer has bf16 weights and bf16 outputs: an exact carrier still errs like bf16 there.
-    "fp16": DtypeFacts(torch.float16, 1, None, False,
-                       lambda ax, rowmax, layout: ax * FP16_HALF_STEP + FP16_SUBNORMAL, 0.02),
+    "fp16": DtypeFacts(
+        torch.float16, 1, None, False, lambda ax, rowmax, layout: ax * FP16_HALF_STEP + FP16_SUBNORMAL, 0.02
+    ),
     "fp32": DtypeFacts(torch.float32, 1, None, False, lambda ax, rowmax, layout: ax * FP32_HALF_STEP, 0.02),
 }
 #: int4 activations: a compute format (never dispatched), with a bound of its own.

@@ -23,8 +23,7 @@ class Expected:
     resolved: DispatchDtype | None = None
 
 
-def expected_resolution(caps: Capabilities, requested: DispatchDtype | None,
-                        scheme: SchemeTraits | None) -> Expected:
+def expected_resolution(caps: Capabilities, requested: DispatchDtype | None, scheme: SchemeTraits | None) -> Expected:
     """The outcome of requesting `requested` (None: auto) for `scheme` on a declared table."""
     if requested is None:
         wanted = scheme.preferred_dtype if scheme is not None else caps.default_dispatch_dtype

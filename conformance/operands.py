@@ -15,8 +15,9 @@ from hal import ScaleLayout
 Activation = torch.Tensor | QuantizedTensor | PackedInt4Tensor
 
 
-def random_codes_activation(kind: str, rows: int, k: int, gen: torch.Generator
-                            ) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
+def random_codes_activation(
+    kind: str, rows: int, k: int, gen: torch.Generator
+) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
     """Activations `[rows, k]` of a grouped-matmul kind, from random codes and scales (CPU)."""
     if kind in ("bf16", "fp16", "fp32"):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kind]
@@ -31,16 +32,18 @@ def random_codes_activation(kind: str, rows: int, k: int, gen: torch.Generator
     if kind == "fp8-block128":
         data = (torch.randn(rows, k, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
         groups = -(-k // FP8_GROUP_SIZE)
-        return QuantizedTensor(data, DispatchDtype.FP8, ScaleLayout.GROUP_128,
-                               torch.rand(rows, groups, generator=gen) * 2e-4 + 5e-5)
+        return QuantizedTensor(
+            data, DispatchDtype.FP8, ScaleLayout.GROUP_128, torch.rand(rows, groups, generator=gen) * 2e-4 + 5e-5
+        )
     if kind == "int4":
-        words = torch.randint(-2**31, 2**31, (rows, k // 8), generator=gen, dtype=torch.int64)
+        words = torch.randint(-(2**31), 2**31, (rows, k // 8), generator=gen, dtype=torch.int64)
         return PackedInt4Tensor(_no_minus_eight(words).to(torch.int32), scale * 10)
     if kind == "nvfp4":
         data = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
         block_scale = (torch.rand(rows, k // NVFP4_BLOCK_SIZE, generator=gen) * 300 + 8).to(torch.float8_e4m3fn)
-        return QuantizedTensor(data, DispatchDtype.NVFP4, ScaleLayout.BLOCK_16, block_scale,
-                               torch.tensor([448.0 * 6 / 4.0]))
+        return QuantizedTensor(
+            data, DispatchDtype.NVFP4, ScaleLayout.BLOCK_16, block_scale, torch.tensor([448.0 * 6 / 4.0])
+        )
     raise ValueError(f"kind: expected a grouped-matmul kind, got {kind!r}")
 
 
@@ -61,13 +64,14 @@ def random_codes_weight(kind: str, experts: int, k: int, n: int, gen: torch.Gene
         tiles = (experts, -(-k // FP8_GROUP_SIZE), -(-n // FP8_GROUP_SIZE))
         return QuantizedWeight(data, ScaleLayout.BLOCK_128X128, torch.rand(*tiles, generator=gen) * 2e-4 + 5e-5)
     if kind == "int4":
-        words = torch.randint(-2**31, 2**31, (experts, k, n // 8), generator=gen, dtype=torch.int64)
+        words = torch.randint(-(2**31), 2**31, (experts, k, n // 8), generator=gen, dtype=torch.int64)
         return QuantizedWeight(_no_minus_eight(words).to(torch.int32), ScaleLayout.PER_CHANNEL, scale)
     if kind == "nvfp4":
         data = torch.randint(0, 256, (experts, k // 2, n), generator=gen, dtype=torch.uint8)
         block_scale = (torch.rand(experts, k // NVFP4_BLOCK_SIZE, n, generator=gen) * 300 + 8).to(torch.float8_e4m3fn)
-        return QuantizedWeight(data, ScaleLayout.BLOCK_16, block_scale,
-                               global_scale=torch.full((experts,), 448.0 * 6 / 2.0))
+        return QuantizedWeight(
+            data, ScaleLayout.BLOCK_16, block_scale, global_scale=torch.full((experts,), 448.0 * 6 / 2.0)
+        )
     raise ValueError(f"kind: expected a grouped-matmul kind, got {kind!r}")
 
 
@@ -158,14 +162,16 @@ def layer_tile_factors(experts: int, k: int, n: int, spread: float = 3.0) -> tor
     return 10.0 ** torch.where(dominant, torch.zeros_like(exponent), exponent)
 
 
-def layer_weights(experts: int, hidden: int, intermediate: int, gen: torch.Generator, *,
-                  spread: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_weights(
+    experts: int, hidden: int, intermediate: int, gen: torch.Generator, *, spread: float = 3.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 `w13` `[E, H, 2I]` and `w2` `[E, I, H]` with tile magnitudes of `layer_tile_factors`,
     scaled to keep the layer's activations of order one."""
     w13 = torch.randn(experts, hidden, 2 * intermediate, generator=gen) / hidden**0.5
     w2 = torch.randn(experts, intermediate, hidden, generator=gen) / intermediate**0.5
-    w13 *= tiles_to_elements(layer_tile_factors(experts, hidden, 2 * intermediate, spread).float(), hidden,
-                             2 * intermediate)
+    w13 *= tiles_to_elements(
+        layer_tile_factors(experts, hidden, 2 * intermediate, spread).float(), hidden, 2 * intermediate
+    )
     w2 *= tiles_to_elements(layer_tile_factors(experts, intermediate, hidden, spread).float(), intermediate, hidden)
     return w13, w2
 
@@ -184,8 +190,9 @@ def uneven_counts(groups: int, rows: int, gen: torch.Generator, empty: float = 0
     return counts.tolist()
 
 
-def routing(tokens: int, top_k: int, experts: int, gen: torch.Generator,
-            empty: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+def routing(
+    tokens: int, top_k: int, experts: int, gen: torch.Generator, empty: float = 0.25
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Precomputed routing `(ids int64 [T, k], weights fp32 [T, k])`: k distinct experts per token with
     uneven popularity, about a fraction `empty` of the experts never chosen, and weights in
     [0.1, 1] that do not sum to one (sigmoid scores and scaling factors do not), so a combine that
@@ -203,8 +210,9 @@ def routing(tokens: int, top_k: int, experts: int, gen: torch.Generator,
     return ids, weights
 
 
-def spread_scales(x: Activation | QuantizedWeight, gen: torch.Generator, low: float,
-                  high: float) -> Activation | QuantizedWeight:
+def spread_scales(
+    x: Activation | QuantizedWeight, gen: torch.Generator, low: float, high: float
+) -> Activation | QuantizedWeight:
     """The same kind of operand with its scales (float kinds: its rows or 128x128 tiles) multiplied by
     factors `10^[low, high]`: tokens, channels, groups and tiles of very different magnitude. nvfp4's
     e4m3 block scales are kept (their range is small); its per-expert global scale is spread."""

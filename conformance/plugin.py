@@ -38,11 +38,21 @@ DEFAULT_DEPTH = "quick"
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add `--hal-vendor NAME` and `--hal-depth quick|full`."""
     group = parser.getgroup("hal", "moe-hal conformance suite")
-    group.addoption("--hal-vendor", dest="hal_vendor", metavar="NAME", default=None,
-                    help="run the moe-hal conformance suite against this vendor (a hal.vendors entry point)")
-    group.addoption("--hal-depth", dest="hal_depth", choices=DEPTHS, default=DEFAULT_DEPTH,
-                    help="shape sweeps and property tests: quick (CI on a CPU, the default) or full "
-                         "(the shapes of large models, for accelerators)")
+    group.addoption(
+        "--hal-vendor",
+        dest="hal_vendor",
+        metavar="NAME",
+        default=None,
+        help="run the moe-hal conformance suite against this vendor (a hal.vendors entry point)",
+    )
+    group.addoption(
+        "--hal-depth",
+        dest="hal_depth",
+        choices=DEPTHS,
+        default=DEFAULT_DEPTH,
+        help="shape sweeps and property tests: quick (CI on a CPU, the default) or full "
+        "(the shapes of large models, for accelerators)",
+    )
 
 
 def depth_of(config: pytest.Config) -> str:
@@ -55,8 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
     each pytest-xdist worker of a suite run its share of the CPU threads."""
     config.addinivalue_line("markers", f"{MARKER}(label): the conformance-matrix row a test belongs to")
     if config.getoption("hal_vendor") and sys.flags.optimize:
-        raise pytest.UsageError("--hal-vendor: the conformance suite checks with assert statements, which "
-                                "python -O removes; run it without -O")
+        raise pytest.UsageError(
+            "--hal-vendor: the conformance suite checks with assert statements, which "
+            "python -O removes; run it without -O"
+        )
     workerinput = getattr(config, "workerinput", None)
     if config.getoption("hal_vendor") and workerinput is not None:
         share_threads(int(workerinput.get("workercount", 1)))

@@ -26,8 +26,9 @@ def generator(*parts: object) -> torch.Generator:
     return torch.Generator().manual_seed(seed_of(*parts))
 
 
-def grouped_matmul(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                   counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_matmul(
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, counts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(y, |a| @ |b|)` in float64: rows of group g times expert g's weights, group by group."""
     a, b = activation_value(x), weight_value(weight)
     y = torch.zeros((a.shape[0], b.shape[2]), dtype=torch.float64)
@@ -48,7 +49,9 @@ def swiglu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return gate / (1 + torch.exp(-gate)) * up, (gate * up).abs()
 
 
-def activation(x: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 7.0) -> tuple[torch.Tensor, torch.Tensor]:
+def activation(
+    x: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 7.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(act(x), magnitude)` in float64 for an activation kind (`[gate | up]` halves for gated
     kinds), straight from the formulas; `magnitude` bounds the terms' size for tolerances."""
     v = x.detach().cpu().double()
@@ -56,8 +59,10 @@ def activation(x: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 
     gate, up = v.chunk(2, dim=-1) if gated else (v, None)
     if kind == "swiglu-oai":
         gate = torch.minimum(gate, torch.tensor(limit, dtype=torch.float64))
-        up = torch.maximum(torch.minimum(up, torch.tensor(limit, dtype=torch.float64)),  # type: ignore[arg-type]
-                           torch.tensor(-limit, dtype=torch.float64))
+        up = torch.maximum(
+            torch.minimum(up, torch.tensor(limit, dtype=torch.float64)),  # type: ignore[arg-type]
+            torch.tensor(-limit, dtype=torch.float64),
+        )
         out = (up + 1) * gate / (1 + torch.exp(-alpha * gate))
         return out, ((up.abs() + 1) * gate.abs())
     base = kind.removesuffix("-glu")
@@ -76,8 +81,14 @@ def activation(x: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 
     return act * up, (gate * up).abs()
 
 
-def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, kind: str = "silu-glu",
-               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None) -> torch.Tensor:
+def expert_mlp(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    kind: str = "silu-glu",
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One expert's output in float64 for rows `x` `[M, H]`: `act(x w13 + b13) w2 + b2`."""
     h = x.double().cpu() @ w13.double().cpu()
     if b13 is not None:
@@ -86,9 +97,18 @@ def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, kind: str =
     return out if b2 is None else out + b2.double().cpu()
 
 
-def moe_features(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *,
-                 kind: str = "silu-glu", b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-                 shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+def moe_features(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    kind: str = "silu-glu",
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+) -> torch.Tensor:
     """The float64 MoE with an activation kind, biases and shared experts `(w13 [H, Ws], w2 [Is, H], gate [H])`."""
     xd = x.double().cpu()
     out = torch.zeros(xd.shape[0], w2.shape[-1], dtype=torch.float64)
@@ -120,8 +140,7 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     return torch.tensor(ids), torch.stack(weights)
 
 
-def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-        w2: torch.Tensor) -> torch.Tensor:
+def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """`sum_j w[t, j] * (silu(x W_gate) * (x W_up)) W_down` for every token, in float64.
 
     `w13` is `[E, H, 2I]` (gate columns first), `w2` `[E, I, H]`.
@@ -164,8 +183,9 @@ def bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float64)
 
 
-def emulated_integer_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-                         w2: torch.Tensor, qmax: int) -> torch.Tensor:
+def emulated_integer_moe(
+    x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, qmax: int
+) -> torch.Tensor:
     """The float64 MoE of a W{n}A{n} integer scheme: per-channel weights and per-token
     activations (layer input and swiglu output) rounded to `qmax` levels each side, with
     the bf16 roundings of the layer's intermediate results.
@@ -191,8 +211,9 @@ def emulated_integer_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tens
     return out
 
 
-def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None,
-                     weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_combine(
+    rows: torch.Tensor, index: torch.Tensor | None, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(sum_j w[t, j] * rows[index[t*k + j]], sum_j |w[t, j] * rows[...]|)` in float64 (`index` None:
     rows in (token, slot) order)."""
     tokens, top_k = weights.shape
@@ -226,5 +247,7 @@ def worst(error: torch.Tensor, bound: torch.Tensor) -> str:
     ratio = error / bound.clamp_min(1e-300)
     index = int(ratio.argmax())
     where = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), error.shape))
-    return (f"{int((error > bound).sum())} of {error.numel()} elements out of bounds; worst at {where}: "
-            f"error {float(error.flatten()[index]):.4g} > bound {float(bound.flatten()[index]):.4g}")
+    return (
+        f"{int((error > bound).sum())} of {error.numel()} elements out of bounds; worst at {where}: "
+        f"error {float(error.flatten()[index]):.4g} > bound {float(bound.flatten()[index]):.4g}"
+    )

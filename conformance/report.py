@@ -44,9 +44,15 @@ class MatrixRow:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain-data view for JSON output."""
-        return {"capability": self.capability, "declared": self.declared, "result": self.result,
-                "passed": self.passed, "failed": self.failed, "skipped": self.skipped,
-                "skip_reasons": self.reasons}
+        return {
+            "capability": self.capability,
+            "declared": self.declared,
+            "result": self.result,
+            "passed": self.passed,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "skip_reasons": self.reasons,
+        }
 
 
 @dataclass
@@ -85,8 +91,12 @@ class VendorReport:
         """Plain-data view for JSON output."""
         run = self.run
         return {
-            "vendor": self.vendor, "description": self.description, "device": self.device, "ok": self.ok,
-            "not_run": self.not_run or None, "depth": run.depth if run else None,
+            "vendor": self.vendor,
+            "description": self.description,
+            "device": self.device,
+            "ok": self.ok,
+            "not_run": self.not_run or None,
+            "depth": run.depth if run else None,
             "capabilities": self.capabilities.as_dict() if self.capabilities else None,
             "exit_code": run.exit_code if run else None,
             "seconds": round(run.seconds, 2) if run else None,
@@ -96,7 +106,8 @@ class VendorReport:
             "matrix": [row.as_dict() for row in self.matrix()] if run else [],
             "tests": [r.as_dict() for r in run.results] if run else [],
             "unfinished": [{"id": nodeid, "seconds": round(seconds, 1)} for nodeid, seconds in run.unfinished]
-            if run else [],
+            if run
+            else [],
         }
 
 
@@ -107,16 +118,22 @@ def run_depth(reports: list[VendorReport]) -> str | None:
 
 def as_json(reports: list[VendorReport]) -> dict[str, Any]:
     """The whole report: environment, depth, overall verdict, one entry per vendor."""
-    return {"environment": environment(), "depth": run_depth(reports),
-            "ok": bool(reports) and all(r.ok for r in reports), "vendors": [r.as_dict() for r in reports]}
+    return {
+        "environment": environment(),
+        "depth": run_depth(reports),
+        "ok": bool(reports) and all(r.ok for r in reports),
+        "vendors": [r.as_dict() for r in reports],
+    }
 
 
 def _summary(report: VendorReport) -> str:
     if report.run is None:
         return f"not run: {report.not_run}"
     c = report.run.counts()
-    text = (f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
-            f"in {report.run.seconds:.1f} s")
+    text = (
+        f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
+        f"in {report.run.seconds:.1f} s"
+    )
     if report.run.collection_errors:
         text += f"; {len(report.run.collection_errors)} collection error(s)"
     if report.run.exit_code not in (0, 1):
@@ -132,9 +149,13 @@ def as_markdown(reports: list[VendorReport], env: dict[str, str] | None = None) 
     """The report as Markdown: a matrix per vendor, then each failure with its message."""
     env = env or environment()
     depth = run_depth(reports)
-    lines = ["# moe-hal conformance report", "",
-             f"{env['date']} · moe-hal {env['moe_hal']} · torch {env['torch']} · pytest {env['pytest']} · "
-             f"Python {env['python']}" + (f" · depth {depth}" if depth else ""), ""]
+    lines = [
+        "# moe-hal conformance report",
+        "",
+        f"{env['date']} · moe-hal {env['moe_hal']} · torch {env['torch']} · pytest {env['pytest']} · "
+        f"Python {env['python']}" + (f" · depth {depth}" if depth else ""),
+        "",
+    ]
     for report in reports:
         verdict = "passed" if report.ok else ("not run" if report.run is None else "FAILED")
         lines += [f"## {report.vendor}: {verdict}", ""]
@@ -143,12 +164,16 @@ def as_markdown(reports: list[VendorReport], env: dict[str, str] | None = None) 
         lines += [_summary(report) + ".", ""]
         if report.run is None:
             continue
-        lines += ["| capability | declared | result | passed | failed | skipped | skip reason |",
-                  "|---|---|---|---:|---:|---:|---|"]
+        lines += [
+            "| capability | declared | result | passed | failed | skipped | skip reason |",
+            "|---|---|---|---:|---:|---:|---|",
+        ]
         for row in report.matrix():
             reasons = "; ".join(row.reasons[:REASONS_SHOWN]) + (" …" if len(row.reasons) > REASONS_SHOWN else "")
-            lines.append(f"| {row.capability} | {row.declared} | {row.result} | {row.passed} | {row.failed} | "
-                         f"{row.skipped} | {_md(reasons)} |")
+            lines.append(
+                f"| {row.capability} | {row.declared} | {row.result} | {row.passed} | {row.failed} | "
+                f"{row.skipped} | {_md(reasons)} |"
+            )
         failures = [r for r in report.run.results if r.failed]
         if failures or report.run.collection_errors:
             lines += ["", "### Failures", ""]
@@ -162,8 +187,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def write_reports(reports: list[VendorReport], directory: Path,
-                  payload: dict[str, Any] | None = None) -> tuple[Path, Path]:
+def write_reports(
+    reports: list[VendorReport], directory: Path, payload: dict[str, Any] | None = None
+) -> tuple[Path, Path]:
     """Write `conformance.json` (`payload`, default `as_json(reports)`) and `conformance.md`
     into `directory`; return both paths."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -186,15 +212,25 @@ def print_matrix(report: VendorReport, console: Console) -> None:
     if report.run is None:
         console.print(f"[yellow]{escape(report.vendor)}: not run:[/] {escape(report.not_run)}")
         return
-    table = Table(title=f"conformance of vendor {report.vendor!r} on {report.device} (depth {report.run.depth})",
-                  title_justify="left")
+    table = Table(
+        title=f"conformance of vendor {report.vendor!r} on {report.device} (depth {report.run.depth})",
+        title_justify="left",
+    )
     for column in ("capability", "declared", "result", "passed", "failed", "skipped", "skip reason"):
-        table.add_column(column, overflow="fold", justify="right" if column in ("passed", "failed", "skipped")
-                         else "left")
+        table.add_column(
+            column, overflow="fold", justify="right" if column in ("passed", "failed", "skipped") else "left"
+        )
     for row in report.matrix():
         reasons = "; ".join(row.reasons[:1]) + (f" (+{len(row.reasons) - 1} more)" if len(row.reasons) > 1 else "")
-        table.add_row(row.capability, row.declared, f"[{_STYLE[row.result]}]{row.result}[/]", str(row.passed),
-                      str(row.failed), str(row.skipped), escape(reasons))
+        table.add_row(
+            row.capability,
+            row.declared,
+            f"[{_STYLE[row.result]}]{row.result}[/]",
+            str(row.passed),
+            str(row.failed),
+            str(row.skipped),
+            escape(reasons),
+        )
     console.print(table)
     for result in (r for r in report.run.results if r.failed):
         console.print(f"[red]{result.outcome.upper()}[/] {escape(result.nodeid)}: {escape(result.message)}")
@@ -203,7 +239,8 @@ def print_matrix(report: VendorReport, console: Console) -> None:
     for nodeid, seconds in report.run.unfinished[:_UNFINISHED_SHOWN]:
         console.print(f"[red]UNFINISHED[/] {escape(nodeid)} (running for {seconds:.0f} s)")
     if len(report.run.unfinished) > _UNFINISHED_SHOWN:
-        console.print(f"[red]... and {len(report.run.unfinished) - _UNFINISHED_SHOWN} more unfinished (see the JSON "
-                      "report)[/]")
+        console.print(
+            f"[red]... and {len(report.run.unfinished) - _UNFINISHED_SHOWN} more unfinished (see the JSON report)[/]"
+        )
     style = "green" if report.ok else "red"
     console.print(f"[{style}]{escape(report.vendor)}: {escape(_summary(report))}[/]")

@@ -49,8 +49,14 @@ class CaseResult:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain-data view for JSON output."""
-        return {"id": self.nodeid, "capability": self.capability, "outcome": self.outcome,
-                "seconds": round(self.seconds, 4), "message": self.message, "details": self.details}
+        return {
+            "id": self.nodeid,
+            "capability": self.capability,
+            "outcome": self.outcome,
+            "seconds": round(self.seconds, 4),
+            "message": self.message,
+            "details": self.details,
+        }
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,13 @@ class SuiteRun:
     @property
     def ok(self) -> bool:
         """Whether pytest finished cleanly, something ran, and nothing failed."""
-        return (self.exit_code == 0 and self.ran > 0 and not self.collection_errors and not self.unfinished
-                and not any(r.failed for r in self.results))
+        return (
+            self.exit_code == 0
+            and self.ran > 0
+            and not self.collection_errors
+            and not self.unfinished
+            and not any(r.failed for r in self.results)
+        )
 
 
 class ResultCollector:
@@ -162,7 +173,8 @@ class ResultCollector:
             return
         properties = dict(report.user_properties)
         result = self.results.setdefault(
-            report.nodeid, CaseResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled"))))
+            report.nodeid, CaseResult(report.nodeid, str(properties.get(PROPERTY, "unlabelled")))
+        )
         result.seconds += report.duration
         if report.skipped:
             result.outcome, result.message = "skipped", _skip_reason(report)
@@ -195,13 +207,26 @@ def _failure_summary(report: pytest.TestReport) -> str:
     return " ".join(text.split())[:400]
 
 
-def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = None,
-                     depth: str = DEFAULT_DEPTH) -> list[str]:
+def pytest_arguments(
+    vendor: str, *, workers: int = 0, keyword: str | None = None, depth: str = DEFAULT_DEPTH
+) -> list[str]:
     """The pytest command line that runs the suite against `vendor`, isolated from the caller's config."""
     if depth not in DEPTHS:
         raise InvalidInput(f"depth: expected one of {', '.join(DEPTHS)}, got {depth!r}")
-    args = [str(SUITE_DIR), "--hal-vendor", vendor, "--hal-depth", depth, "--rootdir", str(SUITE_DIR),
-            "-c", os.devnull, "-p", "no:cacheprovider", "-ra"]
+    args = [
+        str(SUITE_DIR),
+        "--hal-vendor",
+        vendor,
+        "--hal-depth",
+        depth,
+        "--rootdir",
+        str(SUITE_DIR),
+        "-c",
+        os.devnull,
+        "-p",
+        "no:cacheprovider",
+        "-ra",
+    ]
     if workers:
         if importlib.util.find_spec("xdist") is None:
             raise InvalidInput(f"-n: expected pytest-xdist to be installed for {workers} workers, got none")
@@ -211,8 +236,15 @@ def pytest_arguments(vendor: str, *, workers: int = 0, keyword: str | None = Non
     return args
 
 
-def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log: Path | None = None,
-              on_progress: Callable[[Progress], None] | None = None, depth: str = DEFAULT_DEPTH) -> SuiteRun:
+def run_suite(
+    vendor: str,
+    *,
+    workers: int = 0,
+    keyword: str | None = None,
+    log: Path | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    depth: str = DEFAULT_DEPTH,
+) -> SuiteRun:
     """Run the conformance suite against `vendor` in this process at `depth`; pytest's output goes to `log`."""
     collector = ResultCollector(vendor, on_progress)
     args = pytest_arguments(vendor, workers=workers, keyword=keyword, depth=depth)
@@ -228,8 +260,9 @@ def run_suite(vendor: str, *, workers: int = 0, keyword: str | None = None, log:
     unfinished = collector.unfinished()
     stopped = {nodeid for nodeid, _ in unfinished}  # their setup may have reported: they have no outcome
     results = sorted((r for r in collector.results.values() if r.nodeid not in stopped), key=lambda r: r.nodeid)
-    return SuiteRun(vendor, exit_code, results, collector.collection_errors, log, time.perf_counter() - start,
-                    depth, unfinished)
+    return SuiteRun(
+        vendor, exit_code, results, collector.collection_errors, log, time.perf_counter() - start, depth, unfinished
+    )
 
 
 @contextlib.contextmanager

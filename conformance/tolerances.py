@@ -32,11 +32,7 @@ from conformance import dtype_facts
 from hal import GemmKind
 
 #: Relative rounding of one result stored in each output dtype (half a step, with margin).
-OUTPUT_ROUNDING: dict[torch.dtype, float] = {
-    torch.bfloat16: 2.0**-8,
-    torch.float16: 2.0**-11,
-    torch.float32: 2.0**-22,
-}
+OUTPUT_ROUNDING: dict[torch.dtype, float] = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-22}
 
 #: Absolute rounding of a result that lands among an output dtype's subnormals, where rounding is no
 #: longer relative: one subnormal step (twice the half step, as margin).
@@ -116,8 +112,10 @@ def gemm_bound(ref: torch.Tensor, magnitude: torch.Tensor, out_dtype: torch.dtyp
 
 def swiglu_bound(ref: torch.Tensor, gate_times_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound of swiglu: `ref` its float64 result, `gate_times_up` `|gate * up|`."""
-    return (SWIGLU_ROUNDINGS * (OUTPUT_ROUNDING[out_dtype] * ref.abs() + OUTPUT_SUBNORMAL_STEP[out_dtype])
-            + 2.0**-16 * gate_times_up)
+    return (
+        SWIGLU_ROUNDINGS * (OUTPUT_ROUNDING[out_dtype] * ref.abs() + OUTPUT_SUBNORMAL_STEP[out_dtype])
+        + 2.0**-16 * gate_times_up
+    )
 
 
 def combine_bound(ref: torch.Tensor, terms_magnitude: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

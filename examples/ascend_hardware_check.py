@@ -52,9 +52,12 @@ def w8a8_grouped_matmul(vendor: Vendor) -> str:
     w = quantize_weight(torch.randn(4, 320, 200, generator=g) / 18, ScaleLayout.PER_CHANNEL, torch.int8)
     want = grouped_matmul(x, w, Groups.from_counts(counts), out_dtype=torch.bfloat16)
     dev = vendor.device
-    got = vendor.grouped_matmul(hal.QuantizedTensor(x.data.to(dev), x.dtype, x.layout, x.scale.to(dev)),
-                                hal.QuantizedWeight(w.data.to(dev), w.layout, w.scale.to(dev)),
-                                Groups.from_counts(counts.to(dev)), out_dtype=torch.bfloat16)
+    got = vendor.grouped_matmul(
+        hal.QuantizedTensor(x.data.to(dev), x.dtype, x.layout, x.scale.to(dev)),
+        hal.QuantizedWeight(w.data.to(dev), w.layout, w.scale.to(dev)),
+        Groups.from_counts(counts.to(dev)),
+        out_dtype=torch.bfloat16,
+    )
     err = _relative(got, want)
     return "PASS" if got.dtype == torch.bfloat16 and err < 1e-2 else f"FAIL {got.dtype}, relative error {err:.3g}"
 
@@ -85,8 +88,16 @@ def fused_deep_moe(vendor: Vendor) -> str:
     logits = torch.randn(96, e, generator=g)
     outs = []
     for fused in (True, False):
-        layer = moe.MoELayer.from_float(w13, w2, k, scheme="w8a8-int8", vendor=vendor, fused=fused,
-                                        dispatch=DispatchConfig(dtype="int8"), environ={})
+        layer = moe.MoELayer.from_float(
+            w13,
+            w2,
+            k,
+            scheme="w8a8-int8",
+            vendor=vendor,
+            fused=fused,
+            dispatch=DispatchConfig(dtype="int8"),
+            environ={},
+        )
         outs.append(layer(x.to(vendor.device), logits.to(vendor.device)).cpu())
     err = _relative(outs[0], outs[1].double())
     return "PASS" if err < 2e-2 else f"FAIL fused vs unfused relative difference {err:.3g}"
@@ -101,18 +112,37 @@ def layer_schemes(vendor: Vendor) -> str:
     for scheme in ("unquantized", "w8a8-int8"):
         if not vendor.capabilities().supports_gemm(moe.make_scheme(scheme).gemm_kind()):
             continue
-        on = moe.MoELayer.from_float(w13, w2, 2, scheme=scheme, vendor=vendor, environ={}, fused=False,
-                                     dispatch=DispatchConfig(dtype="int8" if scheme != "unquantized" else "bf16"))
-        ref = moe.MoELayer.from_float(w13, w2, 2, scheme=scheme, vendor=cpu, environ={},
-                                      dispatch=DispatchConfig(dtype="int8" if scheme != "unquantized" else "bf16"))
+        on = moe.MoELayer.from_float(
+            w13,
+            w2,
+            2,
+            scheme=scheme,
+            vendor=vendor,
+            environ={},
+            fused=False,
+            dispatch=DispatchConfig(dtype="int8" if scheme != "unquantized" else "bf16"),
+        )
+        ref = moe.MoELayer.from_float(
+            w13,
+            w2,
+            2,
+            scheme=scheme,
+            vendor=cpu,
+            environ={},
+            dispatch=DispatchConfig(dtype="int8" if scheme != "unquantized" else "bf16"),
+        )
         results.append((scheme, _relative(on(x.to(vendor.device), logits.to(vendor.device)), ref(x, logits).double())))
     bad = [f"{s} {e:.3g}" for s, e in results if e > 2e-2]
     return "PASS" if not bad else "FAIL " + ", ".join(bad)
 
 
-CHECKS: dict[str, Check] = {"int4 packing bit order": int4_packing, "w8a8 grouped matmul": w8a8_grouped_matmul,
-                            "fp32 grouped matmul": fp32_grouped_matmul, "fused_deep_moe vs unfused": fused_deep_moe,
-                            "layer vs the CPU reference": layer_schemes}
+CHECKS: dict[str, Check] = {
+    "int4 packing bit order": int4_packing,
+    "w8a8 grouped matmul": w8a8_grouped_matmul,
+    "fp32 grouped matmul": fp32_grouped_matmul,
+    "fused_deep_moe vs unfused": fused_deep_moe,
+    "layer vs the CPU reference": layer_schemes,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

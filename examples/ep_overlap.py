@@ -82,14 +82,19 @@ def median_ms(fn: Callable[[], object], repeats: int, device: torch.device, warm
 def build_layer(args: argparse.Namespace, device: torch.device, vendor: hal.Vendor) -> moe.MoELayer:
     """Random bf16 weights made on the device (each rank keeps only its own experts)."""
     g = torch.Generator(device).manual_seed(0)
-    w13 = torch.randn(args.experts, args.hidden, 2 * args.intermediate, generator=g, device=device,
-                      dtype=torch.bfloat16) / args.hidden**0.5
-    w2 = torch.randn(args.experts, args.intermediate, args.hidden, generator=g, device=device,
-                     dtype=torch.bfloat16) / args.intermediate**0.5
+    w13 = (
+        torch.randn(args.experts, args.hidden, 2 * args.intermediate, generator=g, device=device, dtype=torch.bfloat16)
+        / args.hidden**0.5
+    )
+    w2 = (
+        torch.randn(args.experts, args.intermediate, args.hidden, generator=g, device=device, dtype=torch.bfloat16)
+        / args.intermediate**0.5
+    )
     capacity = None if args.mode == "normal" else (args.tokens + 1) // 2  # one micro-batch
     dispatch = hal.DispatchConfig(dtype=args.dispatch_dtype, max_dispatch_tokens_per_rank=capacity, ep_mode=args.mode)
-    return moe.MoELayer.from_float(w13, w2, args.top_k, vendor=vendor, process_group=dist.group.WORLD,
-                                   dispatch=dispatch, fused=False)
+    return moe.MoELayer.from_float(
+        w13, w2, args.top_k, vendor=vendor, process_group=dist.group.WORLD, dispatch=dispatch, fused=False
+    )
 
 
 def main() -> int:
@@ -123,12 +128,16 @@ def main() -> int:
     one_by_one = median_ms(lambda: sequential(layer, batches), args.repeats, device)
     overlapped = median_ms(lambda: interleaved(layer, batches), args.repeats, device)
     if dist.get_rank() == 0:
-        print(f"{dist.get_world_size()} ranks, {vendor.name} ({backend}), mode {args.mode} "
-              f"(last call: {layer.dispatcher.last_mode}), dispatch {layer.plan.resolved}, "
-              f"2 micro-batches of {batches[0][0].shape[0]} tokens per rank, H {args.hidden}, I {args.intermediate}, "
-              f"{args.experts} experts, top-{args.top_k}")
-        print(f"sequential  {one_by_one:9.3f} ms\ninterleaved {overlapped:9.3f} ms  "
-              f"(ratio interleaved / sequential {overlapped / one_by_one:.3f})")
+        print(
+            f"{dist.get_world_size()} ranks, {vendor.name} ({backend}), mode {args.mode} "
+            f"(last call: {layer.dispatcher.last_mode}), dispatch {layer.plan.resolved}, "
+            f"2 micro-batches of {batches[0][0].shape[0]} tokens per rank, H {args.hidden}, I {args.intermediate}, "
+            f"{args.experts} experts, top-{args.top_k}"
+        )
+        print(
+            f"sequential  {one_by_one:9.3f} ms\ninterleaved {overlapped:9.3f} ms  "
+            f"(ratio interleaved / sequential {overlapped / one_by_one:.3f})"
+        )
         print(f"interleaved equals sequential bit for bit on every rank: {bool(equal.item())}", flush=True)
     del layer  # it holds the group: free it now (it sits in reference cycles, hence gc), not while the
     gc.collect()  # interpreter exits, where gloo at times aborts ("terminate called without an active exception")

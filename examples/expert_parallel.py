@@ -54,12 +54,17 @@ def main() -> None:
     mine = slice(rank * args.tokens, (rank + 1) * args.tokens)
 
     config = {"scheme": args.scheme, "vendor": vendor}
-    single = moe.MoELayer.from_float(w13, w2, args.top_k, **config,
-                                     dispatch=hal.DispatchConfig(dtype=args.dispatch_dtype))
+    single = moe.MoELayer.from_float(
+        w13, w2, args.top_k, **config, dispatch=hal.DispatchConfig(dtype=args.dispatch_dtype)
+    )
     expected = single(x, logits)[mine]
     for name, capacity in (("all-to-all", None), ("low-latency", args.tokens)):
         layer = moe.MoELayer.from_float(
-            w13, w2, args.top_k, **config, process_group=dist.group.WORLD,
+            w13,
+            w2,
+            args.top_k,
+            **config,
+            process_group=dist.group.WORLD,
             dispatch=hal.DispatchConfig(dtype=args.dispatch_dtype, max_dispatch_tokens_per_rank=capacity),
         )
         y = layer(x[mine], logits[mine])  # warm-up and result
@@ -71,10 +76,13 @@ def main() -> None:
         elapsed = (time.perf_counter() - start) / 5
         diff = (y.float() - expected.float()).abs().max().item()
         scale = expected.float().abs().max().item()
-        print(f"rank {rank}/{world} {vendor.name} ({backend}) {name:11s} scheme={args.scheme} "
-              f"dispatch={layer.plan.resolved} ({layer.plan.source}) experts {layer.local_experts.start}-"
-              f"{layer.local_experts.stop - 1}: max |ep - single| = {diff:.3g} (of {scale:.3g}), "
-              f"exact={torch.equal(y, expected)}, {elapsed * 1e3:.2f} ms/call", flush=True)
+        print(
+            f"rank {rank}/{world} {vendor.name} ({backend}) {name:11s} scheme={args.scheme} "
+            f"dispatch={layer.plan.resolved} ({layer.plan.source}) experts {layer.local_experts.start}-"
+            f"{layer.local_experts.stop - 1}: max |ep - single| = {diff:.3g} (of {scale:.3g}), "
+            f"exact={torch.equal(y, expected)}, {elapsed * 1e3:.2f} ms/call",
+            flush=True,
+        )
         if args.bandwidth:
             report_bandwidth(layer, x[mine], logits[mine], name)
     del layer, single  # the layers hold the group: free them before it (gloo can abort at exit otherwise)
@@ -109,10 +117,13 @@ def report_bandwidth(layer: moe.MoELayer, x: torch.Tensor, logits: torch.Tensor,
     combine_s = _median_seconds(lambda: layer.dispatcher.combine(rows, dispatched, torch.bfloat16))
     pairs = routing.topk_ids.numel()
     sent, returned = pairs * layer.plan.bytes_per_token, pairs * x.shape[-1] * 2
-    print(f"rank {dist.get_rank()} {name:11s} {x.shape[0]} tokens x top-{layer.top_k}: dispatch "
-          f"{dispatch_s * 1e6:.0f} us ({sent / dispatch_s / 1e9:.1f} GB/s of {layer.plan.resolved} records, "
-          f"{layer.plan.bytes_per_token} B/token), combine {combine_s * 1e6:.0f} us "
-          f"({returned / combine_s / 1e9:.1f} GB/s of bf16 rows)", flush=True)
+    print(
+        f"rank {dist.get_rank()} {name:11s} {x.shape[0]} tokens x top-{layer.top_k}: dispatch "
+        f"{dispatch_s * 1e6:.0f} us ({sent / dispatch_s / 1e9:.1f} GB/s of {layer.plan.resolved} records, "
+        f"{layer.plan.bytes_per_token} B/token), combine {combine_s * 1e6:.0f} us "
+        f"({returned / combine_s / 1e9:.1f} GB/s of bf16 rows)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

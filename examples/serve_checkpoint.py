@@ -37,10 +37,10 @@ def fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     for a in range(tiles.shape[0]):
         for b in range(tiles.shape[1]):
-            block = w[a * 128:(a + 1) * 128, b * 128:(b + 1) * 128]
+            block = w[a * 128 : (a + 1) * 128, b * 128 : (b + 1) * 128]
             s = float(block.abs().max().clamp_min(1e-12)) / FP8_MAX
             tiles[a, b] = s
-            q[a * 128:(a + 1) * 128, b * 128:(b + 1) * 128] = (block / s).to(torch.float8_e4m3fn)
+            q[a * 128 : (a + 1) * 128, b * 128 : (b + 1) * 128] = (block / s).to(torch.float8_e4m3fn)
     return q, tiles
 
 
@@ -80,10 +80,26 @@ def serve(path: Path, vendor: str | None) -> None:
                 shared.add(name.replace(".shared_experts.", ".experts.0."), f.get_tensor(name))
         gate = f.get_tensor(f"{PREFIX}.gate.weight")
         bias = f.get_tensor(f"{PREFIX}.gate.e_score_correction_bias")
-    router = moe.GroupedTopK(E, TOP_K, num_groups=GROUPS, topk_groups=TOPK_GROUPS, scoring="sigmoid",
-                             group_score="top2-sum", correction_bias=bias, routed_scaling_factor=2.5)
-    layer = moe.MoELayer(H, I, E, TOP_K, scheme=experts.scheme(), vendor=vendor, router=router,
-                         shared_experts=moe.SharedExperts(SHARED * I))
+    router = moe.GroupedTopK(
+        E,
+        TOP_K,
+        num_groups=GROUPS,
+        topk_groups=TOPK_GROUPS,
+        scoring="sigmoid",
+        group_score="top2-sum",
+        correction_bias=bias,
+        routed_scaling_factor=2.5,
+    )
+    layer = moe.MoELayer(
+        H,
+        I,
+        E,
+        TOP_K,
+        scheme=experts.scheme(),
+        vendor=vendor,
+        router=router,
+        shared_experts=moe.SharedExperts(SHARED * I),
+    )
     layer.load_expert_weights(experts.build(device=layer.vendor.device))
     layer.load_shared_expert_weights(shared.build(device=layer.vendor.device))
     print(layer)
@@ -99,8 +115,9 @@ def serve(path: Path, vendor: str | None) -> None:
     print(f"tokens {x.shape[0]}: relative error against the float64 MoE of the checkpoint {error:.2e}")
 
 
-def reference(x: torch.Tensor, routing: moe.Routing, routed: moe.ExpertWeights,
-              shared: moe.ExpertWeights) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, routing: moe.Routing, routed: moe.ExpertWeights, shared: moe.ExpertWeights
+) -> torch.Tensor:
     """The float64 MoE of dequantized weights (hal.reference's decoders)."""
     from hal.reference import weight_value
 
@@ -117,7 +134,7 @@ def reference(x: torch.Tensor, routing: moe.Routing, routed: moe.ExpertWeights,
     for t in range(x.shape[0]):
         for j in range(routing.top_k):
             e = int(routing.topk_ids[t, j])
-            out[t] += float(routing.topk_weights[t, j]) * mlp(xd[t:t + 1], w13[e], w2[e])[0]
+            out[t] += float(routing.topk_weights[t, j]) * mlp(xd[t : t + 1], w13[e], w2[e])[0]
     return out
 
 

@@ -36,17 +36,26 @@ class ActivationKind(str, enum.Enum):
         return self in _GATED
 
 
-_GATED = frozenset({ActivationKind.SILU_GLU, ActivationKind.GELU_GLU, ActivationKind.GELU_TANH_GLU,
-                    ActivationKind.SWIGLU_OAI})
-_ALIASES = {"swiglu": ActivationKind.SILU_GLU, "silu_glu": ActivationKind.SILU_GLU,
-            "geglu": ActivationKind.GELU_GLU, "gelu_glu": ActivationKind.GELU_GLU,
-            "gelu_tanh_glu": ActivationKind.GELU_TANH_GLU, "gelu_pytorch_tanh_glu": ActivationKind.GELU_TANH_GLU,
-            "swiglu_oai": ActivationKind.SWIGLU_OAI, "clamped_swiglu": ActivationKind.SWIGLU_OAI,
-            "swigluoai": ActivationKind.SWIGLU_OAI,
-            # the names engines give their fused "activation and multiply" kernels
-            "silu_and_mul": ActivationKind.SILU_GLU, "gelu_and_mul": ActivationKind.GELU_GLU,
-            "gelu_tanh_and_mul": ActivationKind.GELU_TANH_GLU,
-            "gelu_tanh": ActivationKind.GELU_TANH, "gelu_pytorch_tanh": ActivationKind.GELU_TANH}
+_GATED = frozenset(
+    {ActivationKind.SILU_GLU, ActivationKind.GELU_GLU, ActivationKind.GELU_TANH_GLU, ActivationKind.SWIGLU_OAI}
+)
+_ALIASES = {
+    "swiglu": ActivationKind.SILU_GLU,
+    "silu_glu": ActivationKind.SILU_GLU,
+    "geglu": ActivationKind.GELU_GLU,
+    "gelu_glu": ActivationKind.GELU_GLU,
+    "gelu_tanh_glu": ActivationKind.GELU_TANH_GLU,
+    "gelu_pytorch_tanh_glu": ActivationKind.GELU_TANH_GLU,
+    "swiglu_oai": ActivationKind.SWIGLU_OAI,
+    "clamped_swiglu": ActivationKind.SWIGLU_OAI,
+    "swigluoai": ActivationKind.SWIGLU_OAI,
+    # the names engines give their fused "activation and multiply" kernels
+    "silu_and_mul": ActivationKind.SILU_GLU,
+    "gelu_and_mul": ActivationKind.GELU_GLU,
+    "gelu_tanh_and_mul": ActivationKind.GELU_TANH_GLU,
+    "gelu_tanh": ActivationKind.GELU_TANH,
+    "gelu_pytorch_tanh": ActivationKind.GELU_TANH,
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,7 @@ class Activation:
         object.__setattr__(self, "kind", _parse_kind(self.kind))
         for name in ("alpha", "limit"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise invalid(f"activation {name}", "a finite positive number", value)
             object.__setattr__(self, name, float(value))
 

@@ -57,9 +57,7 @@ class Capabilities:
 
     device_name: str
     dispatch_dtypes: frozenset[DispatchDtype]
-    dispatch_fallbacks: Mapping[DispatchDtype, DispatchDtype | None] = field(
-        default_factory=dict
-    )
+    dispatch_fallbacks: Mapping[DispatchDtype, DispatchDtype | None] = field(default_factory=dict)
     fallback_reasons: Mapping[DispatchDtype, str] = field(default_factory=dict)
     default_dispatch_dtype: DispatchDtype = DispatchDtype.BF16
     fp8_scale_layout: ScaleLayout = ScaleLayout.GROUP_128
@@ -98,17 +96,13 @@ class Capabilities:
             src = DispatchDtype.parse(source)
             dst = None if target is None else DispatchDtype.parse(target)
             if DispatchDtype.AUTO in (src, dst):
-                raise InvalidInput(
-                    f"dispatch_fallbacks: expected concrete dtypes, got {source!r} -> {target!r}"
-                )
+                raise InvalidInput(f"dispatch_fallbacks: expected concrete dtypes, got {source!r} -> {target!r}")
             fallbacks[src] = dst
         reasons = {DispatchDtype.parse(k): str(v) for k, v in dict(self.fallback_reasons).items()}
         object.__setattr__(self, "fallback_reasons", MappingProxyType(reasons))
         object.__setattr__(self, "dispatch_dtypes", dtypes)
         object.__setattr__(self, "dispatch_fallbacks", MappingProxyType(fallbacks))
-        object.__setattr__(
-            self, "default_dispatch_dtype", DispatchDtype.parse(self.default_dispatch_dtype)
-        )
+        object.__setattr__(self, "default_dispatch_dtype", DispatchDtype.parse(self.default_dispatch_dtype))
         object.__setattr__(self, "fp8_scale_layout", ScaleLayout(self.fp8_scale_layout))
         layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
         layouts[DispatchDtype.FP8] = self.fp8_scale_layout  # the named field is fp8's entry
@@ -123,14 +117,23 @@ class Capabilities:
         object.__setattr__(self, "grouped_matmul_padding", bool(self.grouped_matmul_padding))
         object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
         object.__setattr__(self, "ep_low_latency", frozenset(str(n) for n in self.ep_low_latency))
-        object.__setattr__(self, "ep_dispatchers_absent", MappingProxyType(
-            {str(k): str(v) for k, v in dict(self.ep_dispatchers_absent).items()}))
+        object.__setattr__(
+            self,
+            "ep_dispatchers_absent",
+            MappingProxyType({str(k): str(v) for k, v in dict(self.ep_dispatchers_absent).items()}),
+        )
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def __hash__(self) -> int:
-        return hash((self.device_name, self.dispatch_dtypes, tuple(sorted(
-            (k.value, v.value if v else "") for k, v in self.dispatch_fallbacks.items()
-        )), self.grouped_matmul, self.fused_deep_moe))
+        return hash(
+            (
+                self.device_name,
+                self.dispatch_dtypes,
+                tuple(sorted((k.value, v.value if v else "") for k, v in self.dispatch_fallbacks.items())),
+                self.grouped_matmul,
+                self.fused_deep_moe,
+            )
+        )
 
     @property
     def supports_fp8_dispatch(self) -> bool:
@@ -170,9 +173,7 @@ class Capabilities:
         """Contradictions inside this declaration; an empty list means consistent."""
         problems: list[str] = []
         if self.default_dispatch_dtype not in self.dispatch_dtypes:
-            problems.append(
-                f"default dispatch dtype {self.default_dispatch_dtype} is not a supported dispatch dtype"
-            )
+            problems.append(f"default dispatch dtype {self.default_dispatch_dtype} is not a supported dispatch dtype")
         for source, target in self.dispatch_fallbacks.items():
             if source in self.dispatch_dtypes:
                 problems.append(f"fallback declared for {source}, which is supported natively")
@@ -180,11 +181,11 @@ class Capabilities:
                 problems.append(f"fallback {source} -> {target} targets an unsupported dtype")
         for dtype, layout in self.scale_layouts.items():
             if layout not in dtype.scale_layouts():
-                problems.append(f"scale layout {layout} declared for {dtype}, which is carried as "
-                                f"{', '.join(map(str, dtype.scale_layouts()))}")
-        if (DispatchDtype.INT8 in self.dispatch_dtypes) != (
-            self.int8_quant_mode is not Int8QuantMode.NONE
-        ):
+                problems.append(
+                    f"scale layout {layout} declared for {dtype}, which is carried as "
+                    f"{', '.join(map(str, dtype.scale_layouts()))}"
+                )
+        if (DispatchDtype.INT8 in self.dispatch_dtypes) != (self.int8_quant_mode is not Int8QuantMode.NONE):
             problems.append(
                 f"int8_quant_mode is {self.int8_quant_mode} but int8 dispatch is "
                 f"{'declared' if DispatchDtype.INT8 in self.dispatch_dtypes else 'not declared'}"
@@ -204,12 +205,15 @@ class Capabilities:
                 k.value: (v.value if v is not None else None)
                 for k, v in sorted(self.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)
             },
-            "fallback_reasons": {k.value: v for k, v in sorted(
-                self.fallback_reasons.items(), key=lambda kv: kv[0].value)},
+            "fallback_reasons": {
+                k.value: v for k, v in sorted(self.fallback_reasons.items(), key=lambda kv: kv[0].value)
+            },
             "supports_fp8_dispatch": self.supports_fp8_dispatch,
             "default_dispatch_dtype": self.default_dispatch_dtype.value,
             "fp8_scale_layout": self.fp8_scale_layout.value,
-            "scale_layouts": {k.value: v.value for k, v in sorted(self.scale_layouts.items(), key=lambda kv: kv[0].value)},
+            "scale_layouts": {
+                k.value: v.value for k, v in sorted(self.scale_layouts.items(), key=lambda kv: kv[0].value)
+            },
             "int8_quant_mode": self.int8_quant_mode.value,
             "grouped_matmul": _sorted_values(self.grouped_matmul),
             "fused_deep_moe": sorted(self.fused_deep_moe),

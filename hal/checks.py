@@ -156,8 +156,14 @@ def gemm_operands(x: object, weight: object, groups: object) -> None:
         raise invalid("groups", "a hal Groups", type(groups).__name__)
 
 
-def gemm_shapes(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
-                limits: KernelLimits | None = None, *, rows: int | None = None) -> tuple[int, int, int]:
+def gemm_shapes(
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+    weight: QuantizedWeight,
+    groups: Groups,
+    limits: KernelLimits | None = None,
+    *,
+    rows: int | None = None,
+) -> tuple[int, int, int]:
     """Check K, the group count and `limits` (when given); return the logical `(M, K, N)`
     (`rows`: M when the product reads x through a row index)."""
     m, k = x.shape  # logical (unpacked) shapes throughout
@@ -165,15 +171,18 @@ def gemm_shapes(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: Qu
         m = rows
     e, wk, n = weight.num_experts, weight.in_features, weight.out_features
     if k != wk:
-        raise invalid("x, weight", "x [M, K] and weight [E, K, N] with the same K",
-                      f"x {tuple(x.shape)} and weight {(e, wk, n)}")
+        raise invalid(
+            "x, weight", "x [M, K] and weight [E, K, N] with the same K", f"x {tuple(x.shape)} and weight {(e, wk, n)}"
+        )
     if groups.num_groups != e:
         raise invalid("groups", f"{e} groups (one per expert of weight)", groups.num_groups)
     if limits is not None:
-        for name, limit, what, value in (("max_group_rows", limits.max_group_rows, "rows M", m),
-                                         ("max_inner_dim", limits.max_inner_dim, "K", k),
-                                         ("max_inner_dim", limits.max_inner_dim, "N", n),
-                                         ("max_groups", limits.max_groups, "groups E", e)):
+        for name, limit, what, value in (
+            ("max_group_rows", limits.max_group_rows, "rows M", m),
+            ("max_inner_dim", limits.max_inner_dim, "K", k),
+            ("max_inner_dim", limits.max_inner_dim, "N", n),
+            ("max_groups", limits.max_groups, "groups E", e),
+        ):
             if limit is not None and value > limit:
                 raise invalid(f"grouped_matmul {what}", f"at most {limit} (kernel limit {name})", value)
     return m, k, n
@@ -273,8 +282,9 @@ def row_index(index: object, source_rows: int, *, host_synchronous: bool = False
         index_range("row_index", index, source_rows, "rows of x")
 
 
-def combine_operands(rows: object, index: object, topk_weights: object, *,
-                     host_synchronous: bool = False) -> tuple[int, int]:
+def combine_operands(
+    rows: object, index: object, topk_weights: object, *, host_synchronous: bool = False
+) -> tuple[int, int]:
     """The combine's operands: `rows` float `[R, H]`, `topk_weights` float `[T, k]`, `index` None
     (R = T*k) or int32/int64 `[T*k]`, its range `[0, R)` where reading it is free; return `(T, k)`."""
     rows_and_weights(rows, topk_weights)
@@ -282,8 +292,7 @@ def combine_operands(rows: object, index: object, topk_weights: object, *,
     pairs = t * k
     if index is None:
         if rows.shape[0] != pairs:  # type: ignore[union-attr]
-            raise invalid("rows", f"{pairs} rows (one per token and slot) when index is None",
-                          tuple(rows.shape))  # type: ignore[union-attr]
+            raise invalid("rows", f"{pairs} rows (one per token and slot) when index is None", tuple(rows.shape))  # type: ignore[union-attr]
         return t, k
     if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.numel() != pairs:
         raise invalid("index", f"None or a 1-D int32/int64 tensor of {pairs} row indices", _describe(index))
@@ -298,8 +307,11 @@ def rows_and_weights(rows: object, topk_weights: object) -> None:
     """Rows to combine, bf16/fp16/fp32 `[R, H]`, and their routing weights, floating-point `[T, k]`."""
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.dtype not in FLOAT_DTYPES:
         raise invalid("rows", "a 2-D bf16/fp16/fp32 tensor [R, H]", _describe(rows))
-    if (not isinstance(topk_weights, torch.Tensor) or topk_weights.dim() != 2
-            or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES):
+    if (
+        not isinstance(topk_weights, torch.Tensor)
+        or topk_weights.dim() != 2
+        or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES
+    ):
         raise invalid("topk_weights", "a 2-D floating-point tensor [T, k]", _describe(topk_weights))
 
 
@@ -315,22 +327,30 @@ def optional_positive_int(name: str, value: object) -> int | None:
     return None if value is None else positive_int(name, value, "None or a positive int")
 
 
-def fused_operands(hidden_states: object, topk_ids: object, topk_weights: object, w13: object,
-                   w2: object) -> None:
+def fused_operands(hidden_states: object, topk_ids: object, topk_weights: object, w13: object, w2: object) -> None:
     """The fused op's operand types and shapes: float `[T, H]` rows, int32/int64 ids and float weights
     `[T, k]`, and two `QuantizedWeight`s chaining `H -> 2I -> H` (w13 `[E, H, 2I]`, w2 `[E, I, H]`)."""
-    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2 \
-            or hidden_states.dtype not in FLOAT_DTYPES:
+    if (
+        not isinstance(hidden_states, torch.Tensor)
+        or hidden_states.dim() != 2
+        or hidden_states.dtype not in FLOAT_DTYPES
+    ):
         raise invalid("hidden_states", "a 2-D bf16/fp16/fp32 tensor [T, H]", _describe(hidden_states))
     t, h = hidden_states.shape
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
         raise invalid("topk_ids", f"a 2-D tensor [{t}, k]", _describe(topk_ids))
     if topk_ids.dtype not in INDEX_DTYPES:
         raise invalid("topk_ids", "integer expert ids (int32 or int64)", topk_ids.dtype)
-    if (not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(topk_ids.shape)
-            or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES):
-        raise invalid("topk_weights", f"a floating-point tensor of the shape of topk_ids {tuple(topk_ids.shape)}",
-                      _describe(topk_weights))
+    if (
+        not isinstance(topk_weights, torch.Tensor)
+        or tuple(topk_weights.shape) != tuple(topk_ids.shape)
+        or topk_weights.dtype not in ROUTING_WEIGHT_DTYPES
+    ):
+        raise invalid(
+            "topk_weights",
+            f"a floating-point tensor of the shape of topk_ids {tuple(topk_ids.shape)}",
+            _describe(topk_weights),
+        )
     for name, w in (("w13", w13), ("w2", w2)):
         if not isinstance(w, QuantizedWeight):
             raise invalid(name, "a hal.QuantizedWeight", type(w).__name__)

@@ -25,8 +25,17 @@ from hal.errors import HalError, UnknownVendor, VendorUnavailable, invalid
 from hal.platform import ProbeResult
 from hal.vendor import Vendor
 
-__all__ = ["DEFAULT_PROBE_TIMEOUT", "ENTRY_POINT_GROUP", "ENV_VENDOR", "PluginFailure", "Selection",
-           "SelectionSource", "VendorRegistry", "get_vendor", "load_plugins"]
+__all__ = [
+    "DEFAULT_PROBE_TIMEOUT",
+    "ENTRY_POINT_GROUP",
+    "ENV_VENDOR",
+    "PluginFailure",
+    "Selection",
+    "SelectionSource",
+    "VendorRegistry",
+    "get_vendor",
+    "load_plugins",
+]
 
 #: The entry-point group vendors register in.
 ENTRY_POINT_GROUP = "hal.vendors"
@@ -63,8 +72,13 @@ class VendorRegistry:
     first use. `probe_timeout` (seconds, or None for no limit) bounds every probe it runs.
     """
 
-    def __init__(self, vendors: Iterable[Vendor] = (), failures: Iterable[PluginFailure] = (), *,
-                 probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        vendors: Iterable[Vendor] = (),
+        failures: Iterable[PluginFailure] = (),
+        *,
+        probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT,
+    ) -> None:
         self._probe_timeout = _checked_timeout(probe_timeout)
         self._vendors: dict[str, Vendor] = {}
         self._failures: list[PluginFailure] = list(failures)
@@ -77,8 +91,9 @@ class VendorRegistry:
             self._add(vendor, type(vendor).__qualname__)
 
     @classmethod
-    def discover(cls, group: str = ENTRY_POINT_GROUP, *,
-                 probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> VendorRegistry:
+    def discover(
+        cls, group: str = ENTRY_POINT_GROUP, *, probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT
+    ) -> VendorRegistry:
         """The vendors registered in `group`, imported when first needed; failures are recorded, not raised."""
         if not isinstance(group, str) or not group:
             raise invalid("group", "an entry-point group name (a non-empty str)", group)
@@ -95,9 +110,14 @@ class VendorRegistry:
         if problem is not None:
             self._failures.append(PluginFailure(entry_name or type(vendor).__qualname__, target, problem))
         elif vendor.name.lower() in self._vendors:
-            self._failures.append(PluginFailure(
-                vendor.name, target, f"duplicate vendor name {vendor.name!r}: already provided by "
-                f"{type(self._vendors[vendor.name.lower()]).__qualname__}"))
+            self._failures.append(
+                PluginFailure(
+                    vendor.name,
+                    target,
+                    f"duplicate vendor name {vendor.name!r}: already provided by "
+                    f"{type(self._vendors[vendor.name.lower()]).__qualname__}",
+                )
+            )
         else:
             self._vendors[vendor.name.lower()] = vendor
 
@@ -115,9 +135,13 @@ class VendorRegistry:
             if error is not None:
                 self._failures.append(PluginFailure(entry_point.name, entry_point.value, error))
             elif not isinstance(vendor, Vendor):
-                self._failures.append(PluginFailure(
-                    entry_point.name, entry_point.value,
-                    f"factory returned {type(vendor).__name__}, expected a hal.Vendor"))
+                self._failures.append(
+                    PluginFailure(
+                        entry_point.name,
+                        entry_point.value,
+                        f"factory returned {type(vendor).__name__}, expected a hal.Vendor",
+                    )
+                )
             else:
                 self._add(vendor, entry_point.value, entry_point.name)
 
@@ -176,16 +200,19 @@ class VendorRegistry:
         failed = [f for f in self._failures if f.name.strip().lower() == key]
         if failed:
             raise VendorUnavailable(
-                f"vendor {key!r} failed to load: {failed[0].error}; available: {self._available_names()}")
+                f"vendor {key!r} failed to load: {failed[0].error}; available: {self._available_names()}"
+            )
         installed = sorted({*self._vendors, *self._unloaded, *(f.name for f in self._failures)})
         raise UnknownVendor(
             f"{argument}: no vendor named {key!r} is installed (entry-point group {self._group!r}); "
-            f"installed: {', '.join(installed) or 'none'}")
+            f"installed: {', '.join(installed) or 'none'}"
+        )
 
     # -- selection -------------------------------------------------------------------------------
 
-    def select(self, name: str | None = None, environ: Mapping[str, str] | None = None, *,
-               require_available: bool = True) -> Selection:
+    def select(
+        self, name: str | None = None, environ: Mapping[str, str] | None = None, *, require_available: bool = True
+    ) -> Selection:
         """Pick a vendor: explicit `name` > `HAL_VENDOR` > the highest-priority available one.
 
         Only a named vendor's plugin is imported. Raises `VendorUnavailable` naming the reason
@@ -208,7 +235,8 @@ class VendorRegistry:
         if require_available and not status.available:
             raise VendorUnavailable(
                 f"vendor {vendor.name!r} ({detail}) is unavailable: {status.reason}; "
-                f"available: {self._available_names()}")
+                f"available: {self._available_names()}"
+            )
         return Selection(vendor, source, detail)
 
     def _by_priority(self) -> Selection:
@@ -219,10 +247,15 @@ class VendorRegistry:
             raise VendorUnavailable(f"no vendor is available: {reasons or 'none is installed'}")
         top = available[0]
         # A vendor that probes fine but cannot build its capabilities is passed over, and the detail says so.
-        skipped = [f"{v.name} ({statuses[v.name].reason})" for v in self.vendors()
-                   if v.priority > top.priority and v.probe().available and not statuses[v.name].available]
+        skipped = [
+            f"{v.name} ({statuses[v.name].reason})"
+            for v in self.vendors()
+            if v.priority > top.priority and v.probe().available and not statuses[v.name].available
+        ]
         detail = f"highest priority ({top.priority}) among available: {', '.join(v.name for v in available)}"
-        return Selection(top, SelectionSource.PRIORITY, detail + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
+        return Selection(
+            top, SelectionSource.PRIORITY, detail + (f"; skipped: {'; '.join(skipped)}" if skipped else "")
+        )
 
     def _available_names(self) -> str:
         return ", ".join(v.name for v in self.available()) or "none"
@@ -252,8 +285,12 @@ def _checked_timeout(timeout: object) -> float | None:
     return float(timeout)
 
 
-def get_vendor(name: str | None = None, environ: Mapping[str, str] | None = None, *,
-               probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT) -> Vendor:
+def get_vendor(
+    name: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT,
+) -> Vendor:
     """Discover the installed vendors and select one (explicit > `HAL_VENDOR` > priority).
 
     A named vendor (or `HAL_VENDOR`'s) imports only its own plugin.

@@ -196,8 +196,10 @@ class DtypeSpec:
         except ValueError:
             parsed = None
         if parsed not in self.layouts:
-            raise InvalidInput(f"scale layout: expected one of {', '.join(map(str, self.layouts))} for "
-                               f"{self.dtype.value}, got {getattr(layout, 'value', layout)!r}")
+            raise InvalidInput(
+                f"scale layout: expected one of {', '.join(map(str, self.layouts))} for "
+                f"{self.dtype.value}, got {getattr(layout, 'value', layout)!r}"
+            )
         return parsed
 
     def channel_multiple(self, layout: ScaleLayout) -> int:
@@ -233,22 +235,63 @@ class DtypeSpec:
 
 #: The dispatch dtypes, one row each. A new dtype is a new row (and an enum member above).
 DTYPES: dict[DispatchDtype, DtypeSpec] = {
-    spec.dtype: spec for spec in (
-        DtypeSpec(DispatchDtype.BF16, torch.bfloat16, (ScaleLayout.NONE,), Codec.CAST,
-                  "bf16, a plain cast", aliases=("bfloat16",)),
-        DtypeSpec(DispatchDtype.FP8, torch.float8_e4m3fn, (ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN),
-                  Codec.SYMMETRIC, "float8 e4m3, fp32 scales per 128 channels or per token",
-                  scale_dtype=torch.float32, qmax=FP8_MAX, aliases=("fp8_e4m3", "e4m3", "float8_e4m3fn")),
-        DtypeSpec(DispatchDtype.INT8, torch.int8, (ScaleLayout.PER_TOKEN,), Codec.SYMMETRIC,
-                  "int8, an fp32 scale per token", scale_dtype=torch.float32, qmax=INT8_MAX, rounds=True),
-        DtypeSpec(DispatchDtype.NVFP4, torch.uint8, (ScaleLayout.BLOCK_16,), Codec.E2M1_BLOCKS,
-                  "e2m1 two per byte, an e4m3 scale per 16 values, an fp32 scale per tensor",
-                  values_per_element=2, scale_dtype=torch.float8_e4m3fn, qmax=FP4_MAX, global_scale=True),
-        DtypeSpec(DispatchDtype.FP16, torch.float16, (ScaleLayout.NONE,), Codec.CAST,
-                  "fp16, a plain cast (values beyond +-65504 become inf, as any fp16 cast)",
-                  aliases=("float16", "half")),
-        DtypeSpec(DispatchDtype.FP32, torch.float32, (ScaleLayout.NONE,), Codec.CAST,
-                  "fp32, a plain cast", aliases=("float32", "float")),
+    spec.dtype: spec
+    for spec in (
+        DtypeSpec(
+            DispatchDtype.BF16,
+            torch.bfloat16,
+            (ScaleLayout.NONE,),
+            Codec.CAST,
+            "bf16, a plain cast",
+            aliases=("bfloat16",),
+        ),
+        DtypeSpec(
+            DispatchDtype.FP8,
+            torch.float8_e4m3fn,
+            (ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN),
+            Codec.SYMMETRIC,
+            "float8 e4m3, fp32 scales per 128 channels or per token",
+            scale_dtype=torch.float32,
+            qmax=FP8_MAX,
+            aliases=("fp8_e4m3", "e4m3", "float8_e4m3fn"),
+        ),
+        DtypeSpec(
+            DispatchDtype.INT8,
+            torch.int8,
+            (ScaleLayout.PER_TOKEN,),
+            Codec.SYMMETRIC,
+            "int8, an fp32 scale per token",
+            scale_dtype=torch.float32,
+            qmax=INT8_MAX,
+            rounds=True,
+        ),
+        DtypeSpec(
+            DispatchDtype.NVFP4,
+            torch.uint8,
+            (ScaleLayout.BLOCK_16,),
+            Codec.E2M1_BLOCKS,
+            "e2m1 two per byte, an e4m3 scale per 16 values, an fp32 scale per tensor",
+            values_per_element=2,
+            scale_dtype=torch.float8_e4m3fn,
+            qmax=FP4_MAX,
+            global_scale=True,
+        ),
+        DtypeSpec(
+            DispatchDtype.FP16,
+            torch.float16,
+            (ScaleLayout.NONE,),
+            Codec.CAST,
+            "fp16, a plain cast (values beyond +-65504 become inf, as any fp16 cast)",
+            aliases=("float16", "half"),
+        ),
+        DtypeSpec(
+            DispatchDtype.FP32,
+            torch.float32,
+            (ScaleLayout.NONE,),
+            Codec.CAST,
+            "fp32, a plain cast",
+            aliases=("float32", "float"),
+        ),
     )
 }
 

@@ -48,8 +48,14 @@ def guarded(call: Callable[[], T]) -> tuple[T | None, str | None]:
 
 def _distributions(group: str, name: str, target: str) -> str:
     """The distributions that register `name = target` in `group` (for messages; read only on failure)."""
-    found = sorted({d.metadata["Name"] or "an unnamed distribution" for d in importlib.metadata.distributions()
-                    for e in d.entry_points if e.group == group and e.name == name and e.value == target})
+    found = sorted(
+        {
+            d.metadata["Name"] or "an unnamed distribution"
+            for d in importlib.metadata.distributions()
+            for e in d.entry_points
+            if e.group == group and e.name == name and e.value == target
+        }
+    )
     return " and ".join(found) or "an unnamed distribution"
 
 
@@ -57,7 +63,9 @@ def _listed(group: str) -> list[importlib.metadata.EntryPoint]:
     """Every entry point of `group`, none imported (stevedore's per-process list is refreshed first, so a
     distribution installed since the last call is seen)."""
     ExtensionManager.ENTRY_POINT_CACHE.pop(group, None)
-    return NamedExtensionManager(group, names=(), on_missing_entrypoints_callback=lambda _names: None).list_entry_points()
+    return NamedExtensionManager(
+        group, names=(), on_missing_entrypoints_callback=lambda _names: None
+    ).list_entry_points()
 
 
 def entry_points(group: str) -> tuple[dict[str, importlib.metadata.EntryPoint], list[PluginFailure]]:
@@ -77,18 +85,28 @@ def entry_points(group: str) -> tuple[dict[str, importlib.metadata.EntryPoint], 
             found[name] = candidates[0]
             continue
         origins = [f"{_distributions(group, c.name, c.value)} ({c.value})" for c in candidates]
-        failures.append(PluginFailure(name, "; ".join(c.value for c in candidates), (
-            f"the name {name!r} is registered in entry-point group {group!r} {len(candidates)} times: by "
-            f"{' and by '.join(origins)}; uninstall all but one of these distributions")))
+        failures.append(
+            PluginFailure(
+                name,
+                "; ".join(c.value for c in candidates),
+                (
+                    f"the name {name!r} is registered in entry-point group {group!r} {len(candidates)} times: by "
+                    f"{' and by '.join(origins)}; uninstall all but one of these distributions"
+                ),
+            )
+        )
     return found, failures
 
 
 def _import(entry_point: importlib.metadata.EntryPoint) -> object:
     """What `entry_point` names, imported by a stevedore manager of that name alone; its error re-raised."""
     errors: list[BaseException] = []
-    manager = NamedExtensionManager(entry_point.group, names=[entry_point.name],
-                                    on_missing_entrypoints_callback=lambda _names: None,
-                                    on_load_failure_callback=lambda _m, _ep, error: errors.append(error))
+    manager = NamedExtensionManager(
+        entry_point.group,
+        names=[entry_point.name],
+        on_missing_entrypoints_callback=lambda _names: None,
+        on_load_failure_callback=lambda _m, _ep, error: errors.append(error),
+    )
     for extension in manager.extensions:
         if extension.entry_point.value == entry_point.value:
             return extension.plugin

@@ -51,8 +51,15 @@ from hal.dtypes import (
 from hal.errors import InvalidInput
 from hal.gemm_kinds import GEMM_KINDS
 
-__all__ = ["FLOAT_DTYPES", "INT4_MAX", "INT4_PER_WORD", "PackedInt4Tensor", "QuantizedTensor", "QuantizedWeight",
-           "take_rows"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "INT4_MAX",
+    "INT4_PER_WORD",
+    "PackedInt4Tensor",
+    "QuantizedTensor",
+    "QuantizedWeight",
+    "take_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,18 @@ class QuantizedTensor:
                 f"{', '.join(map(str, spec.layouts))} for {dtype}, got {layout.value!r}"
             )
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.storage:
-            raise InvalidInput(f"QuantizedTensor.data: expected {spec.storage} for {dtype}, "
-                               f"got {getattr(self.data, 'dtype', type(self.data).__name__)}")
+            raise InvalidInput(
+                f"QuantizedTensor.data: expected {spec.storage} for {dtype}, "
+                f"got {getattr(self.data, 'dtype', type(self.data).__name__)}"
+            )
         if self.data.dim() < 1:
             raise InvalidInput("QuantizedTensor.data: expected at least 1 dimension, got a scalar")
         whole = spec.channel_multiple(layout)
         if self.hidden_size % whole:
-            raise InvalidInput(f"QuantizedTensor.data: expected {dtype} data of a multiple of {whole} channels, "
-                               f"got {self.hidden_size} channels")
+            raise InvalidInput(
+                f"QuantizedTensor.data: expected {dtype} data of a multiple of {whole} channels, "
+                f"got {self.hidden_size} channels"
+            )
         for name, extra in (("scale", self.scale), ("global_scale", self.global_scale)):
             if extra is not None and (not isinstance(extra, torch.Tensor) or extra.device != self.data.device):
                 raise InvalidInput(
@@ -139,8 +150,13 @@ class QuantizedTensor:
 
     def rows(self, index: torch.Tensor | slice) -> QuantizedTensor:
         """The rows `index` of `[N, H]` activations (scales follow their rows)."""
-        return QuantizedTensor(self.data[index], self.dtype, self.layout,
-                               None if self.scale is None else self.scale[index], self.global_scale)
+        return QuantizedTensor(
+            self.data[index],
+            self.dtype,
+            self.layout,
+            None if self.scale is None else self.scale[index],
+            self.global_scale,
+        )
 
 
 @dataclass(frozen=True)
@@ -183,8 +199,9 @@ class PackedInt4Tensor:
         return PackedInt4Tensor(self.data[index], self.scale[index])
 
 
-def take_rows(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
-              index: torch.Tensor) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
+def take_rows(
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, index: torch.Tensor
+) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
     """The rows `index` (1-D int) of activations `[N, H]` in any activation format (scales follow)."""
     if isinstance(x, torch.Tensor):
         return x.index_select(0, index)
@@ -231,8 +248,12 @@ class QuantizedWeight:
                     f"QuantizedWeight.data: expected K a multiple of {NVFP4_BLOCK_SIZE} for nvfp4, got K={k}"
                 )
             gs = self.global_scale
-            if (gs is None or gs.dtype != torch.float32 or tuple(gs.shape) not in ((e,), (e, n))
-                    or gs.device != self.data.device):
+            if (
+                gs is None
+                or gs.dtype != torch.float32
+                or tuple(gs.shape) not in ((e,), (e, n))
+                or gs.device != self.data.device
+            ):
                 got = None if gs is None else f"{gs.dtype} {tuple(gs.shape)} on {gs.device}"
                 raise InvalidInput(
                     f"QuantizedWeight.global_scale: expected float32 of shape {(e,)} or {(e, n)} on "
@@ -240,8 +261,7 @@ class QuantizedWeight:
                 )
         else:
             raise InvalidInput(
-                "QuantizedWeight.layout: expected none, per-channel, block-128x128 or block-16, "
-                f"got {layout.value!r}"
+                f"QuantizedWeight.layout: expected none, per-channel, block-128x128 or block-16, got {layout.value!r}"
             )
         if self.data.dtype not in allowed:
             raise InvalidInput(

@@ -76,8 +76,13 @@ class ActivationFormat:
 
 INT4_PACKED = ActivationFormat(int4=True)
 _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-_STORAGE_NAMES = {**_FLOAT_NAMES, torch.int8: "int8", torch.float8_e4m3fn: "fp8", torch.int32: "int4",
-                  torch.uint8: "nvfp4"}
+_STORAGE_NAMES = {
+    **_FLOAT_NAMES,
+    torch.int8: "int8",
+    torch.float8_e4m3fn: "fp8",
+    torch.int32: "int4",
+    torch.uint8: "nvfp4",
+}
 
 
 @dataclass(frozen=True)
@@ -132,28 +137,57 @@ def _float(kind: GemmKind, dtype: torch.dtype) -> GemmSpec:
 
 #: The grouped-matmul kinds, one row each.
 GEMM_KINDS: dict[GemmKind, GemmSpec] = {
-    spec.kind: spec for spec in (
+    spec.kind: spec
+    for spec in (
         _float(GemmKind.BF16, torch.bfloat16),
         _float(GemmKind.FP16, torch.float16),
         _float(GemmKind.FP32, torch.float32),
-        GemmSpec(GemmKind.INT8, ActivationFormat(dtype=DispatchDtype.INT8, layout=ScaleLayout.PER_TOKEN),
-                 ScaleLayout.PER_CHANNEL, torch.int8, torch.int8, exact_integer=True),
-        GemmSpec(GemmKind.FP8_ROWWISE, ActivationFormat(dtype=DispatchDtype.FP8, layout=ScaleLayout.PER_TOKEN),
-                 ScaleLayout.PER_CHANNEL, torch.float8_e4m3fn, torch.float8_e4m3fn),
-        GemmSpec(GemmKind.FP8_BLOCK128, ActivationFormat(dtype=DispatchDtype.FP8, layout=ScaleLayout.GROUP_128),
-                 ScaleLayout.BLOCK_128X128, torch.float8_e4m3fn, torch.float8_e4m3fn),
-        GemmSpec(GemmKind.INT4, INT4_PACKED, ScaleLayout.PER_CHANNEL, torch.int32, torch.quint4x2,
-                 exact_integer=True, k_multiple=8),
-        GemmSpec(GemmKind.NVFP4, ActivationFormat(dtype=DispatchDtype.NVFP4, layout=ScaleLayout.BLOCK_16),
-                 ScaleLayout.BLOCK_16, torch.uint8, torch.uint8, k_multiple=16),
+        GemmSpec(
+            GemmKind.INT8,
+            ActivationFormat(dtype=DispatchDtype.INT8, layout=ScaleLayout.PER_TOKEN),
+            ScaleLayout.PER_CHANNEL,
+            torch.int8,
+            torch.int8,
+            exact_integer=True,
+        ),
+        GemmSpec(
+            GemmKind.FP8_ROWWISE,
+            ActivationFormat(dtype=DispatchDtype.FP8, layout=ScaleLayout.PER_TOKEN),
+            ScaleLayout.PER_CHANNEL,
+            torch.float8_e4m3fn,
+            torch.float8_e4m3fn,
+        ),
+        GemmSpec(
+            GemmKind.FP8_BLOCK128,
+            ActivationFormat(dtype=DispatchDtype.FP8, layout=ScaleLayout.GROUP_128),
+            ScaleLayout.BLOCK_128X128,
+            torch.float8_e4m3fn,
+            torch.float8_e4m3fn,
+        ),
+        GemmSpec(
+            GemmKind.INT4,
+            INT4_PACKED,
+            ScaleLayout.PER_CHANNEL,
+            torch.int32,
+            torch.quint4x2,
+            exact_integer=True,
+            k_multiple=8,
+        ),
+        GemmSpec(
+            GemmKind.NVFP4,
+            ActivationFormat(dtype=DispatchDtype.NVFP4, layout=ScaleLayout.BLOCK_16),
+            ScaleLayout.BLOCK_16,
+            torch.uint8,
+            torch.uint8,
+            k_multiple=16,
+        ),
     )
 }
 
 
 def gemm_kinds_consuming(dtype: DispatchDtype) -> tuple[GemmKind, ...]:
     """The kinds whose activation operand is a `QuantizedTensor` of `dtype`."""
-    return tuple(s.kind for s in GEMM_KINDS.values()
-                 if any(f.dtype is dtype for f in (s.activation, *s.also_accepts)))
+    return tuple(s.kind for s in GEMM_KINDS.values() if any(f.dtype is dtype for f in (s.activation, *s.also_accepts)))
 
 
 def gemm_kind_of(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight) -> GemmKind:
@@ -167,5 +201,7 @@ def gemm_kind_of(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: Q
     else:
         activation = f"{fmt} activations" if fmt is not None and fmt.int4 else f"{getattr(x, 'dtype', x)} activations"
     pairings = "; ".join(s.pairing() for s in GEMM_KINDS.values())
-    raise InvalidInput(f"grouped_matmul operands: expected a supported pairing ({pairings}), "
-                       f"got {activation} with {weight.data.dtype} {weight.layout} weights")
+    raise InvalidInput(
+        f"grouped_matmul operands: expected a supported pairing ({pairings}), "
+        f"got {activation} with {weight.data.dtype} {weight.layout} weights"
+    )

@@ -91,13 +91,10 @@ class Groups:
             counts = values
         else:
             if any(v < 0 for v in values) or any(b < a for a, b in zip(values, values[1:])):
-                raise InvalidInput(
-                    f"groups (offsets): expected non-negative, non-decreasing offsets, got {values}"
-                )
+                raise InvalidInput(f"groups (offsets): expected non-negative, non-decreasing offsets, got {values}")
             counts = [b - a for a, b in zip([0, *values], values)]
         if sum(counts) != rows:
             raise InvalidInput(
-                f"groups ({self.kind}): expected groups covering all {rows} rows, "
-                f"got {sum(counts)} rows in {values}"
+                f"groups ({self.kind}): expected groups covering all {rows} rows, got {sum(counts)} rows in {values}"
             )
         return counts

@@ -32,10 +32,29 @@ if TYPE_CHECKING:
     from hal.tuning import GemmProblem
 
 #: Every op a vendor provides, in the order reports list them.
-OP_NAMES = ("quantize", "dequantize", "quantize_weight", "quantize_int4", "grouped_matmul", "grouped_matmul_activated",
-            "grouped_matmul_gathered", "add_expert_bias", "swiglu", "activate", "softmax_topk", "prepare_weight",
-            "sort_by_expert", "sort_by_expert_tokens", "weighted_combine", "overlap", "fused_deep_moe", "prepare_fused",
-            "prepare_ep", "ep_dispatch", "ep_combine")
+OP_NAMES = (
+    "quantize",
+    "dequantize",
+    "quantize_weight",
+    "quantize_int4",
+    "grouped_matmul",
+    "grouped_matmul_activated",
+    "grouped_matmul_gathered",
+    "add_expert_bias",
+    "swiglu",
+    "activate",
+    "softmax_topk",
+    "prepare_weight",
+    "sort_by_expert",
+    "sort_by_expert_tokens",
+    "weighted_combine",
+    "overlap",
+    "fused_deep_moe",
+    "prepare_fused",
+    "prepare_ep",
+    "ep_dispatch",
+    "ep_combine",
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +79,9 @@ class VendorOps(abc.ABC):
     reference_implementation: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
-                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+    def quantize(
+        self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
+    ) -> QuantizedTensor:
         """Float activations `[..., H]` in `dtype` and `layout` (see `hal.Vendor.quantize`)."""
 
     @abc.abstractmethod
@@ -69,8 +89,9 @@ class VendorOps(abc.ABC):
         """Quantized activations back in `out_dtype`."""
 
     @abc.abstractmethod
-    def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
-                        dtype: torch.dtype | None) -> QuantizedWeight:
+    def quantize_weight(
+        self, weight: torch.Tensor, *, layout: ScaleLayout, dtype: torch.dtype | None
+    ) -> QuantizedWeight:
         """Float expert weights `[E, K, N]` in a weight format (see `hal.Vendor.quantize_weight`)."""
 
     @abc.abstractmethod
@@ -78,8 +99,15 @@ class VendorOps(abc.ABC):
         """Per-token int4 activations, packed eight per int32."""
 
     @abc.abstractmethod
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]`, scales applied, `[M, N]` in `out_dtype`."""
 
     @abc.abstractmethod
@@ -95,17 +123,32 @@ class VendorOps(abc.ABC):
 
         return apply_activation(x, activation)
 
-    def grouped_matmul_activated(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                                 groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
-                                 activation: Activation) -> torch.Tensor:
+    def grouped_matmul_activated(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation,
+    ) -> torch.Tensor:
         """`activate(grouped_matmul(x, weight, groups))` (`[M, N / 2]` for gated kinds). The default makes
         the two calls; a vendor that applies the activation in its GEMM's epilogue overrides this."""
         y = self.grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
         return self.activate(y, activation=activation)
 
-    def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
-                                weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
-                                activation: Activation | None) -> torch.Tensor:
+    def grouped_matmul_gathered(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        row_index: torch.Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+    ) -> torch.Tensor:
         """`grouped_matmul(x[row_index], ...)`, activated when `activation` is given: the product over the
         rows `row_index` of x (`[M]` int32/int64, M the groups' rows). The default gathers the rows, then
         makes the plain or activated call; a vendor whose GEMM reads its rows through the index overrides
@@ -115,8 +158,9 @@ class VendorOps(abc.ABC):
         rows = take_rows(x, row_index)
         if activation is None:
             return self.grouped_matmul(rows, weight, groups, kind=kind, out_dtype=out_dtype)
-        return self.grouped_matmul_activated(rows, weight, groups, kind=kind, out_dtype=out_dtype,
-                                             activation=activation)
+        return self.grouped_matmul_activated(
+            rows, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
+        )
 
     def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
         """`y` `[M, N]` plus the bias row `[N]` of each row's group (the reference unless overridden)."""
@@ -130,14 +174,32 @@ class VendorOps(abc.ABC):
         result = work()
         return lambda: result
 
-    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
+    def prepare_ep(
+        self,
+        name: str,
+        *,
+        process_group: object,
+        num_experts: int,
+        hidden_size: int,
+        dtype: DispatchDtype,
+        capacity: int | None,
+        layout: ScaleLayout | None = None,
+    ) -> None:
         """Allocate what dispatcher `name` needs for a layer of this size (see `hal.Vendor.prepare_ep`).
         Nothing by default."""
 
-    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
-                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    capacity: int | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
+    def ep_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        name: str,
+        dtype: DispatchDtype,
+        num_experts: int,
+        process_group: object,
+        topk_weights: torch.Tensor | None = None,
+        capacity: int | None = None,
+    ) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """The vendor's own expert-parallel dispatch `name`: rows for this rank's experts, grouped by local
         expert, in `dtype` (rows past the counts' sum are padding), int64 counts per local expert, and
         the handle `ep_combine` needs (optionally a fourth element, the received row of each sorted row:
@@ -148,20 +210,28 @@ class VendorOps(abc.ABC):
 
         raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
 
-    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+    def ep_combine(
+        self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's routing-weighted sum of its experts' output rows, back on its own rank, `[T, H]`."""
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
 
-    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
-                      process_group: object | None) -> None:
+    def prepare_fused(
+        self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None
+    ) -> None:
         """Make whatever the vendor's `fused_deep_moe` needs from these weights (a storage format, a
         tile permutation), once, when a layer's fused path is built on them. Nothing by default."""
 
-    def tune(self, problems: Sequence[GemmProblem], *, device: torch.device, device_name: str,
-             progress: Callable[[str], None] | None) -> dict[str, Any]:
+    def tune(
+        self,
+        problems: Sequence[GemmProblem],
+        *,
+        device: torch.device,
+        device_name: str,
+        progress: Callable[[str], None] | None,
+    ) -> dict[str, Any]:
         """Search this device's kernel configurations for `problems` (see `hal tune`) and return the
         table the vendor loads (JSON-able). Vendors without tunable kernels keep this refusal."""
         from hal.errors import UnsupportedCapability
@@ -173,8 +243,7 @@ class VendorOps(abc.ABC):
         once, at load (a layout change, a tile permutation...). The reference keeps it as it is."""
         return weight
 
-    def softmax_topk(self, logits: torch.Tensor, *, top_k: int,
-                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def softmax_topk(self, logits: torch.Tensor, *, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Softmax top-k routing of logits `[T, E]`: fp32 weights and int64 ids `[T, k]` (the reference
         unless a subclass overrides this)."""
         from hal.reference.routing import topk_of_softmax
@@ -182,12 +251,14 @@ class VendorOps(abc.ABC):
         return topk_of_softmax(logits, top_k, renormalize)
 
     @abc.abstractmethod
-    def sort_by_expert(self, topk_ids: torch.Tensor, *,
-                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert(
+        self, topk_ids: torch.Tensor, *, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(order, inverse, counts)` of the (token, slot) pairs sorted by expert, without a host sync."""
 
-    def sort_by_expert_tokens(self, topk_ids: torch.Tensor, *,
-                              num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert_tokens(
+        self, topk_ids: torch.Tensor, *, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`sort_by_expert` and the token of each sorted row (`order // k`, int64): the row index a dispatcher
         hands to the experts' GEMM. By default the sort, then a division; a vendor may write it in the sort."""
         order, inverse, counts = self.sort_by_expert(topk_ids, num_experts=num_experts)
@@ -195,14 +266,25 @@ class VendorOps(abc.ABC):
         return order, inverse, counts, torch.div(order, top_k, rounding_mode="floor")
 
     @abc.abstractmethod
-    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
-                         out_dtype: torch.dtype) -> torch.Tensor:
+    def weighted_combine(
+        self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's routing-weighted sum of its experts' rows, `[T, H]` in `out_dtype`."""
 
     @abc.abstractmethod
-    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,
-                       dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+        process_group: object | None,
+        dispatch_dtype: DispatchDtype,
+        max_tokens_per_rank: int | None,
+    ) -> torch.Tensor:
         """Dispatch, both grouped GEMMs with swiglu, and combine as one op (declared schemes only)."""
 
     def sources(self) -> list[OpSource]:

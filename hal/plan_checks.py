@@ -13,8 +13,14 @@ from hal.activations import Activation, ActivationKind
 from hal.capabilities import Capabilities
 from hal.schemes import SchemeTraits
 
-def layer_problems(capabilities: Capabilities, scheme: SchemeTraits, hidden_size: int, *,
-                   activation: Activation | ActivationKind | str = ActivationKind.SILU_GLU) -> list[str]:
+
+def layer_problems(
+    capabilities: Capabilities,
+    scheme: SchemeTraits,
+    hidden_size: int,
+    *,
+    activation: Activation | ActivationKind | str = ActivationKind.SILU_GLU,
+) -> list[str]:
     """Why a layer of `scheme` with `hidden_size` channels and `activation` experts cannot be built on
     a vendor with `capabilities` (empty: it can). Reasons are sentences naming what is missing."""
     parsed = Activation.parse(activation)
@@ -27,12 +33,15 @@ def layer_problems(capabilities: Capabilities, scheme: SchemeTraits, hidden_size
     if kind is not None and not fused:
         if not capabilities.supports_gemm(kind):
             declared = ", ".join(sorted(k.value for k in capabilities.grouped_matmul)) or "none"
-            problems.append(f"the {kind} grouped matmul that scheme {scheme.name!r} needs is not declared "
-                            f"(declared: {declared})")
+            problems.append(
+                f"the {kind} grouped matmul that scheme {scheme.name!r} needs is not declared (declared: {declared})"
+            )
         multiple = kind.spec.k_multiple
         if hidden_size % multiple:
-            problems.append(f"hidden size {hidden_size} is not a multiple of {multiple}, which the {kind} grouped "
-                            "matmul packs or scales together")
+            problems.append(
+                f"hidden size {hidden_size} is not a multiple of {multiple}, which the {kind} grouped "
+                "matmul packs or scales together"
+            )
     limit = capabilities.limits.max_inner_dim
     if limit is not None and hidden_size > limit:
         problems.append(f"hidden size {hidden_size} exceeds the grouped matmul's max_inner_dim {limit}")

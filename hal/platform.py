@@ -149,10 +149,13 @@ class Platform(abc.ABC):
             raise
         except BaseException as exc:  # a plugin's bug (even sys.exit) is reported as its unavailability
             raise VendorUnavailable(
-                f"vendor {self.name!r}: capability detection failed: {type(exc).__name__}: {exc}") from exc
+                f"vendor {self.name!r}: capability detection failed: {type(exc).__name__}: {exc}"
+            ) from exc
         if not isinstance(caps, Capabilities):
-            raise VendorUnavailable(f"vendor {self.name!r}: capability detection returned "
-                                    f"{type(caps).__name__}, expected a hal.Capabilities")
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: capability detection returned "
+                f"{type(caps).__name__}, expected a hal.Capabilities"
+            )
         return caps
 
     @abc.abstractmethod
@@ -172,9 +175,7 @@ class Platform(abc.ABC):
         for key, caps in models.items():
             if key.lower() == model.strip().lower():
                 return caps
-        raise InvalidInput(
-            f"device model: expected one of {', '.join(models)} for vendor {self.name!r}, got {model!r}"
-        )
+        raise InvalidInput(f"device model: expected one of {', '.join(models)} for vendor {self.name!r}, got {model!r}")
 
     # -- op implementations ----------------------------------------------------------------------
 
@@ -270,4 +271,3 @@ def unsupported_dispatch_message(vendor: str, dtype: DispatchDtype, caps: Capabi
         f"has no declared fallback{f' ({reason})' if reason else ''}; "
         f"supported dispatch dtypes: {names(caps.dispatch_dtypes)}"
     )
-

@@ -82,8 +82,7 @@ class DispatchConfig:
         try:
             object.__setattr__(self, "dtype", DispatchDtype.parse(self.dtype))
         except InvalidInput:
-            raise invalid("dtype", f"a dispatch dtype, one of {', '.join(DispatchDtype.names())}",
-                          self.dtype) from None
+            raise invalid("dtype", f"a dispatch dtype, one of {', '.join(DispatchDtype.names())}", self.dtype) from None
         if self.ep_dispatcher is not None and (not isinstance(self.ep_dispatcher, str) or not self.ep_dispatcher):
             raise InvalidInput(f"ep_dispatcher: expected a dispatcher name or None, got {self.ep_dispatcher!r}")
         if self.max_dispatch_tokens_per_rank is not None:
@@ -91,8 +90,9 @@ class DispatchConfig:
         if self.ep_mode is not None and self.ep_mode not in EP_MODES:
             raise invalid("ep_mode", f"one of {', '.join(EP_MODES)} or None", self.ep_mode)
         if self.ep_mode in ("low-latency", "auto") and self.max_dispatch_tokens_per_rank is None:
-            raise InvalidInput(f"ep_mode {self.ep_mode!r}: expected max_dispatch_tokens_per_rank (the "
-                               "low-latency capacity), got None")
+            raise InvalidInput(
+                f"ep_mode {self.ep_mode!r}: expected max_dispatch_tokens_per_rank (the low-latency capacity), got None"
+            )
 
     @property
     def mode(self) -> str:
@@ -163,11 +163,14 @@ class DispatchPlan:
             "bytes_per_token": self.bytes_per_token,
             "fallback": None
             if self.fallback is None
-            else {"from": self.fallback.source.value, "to": self.fallback.target.value,
-                  "reason": self.fallback.reason},
+            else {"from": self.fallback.source.value, "to": self.fallback.target.value, "reason": self.fallback.reason},
             "trace": [
-                {"source": s.source.value, "says": s.says.value if s.says else None,
-                 "detail": s.detail, "decided": s.decided}
+                {
+                    "source": s.source.value,
+                    "says": s.says.value if s.says else None,
+                    "detail": s.detail,
+                    "decided": s.decided,
+                }
                 for s in self.trace
             ],
         }
@@ -207,13 +210,13 @@ def resolve_dispatch_plan(
 
     steps = _consult_sources(config, env, traits, runner, caps)
     decided = next(s for s in steps if s.says is not None)
-    trace = tuple(
-        TraceStep(s.source, s.says, s.detail, decided=(s is decided)) for s in steps
-    )
+    trace = tuple(TraceStep(s.source, s.says, s.detail, decided=(s is decided)) for s in steps)
     requested: DispatchDtype = decided.says  # type: ignore[assignment]  # the vendor default always speaks
-    if traits is not None and decided.source in (
-        PlanSource.EXPLICIT, PlanSource.ENVIRONMENT, PlanSource.LEGACY_ENVIRONMENT
-    ) and requested not in traits.accepts:
+    if (
+        traits is not None
+        and decided.source in (PlanSource.EXPLICIT, PlanSource.ENVIRONMENT, PlanSource.LEGACY_ENVIRONMENT)
+        and requested not in traits.accepts
+    ):
         raise InvalidInput(
             f"dispatch dtype ({decided.detail}): scheme {traits.name!r} accepts "
             f"{names(traits.accepts)}, got {requested}"
@@ -258,8 +261,7 @@ def _consult_sources(
 ) -> list[TraceStep]:
     """What every source says, in precedence order (the first that speaks decides)."""
     explicit = None if config.dtype is DispatchDtype.AUTO else config.dtype
-    steps = [TraceStep(PlanSource.EXPLICIT, explicit,
-                       f"DispatchConfig(dtype={config.dtype.value!r})")]
+    steps = [TraceStep(PlanSource.EXPLICIT, explicit, f"DispatchConfig(dtype={config.dtype.value!r})")]
 
     raw = env.get(ENV_DISPATCH_DTYPE)
     from_env = None
@@ -271,8 +273,13 @@ def _consult_sources(
                 f"{ENV_DISPATCH_DTYPE}: expected one of {', '.join(DispatchDtype.names())}, got {raw!r}"
             ) from None
         from_env = None if from_env is DispatchDtype.AUTO else from_env
-    steps.append(TraceStep(PlanSource.ENVIRONMENT, from_env,
-                           f"{ENV_DISPATCH_DTYPE}={raw!r}" if raw is not None else f"{ENV_DISPATCH_DTYPE} unset"))
+    steps.append(
+        TraceStep(
+            PlanSource.ENVIRONMENT,
+            from_env,
+            f"{ENV_DISPATCH_DTYPE}={raw!r}" if raw is not None else f"{ENV_DISPATCH_DTYPE} unset",
+        )
+    )
 
     legacy, legacy_detail = None, "no legacy variable set"
     for variable, dtype in LEGACY_DISPATCH_VARIABLES.items():
@@ -292,16 +299,20 @@ def _consult_sources(
     if traits is None:
         steps.append(TraceStep(PlanSource.SCHEME, None, "no scheme given"))
     elif traits.input_global_scale:
-        steps.append(TraceStep(PlanSource.SCHEME, DispatchDtype.NVFP4,
-                               f"scheme {traits.name!r} has an input global scale"))
+        steps.append(
+            TraceStep(PlanSource.SCHEME, DispatchDtype.NVFP4, f"scheme {traits.name!r} has an input global scale")
+        )
     else:
-        steps.append(TraceStep(PlanSource.SCHEME, traits.dispatch_dtype,
-                               f"scheme {traits.name!r} declares {traits.dispatch_dtype}"))
+        steps.append(
+            TraceStep(
+                PlanSource.SCHEME, traits.dispatch_dtype, f"scheme {traits.name!r} declares {traits.dispatch_dtype}"
+            )
+        )
 
-    steps.append(TraceStep(PlanSource.RUNNER, runner,
-                           f"runner requires {runner}" if runner else "runner has no requirement"))
-    steps.append(TraceStep(PlanSource.VENDOR_DEFAULT, caps.default_dispatch_dtype,
-                           f"{caps.device_name} default"))
+    steps.append(
+        TraceStep(PlanSource.RUNNER, runner, f"runner requires {runner}" if runner else "runner has no requirement")
+    )
+    steps.append(TraceStep(PlanSource.VENDOR_DEFAULT, caps.default_dispatch_dtype, f"{caps.device_name} default"))
     return steps
 
 
@@ -311,16 +322,25 @@ def _model_dtype_step(traits: SchemeTraits | None) -> TraceStep:
     if traits is None:
         return TraceStep(PlanSource.MODEL_DTYPE, None, "no scheme given")
     if traits.model_dtype is not None:
-        return TraceStep(PlanSource.MODEL_DTYPE, traits.model_dtype,
-                         f"scheme {traits.name!r} computes in its {traits.model_dtype} weights' dtype")
+        return TraceStep(
+            PlanSource.MODEL_DTYPE,
+            traits.model_dtype,
+            f"scheme {traits.name!r} computes in its {traits.model_dtype} weights' dtype",
+        )
     if traits.follows_model_dtype:
-        return TraceStep(PlanSource.MODEL_DTYPE, None,
-                         f"scheme {traits.name!r}: weights in its own {traits.dispatch_dtype} (no other model dtype)")
+        return TraceStep(
+            PlanSource.MODEL_DTYPE,
+            None,
+            f"scheme {traits.name!r}: weights in its own {traits.dispatch_dtype} (no other model dtype)",
+        )
     return TraceStep(PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} quantizes its activations")
 
 
 def _validate(
-    vendor: Platform, caps: Capabilities, requested: DispatchDtype, traits: SchemeTraits | None,
+    vendor: Platform,
+    caps: Capabilities,
+    requested: DispatchDtype,
+    traits: SchemeTraits | None,
     yields_to: DispatchDtype | None = None,
 ) -> tuple[DispatchDtype, Fallback | None]:
     """Keep a supported dtype, apply the declared fallback, or raise; a model-dtype request
@@ -332,8 +352,10 @@ def _validate(
     usable = target is not None and caps.supports_dispatch(target)
     if traits is not None and yields_to is not None and not usable and caps.supports_dispatch(yields_to):
         declared = caps.fallback_reasons.get(requested) or f"{caps.device_name} declares no {requested} dispatch"
-        reason = (f"{declared}; the model dtype {requested} yields to the {yields_to} of scheme "
-                  f"{traits.name!r} (its experts still compute in {requested} after dispatch)")
+        reason = (
+            f"{declared}; the model dtype {requested} yields to the {yields_to} of scheme "
+            f"{traits.name!r} (its experts still compute in {requested} after dispatch)"
+        )
         vendor.warn_fallback_once(requested, yields_to, reason)
         return yields_to, Fallback(requested, yields_to, reason)
     if target is None:

@@ -55,8 +55,10 @@ class SchemeTraits:
             layouts[DispatchDtype.FP8] = ScaleLayout(self.fp8_layout)
         for dtype, layout in layouts.items():
             if layout not in dtype.scale_layouts():
-                raise InvalidInput(f"scheme {self.name!r}: scale layout {layout} is not one of {dtype}'s "
-                                   f"({', '.join(map(str, dtype.scale_layouts()))})")
+                raise InvalidInput(
+                    f"scheme {self.name!r}: scale layout {layout} is not one of {dtype}'s "
+                    f"({', '.join(map(str, dtype.scale_layouts()))})"
+                )
         object.__setattr__(self, "scale_layouts", MappingProxyType(layouts))
         object.__setattr__(self, "dispatch_dtype", DispatchDtype.parse(self.dispatch_dtype))
         accepts = frozenset(DispatchDtype.parse(d) for d in self.accepts)
@@ -65,8 +67,10 @@ class SchemeTraits:
             model = DispatchDtype.parse(self.model_dtype)
             object.__setattr__(self, "model_dtype", model)
             if not self.follows_model_dtype or model is DispatchDtype.AUTO or model.spec.codec is not Codec.CAST:
-                raise InvalidInput(f"scheme {self.name!r}: model_dtype expected a float (cast) dtype of a scheme "
-                                   f"that follows the model dtype, got {model}")
+                raise InvalidInput(
+                    f"scheme {self.name!r}: model_dtype expected a float (cast) dtype of a scheme "
+                    f"that follows the model dtype, got {model}"
+                )
         wanted = self.preferred_dtype
         if wanted not in accepts:
             raise InvalidInput(
@@ -112,9 +116,11 @@ class SchemeTraits:
             raise InvalidInput(f"model dtype: expected a float dtype ({', '.join(_float_names())}), got {dtype!r}")
         if not self.follows_model_dtype:
             followers = ", ".join(n for n, t in KNOWN_SCHEMES.items() if t.follows_model_dtype)
-            raise InvalidInput(f"model dtype: expected a scheme that computes in the model dtype ({followers}), "
-                               f"got scheme {self.name!r}, which quantizes its activations (the model dtype "
-                               f"{parsed} does not choose its dispatch dtype)")
+            raise InvalidInput(
+                f"model dtype: expected a scheme that computes in the model dtype ({followers}), "
+                f"got scheme {self.name!r}, which quantizes its activations (the model dtype "
+                f"{parsed} does not choose its dispatch dtype)"
+            )
         return replace(self, model_dtype=None if parsed is self.dispatch_dtype else parsed)
 
 
@@ -162,9 +168,14 @@ KNOWN_SCHEMES: dict[str, SchemeTraits] = {
     )
 }
 
-_SCHEME_ALIASES = {"none": "unquantized", "bf16": "unquantized",
-                   "int8": "w8a8-int8", "fp8": "w8a8-fp8-block", "int4": "w4a4-int4",
-                   "fp8-rowwise": "w8a8-fp8"}
+_SCHEME_ALIASES = {
+    "none": "unquantized",
+    "bf16": "unquantized",
+    "int8": "w8a8-int8",
+    "fp8": "w8a8-fp8-block",
+    "int4": "w4a4-int4",
+    "fp8-rowwise": "w8a8-fp8",
+}
 
 
 def parse_scheme(value: SchemeTraits | str) -> SchemeTraits:
@@ -178,8 +189,10 @@ def parse_scheme(value: SchemeTraits | str) -> SchemeTraits:
         model = _model_dtype_alias(key)
         if model is not None:
             return KNOWN_SCHEMES["unquantized"].with_model_dtype(model)
-        raise InvalidInput(f"scheme: expected one of {', '.join(KNOWN_SCHEMES)} (or a float dtype: "
-                           f"{', '.join(_float_names())}), got {value!r}")
+        raise InvalidInput(
+            f"scheme: expected one of {', '.join(KNOWN_SCHEMES)} (or a float dtype: "
+            f"{', '.join(_float_names())}), got {value!r}"
+        )
     return KNOWN_SCHEMES[key]
 
 

@@ -34,8 +34,9 @@ class GemmProblem:
             try:
                 object.__setattr__(self, "activation", ActivationKind(self.activation))
             except ValueError:
-                raise invalid("activation", f"None or one of {', '.join(a.value for a in ActivationKind)}",
-                              self.activation) from None
+                raise invalid(
+                    "activation", f"None or one of {', '.join(a.value for a in ActivationKind)}", self.activation
+                ) from None
         for name in ("experts", "k", "n", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

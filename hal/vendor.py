@@ -16,9 +16,8 @@ False.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from typing import Any
 
 import torch
 
@@ -29,21 +28,27 @@ from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
-from hal.ops import OpSource, VendorOps
+from hal.ops import OpSource
 from hal.vendor_ep import ExpertParallelOps
+from hal.vendor_tuning import TuningOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
-from hal.tuning import GemmProblem
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
-class Vendor(ExpertParallelOps, Platform):
+class Vendor(ExpertParallelOps, TuningOps, Platform):
     """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`."""
 
     # -- activations -----------------------------------------------------------------------------
 
-    def quantize(self, x: torch.Tensor, dtype: DispatchDtype | str, *, layout: ScaleLayout | str | None = None,
-                 global_scale: torch.Tensor | None = None) -> QuantizedTensor:
+    def quantize(
+        self,
+        x: torch.Tensor,
+        dtype: DispatchDtype | str,
+        *,
+        layout: ScaleLayout | str | None = None,
+        global_scale: torch.Tensor | None = None,
+    ) -> QuantizedTensor:
         """Quantize activations `[..., H]` into a dispatch dtype (bf16 is a plain cast).
 
         `layout` defaults to the vendor's declared layout for the dtype; `global_scale` is
@@ -61,7 +66,8 @@ class Vendor(ExpertParallelOps, Platform):
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not quantize to {parsed} "
                 f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
-                f"{caps.fallback_reasons.get(parsed, 'not declared')})")
+                f"{caps.fallback_reasons.get(parsed, 'not declared')})"
+            )
         chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))
         checks.float_rows("x", x)
         device = self.device
@@ -87,7 +93,8 @@ class Vendor(ExpertParallelOps, Platform):
         if GemmKind.INT4 not in caps.grouped_matmul:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the int4 grouped matmul, "
-                "so it does not quantize activations to int4")
+                "so it does not quantize activations to int4"
+            )
         checks.float_rows("x", x)
         if x.shape[-1] % 8:
             raise invalid("x", "a last dimension that is a multiple of 8 for int4", x.shape[-1])
@@ -96,8 +103,9 @@ class Vendor(ExpertParallelOps, Platform):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def quantize_weight(self, weight: torch.Tensor, layout: ScaleLayout | str,
-                        dtype: torch.dtype | None = None) -> QuantizedWeight:
+    def quantize_weight(
+        self, weight: torch.Tensor, layout: ScaleLayout | str, dtype: torch.dtype | None = None
+    ) -> QuantizedWeight:
         """Quantize float expert weights `[E, K, N]` into the formats `hal.formats` documents.
 
         `layout` is none (cast to `dtype`), per-channel (`dtype` int8, float8_e4m3fn, or
@@ -111,11 +119,17 @@ class Vendor(ExpertParallelOps, Platform):
 
     # -- experts ---------------------------------------------------------------------------------
 
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, out_dtype: torch.dtype | None = None,
-                       bias: torch.Tensor | None = None,
-                       activation: Activation | ActivationKind | str | None = None,
-                       row_index: torch.Tensor | None = None) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        out_dtype: torch.dtype | None = None,
+        bias: torch.Tensor | None = None,
+        activation: Activation | ActivationKind | str | None = None,
+        row_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g] (+ bias[g])` for every group g, scales applied.
 
         x is `[M, K]` with rows sorted by group; the result is `[M, N]` in `out_dtype`
@@ -137,8 +151,7 @@ class Vendor(ExpertParallelOps, Platform):
             checks.row_index(row_index, x.shape[0], host_synchronous=caps.host_synchronous)
             checks.on_device("row_index", row_index, self.device)
         if parsed is not None and parsed.gated and weight.out_features % 2:
-            raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}",
-                          weight.out_features)
+            raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}", weight.out_features)
         if out_dtype is not None:
             checks.out_dtype("out_dtype", out_dtype)
         device = self.device
@@ -155,27 +168,35 @@ class Vendor(ExpertParallelOps, Platform):
         kind = gemm_kind_of(x, weight)
         if kind not in caps.grouped_matmul:
             raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}")
+                f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}"
+            )
         checks.gemm_shapes(x, weight, groups, caps.limits, rows=None if row_index is None else row_index.numel())
         if bias is not None:
             if not caps.expert_bias:
-                raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare "
-                                            "expert_bias (grouped_matmul with a per-expert bias)")
+                raise UnsupportedCapability(
+                    f"vendor {self.name!r} ({caps.device_name}) does not declare "
+                    "expert_bias (grouped_matmul with a per-expert bias)"
+                )
             if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (groups.num_groups, weight.out_features):
-                raise invalid("bias", f"a tensor of shape ({groups.num_groups}, {weight.out_features})",
-                              tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__)
+                raise invalid(
+                    "bias",
+                    f"a tensor of shape ({groups.num_groups}, {weight.out_features})",
+                    tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__,
+                )
             if bias.dtype not in checks.FLOAT_DTYPES:
                 raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
             checks.on_device("bias", bias, device)
         resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
         if row_index is not None:
             if bias is None:
-                return self.ops.grouped_matmul_gathered(x, row_index, weight, groups, kind=kind,
-                                                        out_dtype=resolved_dtype, activation=parsed)
+                return self.ops.grouped_matmul_gathered(
+                    x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
+                )
             x = take_rows(x, row_index)  # the bias goes between the GEMM and the activation: the rows first
         if parsed is not None and bias is None:
-            return self.ops.grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=resolved_dtype,
-                                                     activation=parsed)
+            return self.ops.grouped_matmul_activated(
+                x, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
+            )
         y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
         if bias is not None:
             checks.expert_bias_operands(y, bias, groups)
@@ -203,7 +224,8 @@ class Vendor(ExpertParallelOps, Platform):
         if parsed.kind not in caps.activations:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the activation {parsed.kind} "
-                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})")
+                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})"
+            )
         return parsed
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -214,8 +236,9 @@ class Vendor(ExpertParallelOps, Platform):
             raise invalid("work", "a callable", type(work).__name__)
         return self.ops.overlap(work)
 
-    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
-                      process_group: object | None = None) -> None:
+    def prepare_fused(
+        self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None = None
+    ) -> None:
         """Prepare the fused op's form of a layer's weights once, at load (before its first forward)."""
         checks.name_string("scheme", scheme, "a scheme name (str)")
         if scheme not in self.capabilities().fused_deep_moe:
@@ -241,8 +264,9 @@ class Vendor(ExpertParallelOps, Platform):
 
     # -- routing, permutation and combine --------------------------------------------------------
 
-    def softmax_topk(self, logits: torch.Tensor, top_k: int, *,
-                     renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def softmax_topk(
+        self, logits: torch.Tensor, top_k: int, *, renormalize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`.
 
         The k experts of largest `softmax(logits)` (computed in fp32) and their probabilities,
@@ -259,8 +283,9 @@ class Vendor(ExpertParallelOps, Platform):
             return empty.to(torch.float32), empty.to(torch.int64)
         return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
 
-    def sort_by_expert(self, topk_ids: torch.Tensor, num_experts: int, *,
-                       tokens: bool = False) -> tuple[torch.Tensor, ...]:
+    def sort_by_expert(
+        self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False
+    ) -> tuple[torch.Tensor, ...]:
         """The (token, slot) pairs of `topk_ids` `[T, k]` sorted by expert, token order kept within one:
         `order` (the flat pair of each sorted row) and `inverse` (the sorted row of each flat pair),
         int64 `[T*k]`, and `counts` int64 `[num_experts]`. With `tokens`, a fourth output: the token of
@@ -283,8 +308,9 @@ class Vendor(ExpertParallelOps, Platform):
             return self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts)
         return self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
 
-    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
-                         out_dtype: torch.dtype) -> torch.Tensor:
+    def weighted_combine(
+        self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's routing-weighted sum of its experts' rows: `[T, H]` in `out_dtype`.
 
         `out[t] = sum_j topk_weights[t, j] * rows[index[t*k + j]]` accumulated in fp32 (`index`
@@ -302,10 +328,19 @@ class Vendor(ExpertParallelOps, Platform):
         checks.combine_operands(rows, index, topk_weights, host_synchronous=self.capabilities().host_synchronous)
         return self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
 
-    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None = None,
-                       dispatch_dtype: DispatchDtype | None = None,
-                       max_tokens_per_rank: int | None = None) -> torch.Tensor:
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+        process_group: object | None = None,
+        dispatch_dtype: DispatchDtype | None = None,
+        max_tokens_per_rank: int | None = None,
+    ) -> torch.Tensor:
         """Dispatch, both grouped GEMMs with swiglu, and combine as one op: `[T, H]`.
 
         `w13` / `w2` are this rank's experts (gate and up projections concatenated, gate
@@ -323,42 +358,33 @@ class Vendor(ExpertParallelOps, Platform):
         if scheme not in caps.fused_deep_moe:
             raise UnsupportedCapability(
                 f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r} "
-                f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})")
+                f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})"
+            )
         checks.fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
         parsed = checks.concrete_dtype(dispatch_dtype or DispatchDtype.INT8, "dispatch_dtype")
         capacity = checks.optional_positive_int("max_tokens_per_rank", max_tokens_per_rank)
         device = self.device
-        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
-                             *((f"w13.{f}", t) for f, t in w13.tensors().items()),
-                             *((f"w2.{f}", t) for f, t in w2.tensors().items())):
+        for name, tensor in (
+            ("hidden_states", hidden_states),
+            ("topk_ids", topk_ids),
+            ("topk_weights", topk_weights),
+            *((f"w13.{f}", t) for f, t in w13.tensors().items()),
+            *((f"w2.{f}", t) for f, t in w2.tensors().items()),
+        ):
             checks.on_device(name, tensor, device)
         if process_group is None:  # global ids = this rank's experts
             checks.expert_ids(topk_ids, w13.num_experts, host_synchronous=caps.host_synchronous)
         return self.ops.fused_deep_moe(
-            hidden_states, topk_ids, topk_weights, w13, w2, scheme=scheme, process_group=process_group,
-            dispatch_dtype=parsed, max_tokens_per_rank=capacity)
-
-    # -- tuning ----------------------------------------------------------------------------------
-
-    def tune(self, problems: Sequence[GemmProblem], *,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Time this vendor's kernel configurations for `problems` on its device and return its tuning
-        table (JSON-able; the vendor documents where it reads tables from). `progress` receives a line
-        per case. Vendors without tunable kernels raise `UnsupportedCapability`."""
-        if not isinstance(problems, Sequence) or not problems or not all(isinstance(p, GemmProblem) for p in problems):
-            raise invalid("problems", "a non-empty sequence of hal.GemmProblem", type(problems).__name__)
-        problems = list(problems)
-        if progress is not None and not callable(progress):
-            raise invalid("progress", "a callable or None", type(progress).__name__)
-        caps = self.capabilities()
-        if type(self.ops).tune is VendorOps.tune:
-            raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) has no kernel configurations "
-                                        "to tune (its ops do not implement tune)")
-        for problem in problems:
-            if problem.kind not in caps.grouped_matmul:
-                raise UnsupportedCapability(f"vendor {self.name!r} ({caps.device_name}) does not declare the "
-                                            f"{problem.kind} grouped matmul, so it cannot tune it")
-        return self.ops.tune(problems, device=self.device, device_name=caps.device_name, progress=progress)
+            hidden_states,
+            topk_ids,
+            topk_weights,
+            w13,
+            w2,
+            scheme=scheme,
+            process_group=process_group,
+            dispatch_dtype=parsed,
+            max_tokens_per_rank=capacity,
+        )
 
     # -- provenance ------------------------------------------------------------------------------
 
@@ -371,9 +397,7 @@ class Vendor(ExpertParallelOps, Platform):
         found = []
         for source in self.ops.sources():
             owner = next((c for c in type(self).__mro__ if source.op in vars(c)), Vendor)
-            if owner not in (Vendor, ExpertParallelOps):
+            if owner not in (Vendor, ExpertParallelOps, TuningOps):
                 source = OpSource(source.op, True, f"{owner.__qualname__}.{source.op} (vendor method)")
             found.append(source)
         return found
-
-

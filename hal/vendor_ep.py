@@ -25,11 +25,20 @@ class ExpertParallelOps:
     device: torch.device
 
     if TYPE_CHECKING:
+
         def capabilities(self) -> Capabilities: ...  # hal.Platform's
 
-    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype | str, capacity: int | None,
-                   layout: ScaleLayout | str | None = None) -> None:
+    def prepare_ep(
+        self,
+        name: str,
+        *,
+        process_group: object,
+        num_experts: int,
+        hidden_size: int,
+        dtype: DispatchDtype | str,
+        capacity: int | None,
+        layout: ScaleLayout | str | None = None,
+    ) -> None:
         """Make what expert-parallel dispatcher `name` needs for one layer (communication buffers sized
         from its plan), once, when the layer is built: a plan whose buffers cannot be had (more than
         the device's free memory) is refused here, not at the first forward. `capacity` is the
@@ -40,13 +49,29 @@ class ExpertParallelOps:
         for label, value in (("num_experts", num_experts), ("hidden_size", hidden_size)):
             positive_int(label, value)
         extra = _layout_keyword(self.ops, "prepare_ep", parsed, layout)
-        self.ops.prepare_ep(name, process_group=process_group, num_experts=num_experts, hidden_size=hidden_size,
-                            dtype=parsed, capacity=capacity, **extra)
+        self.ops.prepare_ep(
+            name,
+            process_group=process_group,
+            num_experts=num_experts,
+            hidden_size=hidden_size,
+            dtype=parsed,
+            capacity=capacity,
+            **extra,
+        )
 
-    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype | str,
-                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    capacity: int | None = None,
-                    layout: ScaleLayout | str | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
+    def ep_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        name: str,
+        dtype: DispatchDtype | str,
+        num_experts: int,
+        process_group: object,
+        topk_weights: torch.Tensor | None = None,
+        capacity: int | None = None,
+        layout: ScaleLayout | str | None = None,
+    ) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """Dispatch through the vendor's own expert-parallel dispatcher `name` (declared in
         `capabilities().ep_dispatchers`): `(rows grouped by local expert, counts, handle)`, or
         `(received tokens, counts, handle, row_index)` where the rows are the tokens `row_index` picks
@@ -66,24 +91,32 @@ class ExpertParallelOps:
         checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
         if topk_ids.shape[0] != x.shape[0]:
             raise invalid("topk_ids", f"one row per token of x ({x.shape[0]})", tuple(topk_ids.shape))
-        if topk_weights is not None and (not topk_weights.is_floating_point()
-                                         or tuple(topk_weights.shape) != tuple(topk_ids.shape)):
-            raise invalid("topk_weights", f"floating-point weights shaped like topk_ids {tuple(topk_ids.shape)}",
-                          f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
+        if topk_weights is not None and (
+            not topk_weights.is_floating_point() or tuple(topk_weights.shape) != tuple(topk_ids.shape)
+        ):
+            raise invalid(
+                "topk_weights",
+                f"floating-point weights shaped like topk_ids {tuple(topk_ids.shape)}",
+                f"{topk_weights.dtype} {tuple(topk_weights.shape)}",
+            )
         if capacity is not None and x.shape[0] > capacity:
-            raise InvalidInput(f"x: expected at most max_dispatch_tokens_per_rank={capacity} tokens for "
-                               f"low-latency dispatch, got {x.shape[0]}")
+            raise InvalidInput(
+                f"x: expected at most max_dispatch_tokens_per_rank={capacity} tokens for "
+                f"low-latency dispatch, got {x.shape[0]}"
+            )
         extra: dict[str, object] = {}
         if topk_weights is not None and accepts_keyword(type(self.ops), "ep_dispatch", "topk_weights"):
             extra["topk_weights"] = topk_weights  # ops from before the keyword combine at home
         if capacity is not None:
             extra["capacity"] = capacity
         extra.update(_layout_keyword(self.ops, "ep_dispatch", parsed, layout))
-        return self.ops.ep_dispatch(x, topk_ids, name=name, dtype=parsed,
-                                    num_experts=num_experts, process_group=process_group, **extra)
+        return self.ops.ep_dispatch(
+            x, topk_ids, name=name, dtype=parsed, num_experts=num_experts, process_group=process_group, **extra
+        )
 
-    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+    def ep_combine(
+        self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """The weighted sum of each token's expert rows after `ep_dispatch` with the same `name`: `[T, H]`.
         `rows` is `[R, H]`, or the masked `[L, capacity * ranks, H]` after a low-latency dispatch."""
         self._require_ep(name)
@@ -102,17 +135,20 @@ class ExpertParallelOps:
             absent = caps.ep_dispatchers_absent.get(name)
             raise UnsupportedCapability(
                 f"vendor {self.name!r} declares no expert-parallel dispatcher {name!r} "
-                f"(declared: {', '.join(sorted(declared)) or 'none'})" + (f": {absent}" if absent else ""))
+                f"(declared: {', '.join(sorted(declared)) or 'none'})" + (f": {absent}" if absent else "")
+            )
         if capacity is not None:
             positive_int("capacity", capacity)
             if name not in caps.ep_low_latency:
                 raise UnsupportedCapability(
                     f"vendor {self.name!r}: expert-parallel dispatcher {name!r} has no low-latency mode "
-                    f"(declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})")
+                    f"(declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})"
+                )
 
 
-def _layout_keyword(ops: VendorOps, method: str, dtype: DispatchDtype,
-                    layout: ScaleLayout | str | None) -> dict[str, ScaleLayout]:
+def _layout_keyword(
+    ops: VendorOps, method: str, dtype: DispatchDtype, layout: ScaleLayout | str | None
+) -> dict[str, ScaleLayout]:
     """`{"layout": parsed}` for ops whose `method` takes it (ops from before the keyword get nothing)."""
     if layout is None or not accepts_keyword(type(ops), method, "layout"):
         return {}

@@ -12,6 +12,7 @@ import torch
 
 from hal import Vendor, environ_mapping, get_vendor, invalid
 
+
 def check_environ(environ: object) -> Mapping[str, str] | None:
     """`environ` if it is None or a mapping of str to str, else `InvalidInput` naming `environ`."""
     return environ_mapping(environ)
@@ -24,8 +25,11 @@ def choose_vendor(vendor: object, environ: Mapping[str, str] | None) -> Vendor:
     if isinstance(vendor, Vendor):
         return vendor
     if vendor is not None and (not isinstance(vendor, str) or not vendor.strip()):
-        raise invalid("vendor", "a hal.Vendor, a vendor name or None", vendor if isinstance(vendor, str)
-                      else type(vendor).__name__)
+        raise invalid(
+            "vendor",
+            "a hal.Vendor, a vendor name or None",
+            vendor if isinstance(vendor, str) else type(vendor).__name__,
+        )
     return get_vendor(vendor, environ)
 
 

@@ -38,8 +38,13 @@ def register_layer(layer: Any) -> int:
 
 
 @torch.library.custom_op("moe_hal::moe_forward", mutates_args=())
-def moe_forward(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
-                topk_weights: torch.Tensor | None, handle: int) -> torch.Tensor:
+def moe_forward(
+    x: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    handle: int,
+) -> torch.Tensor:
     """The MoE output `[T, H]` (x's dtype) of rows `x` `[T, H]`, routed by `router_logits` `[T, E]` or by
     precomputed `topk_ids` / `topk_weights` `[T, k]`, computed by layer `handle`."""
     with _LOCK:
@@ -50,6 +55,11 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: t
 
 
 @moe_forward.register_fake
-def _moe_forward_fake(x: torch.Tensor, router_logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
-                      topk_weights: torch.Tensor | None, handle: int) -> torch.Tensor:
+def _moe_forward_fake(
+    x: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    handle: int,
+) -> torch.Tensor:
     return torch.empty_like(x)

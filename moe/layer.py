@@ -34,26 +34,24 @@ from moe.dispatch import (
     AllToAllDispatcher,
     AutoDispatcher,
     Dispatcher,
-    DispatchOutput,
     LocalDispatcher,
     LowLatencyDispatcher,
-    Pending,
     VendorEpDispatcher,
 )
 from moe.dispatch.base import group_size_and_rank
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
-from moe.pipeline import Pipeline, UnfusedPipeline, choose_pipeline
+from moe.pipeline import Pipeline, choose_pipeline
 from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
 from moe.shared import SharedExperts, SharedExpertsBlock
 from moe.sharding import TensorShard
-from moe.stages import StartedForward
+from moe.stages import StagedForward
 from moe.weight_store import OwnerCallback, WeightStore
 
 
-class MoELayer(ExpertLoading, torch.nn.Module):
+class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
     """A Mixture-of-Experts feed-forward layer computed through `hal`.
 
     Expert e computes `act(x @ w13[e] + b13[e]) @ w2[e] + b2[e]` with `w13` `[E, H, 2I]`
@@ -145,10 +143,12 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         if not caps.supports_activation(self.activation):
             raise UnsupportedCapability(
                 f"activation: vendor {self.vendor.name!r} ({caps.device_name}) does not declare {self.activation.kind} "
-                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})")
+                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})"
+            )
         if bias and not caps.expert_bias:
-            raise UnsupportedCapability(f"bias: vendor {self.vendor.name!r} ({caps.device_name}) does not declare "
-                                        "expert_bias")
+            raise UnsupportedCapability(
+                f"bias: vendor {self.vendor.name!r} ({caps.device_name}) does not declare expert_bias"
+            )
         self.check_routing = caps.host_synchronous if check_routing is None else check_routing
         self.router = router if router is not None else SoftmaxTopK(num_experts, top_k)
         if not isinstance(self.router, Router):
@@ -173,8 +173,16 @@ class MoELayer(ExpertLoading, torch.nn.Module):
             self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
         )
         self.dispatcher = self._make_dispatcher()
-        choice = choose_pipeline(self.vendor, self.scheme, self.dispatcher, runners, fused,
-                                 activation=self.activation, bias=bias, environ=environ)
+        choice = choose_pipeline(
+            self.vendor,
+            self.scheme,
+            self.dispatcher,
+            runners,
+            fused,
+            activation=self.activation,
+            bias=bias,
+            environ=environ,
+        )
         self._choice = choice
         self.fused: bool = choice.fused
         self.runner: ExpertRunner | None = choice.runner
@@ -182,8 +190,11 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         self.experts = WeightStore((layout, layout), self.activation, self.vendor.device)
         self.experts.on_change = OwnerCallback(self._rebuild)
         self.experts.prepare = self.vendor.prepare_weight
-        self.shared_experts = None if shared_experts is None else \
-            SharedExpertsBlock(shared_experts, (layout, layout), self.activation, self.vendor.device)
+        self.shared_experts = (
+            None
+            if shared_experts is None
+            else SharedExpertsBlock(shared_experts, (layout, layout), self.activation, self.vendor.device)
+        )
         if self.shared_experts is not None:
             self.shared_experts.store.prepare = self.vendor.prepare_weight
         self._pipeline: Pipeline | None = None
@@ -199,15 +210,29 @@ class MoELayer(ExpertLoading, torch.nn.Module):
                 raise UnsupportedCapability(
                     f"dispatch.ep_dispatcher: vendor {self.vendor.name!r} declares no expert-parallel dispatcher "
                     f"{native!r} (declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'})"
-                    + (f"; {native}: {absent}" if absent else ""))
+                    + (f"; {native}: {absent}" if absent else "")
+                )
             if self.process_group is None:
-                raise InvalidInput(f"dispatch.ep_dispatcher {native!r}: expected a process_group (it is an "
-                                   "expert-parallel dispatcher)")
-            return VendorEpDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor,
-                                      name=native, mode=mode, capacity=capacity)
+                raise InvalidInput(
+                    f"dispatch.ep_dispatcher {native!r}: expected a process_group (it is an expert-parallel dispatcher)"
+                )
+            return VendorEpDispatcher(
+                self.plan,
+                self.num_experts,
+                self.process_group,
+                vendor=self.vendor,
+                name=native,
+                mode=mode,
+                capacity=capacity,
+            )
         if mode == "auto":
-            return AutoDispatcher(self.plan, self.num_experts, capacity, self.process_group,  # type: ignore[arg-type]
-                                  vendor=self.vendor)
+            return AutoDispatcher(
+                self.plan,
+                self.num_experts,
+                capacity,
+                self.process_group,  # type: ignore[arg-type]
+                vendor=self.vendor,
+            )
         if mode == "low-latency":
             return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group, vendor=self.vendor)
         if self.process_group is not None:
@@ -215,8 +240,16 @@ class MoELayer(ExpertLoading, torch.nn.Module):
         return LocalDispatcher(self.plan, self.num_experts, vendor=self.vendor)
 
     @classmethod
-    def from_float(cls, w13: torch.Tensor, w2: torch.Tensor, top_k: int, *, w13_bias: torch.Tensor | None = None,
-                   w2_bias: torch.Tensor | None = None, **kwargs: Any) -> MoELayer:
+    def from_float(
+        cls,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        *,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> MoELayer:
         """A layer sized from float weights of all experts (`w13` `[E, H, 2I]`, or `[E, H, I]` for a
         plain activation; `w2` `[E, I, H]`; optional biases), quantized through the scheme;
         other keyword arguments are those of the constructor (`bias` follows the biases given)."""
@@ -240,12 +273,30 @@ class MoELayer(ExpertLoading, torch.nn.Module):
 
     def _rebuild(self) -> None:
         weights = self.experts.weights
-        self._pipeline = None if weights is None else self._choice.build(
-            self.vendor, self.scheme, self.plan, self.dispatcher, weights, self.process_group,
-            self.dispatch_config.max_dispatch_tokens_per_rank if self.dispatch_config.mode == "low-latency" else None)
+        self._pipeline = (
+            None
+            if weights is None
+            else self._choice.build(
+                self.vendor,
+                self.scheme,
+                self.plan,
+                self.dispatcher,
+                weights,
+                self.process_group,
+                self.dispatch_config.max_dispatch_tokens_per_rank
+                if self.dispatch_config.mode == "low-latency"
+                else None,
+            )
+        )
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None, *,
-                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None = None,
+        *,
+        topk_ids: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The MoE output for `hidden_states` `[..., H]`, routed by `router_logits` `[..., E]` through the
         layer's router, or by precomputed `topk_ids` / `topk_weights` `[..., k]` (engines that route
         elsewhere; the weights are used as given)."""
@@ -258,8 +309,9 @@ class MoELayer(ExpertLoading, torch.nn.Module):
             out = self._run(x, logits, ids, weights)
         return out if out.shape == hidden_states.shape else out.view(hidden_states.shape)
 
-    def _run(self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None,
-             weights: torch.Tensor | None) -> torch.Tensor:
+    def _run(
+        self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
+    ) -> torch.Tensor:
         """Routing, dispatch, experts, combine, shared experts and the tensor-parallel sum for rows `[T, H]`
         (checked inputs: `routing_inputs`).
 
@@ -286,8 +338,9 @@ class MoELayer(ExpertLoading, torch.nn.Module):
             raise InvalidInput("MoELayer: expected weights; call load_weights() or build it with from_float()")
         return pipeline
 
-    def _routed_rows(self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None,
-                     weights: torch.Tensor | None) -> tuple[torch.Tensor, Routing]:
+    def _routed_rows(
+        self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Routing]:
         """The rows the routed experts take and their routing (Llama-4: rows scaled by the weight, weight 1)."""
         routed = route(self, logits, ids, weights)
         topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
@@ -300,61 +353,6 @@ class MoELayer(ExpertLoading, torch.nn.Module):
 
         dist.all_reduce(out, group=self.tp_group)
         return out
-
-    # Stages of one forward (`moe.stages`): an engine interleaves them across micro-batches.
-
-    def start(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None, *,
-              topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> StartedForward:
-        """Route, quantize and start the dispatch of one micro-batch (arguments and checks as `forward`);
-        `wait()` on the result gives the `DispatchOutput` for `run_experts`. With a process group this is
-        collective, like `forward`: every rank starts (and finishes) its micro-batches in the same order;
-        a low-latency dispatcher holds at most two micro-batches in flight.
-
-        `finish(run_experts(started.wait()), started).wait()` equals `forward(...)` bit for bit. Eager only,
-        on the unfused path: the fused op (`fused_deep_moe`) raises `UnsupportedCapability`."""
-        pipeline = self._unfused_pipeline("start")
-        x = check_hidden_states(hidden_states, self.hidden_size, self.vendor.device)
-        logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights,
-                                              self.vendor.device)
-        routed_x, routing = self._routed_rows(x, logits, ids, weights)
-        pending = self.dispatcher.dispatch_async(routed_x, routing, pipeline.quantize)
-        return StartedForward(pending, x, hidden_states.shape, id(self))
-
-    def run_experts(self, dispatched: DispatchOutput) -> torch.Tensor:
-        """This rank's experts' output rows for a dispatch output (`start(...).wait()`), by the runner of
-        its format."""
-        if not isinstance(dispatched, DispatchOutput):
-            raise invalid("dispatched", "a moe.DispatchOutput (MoELayer.start(...).wait())", type(dispatched).__name__)
-        return self._unfused_pipeline("run_experts").experts(dispatched)
-
-    def finish(self, expert_output: torch.Tensor, started: StartedForward) -> Pending:
-        """Start the combine of `expert_output` (`run_experts`) for the micro-batch `started`; `wait()` on
-        the result gives its output, in the input's shape and dtype. The shared experts run here, beside
-        the combine; the tensor-parallel sum (a collective) runs in `wait()`."""
-        if not isinstance(started, StartedForward) or started.layer_id != id(self):
-            raise invalid("started", "what this layer's start() returned",
-                          "one of another layer" if isinstance(started, StartedForward) else type(started).__name__)
-        self._unfused_pipeline("finish")
-        x, partial, shared = started.rows, self.tensor_shard.size > 1, self.shared_experts
-        out_dtype = torch.float32 if partial or shared is not None else x.dtype
-        combining = self.dispatcher.combine_async(expert_output, started.wait(), out_dtype)
-        shared_output = None if shared is None else self.vendor.overlap(lambda: shared(self.vendor, self.scheme, x))
-
-        def output() -> torch.Tensor:
-            out: torch.Tensor = combining.wait()  # type: ignore[assignment]
-            if shared_output is not None:
-                out = out + shared_output()
-            out = (self._tensor_parallel_sum(out) if partial else out).to(x.dtype)
-            return out if out.shape == started.shape else out.view(started.shape)
-
-        return Pending([], output)
-
-    def _unfused_pipeline(self, stage: str) -> UnfusedPipeline:
-        if self.fused:
-            raise UnsupportedCapability(
-                f"MoELayer.{stage}: this layer takes the vendor's fused op (fused_deep_moe), one op for dispatch, "
-                "experts and combine, which has no stages; build it with fused=False to run it in stages")
-        return self._loaded_pipeline()  # type: ignore[return-value]  # not fused: unfused
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -27,9 +27,14 @@ def check_hidden_states(hidden_states: object, hidden_size: int, device: torch.d
     return hidden_states if hidden_states.dim() == 2 else hidden_states.reshape(-1, hidden_size)
 
 
-def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: object, topk_ids: object,
-                   topk_weights: object, device: torch.device
-                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+def routing_inputs(
+    layer: Any,
+    hidden_states: torch.Tensor,
+    router_logits: object,
+    topk_ids: object,
+    topk_weights: object,
+    device: torch.device,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """A forward's routing inputs checked (types, devices, shapes, dtypes: nothing read from the device)
     and flattened: `(logits [T, E], None, None)` or `(None, ids int64 [T, k], weights fp32 [T, k])`."""
     lead = tuple(hidden_states.shape[:-1])
@@ -44,11 +49,15 @@ def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: objec
         flat = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, layer.num_experts)
         return flat, None, None
     if topk_ids is None or topk_weights is None:
-        raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights; got "
-                           + ("neither" if topk_ids is None and topk_weights is None else "only one of the two"))
+        raise InvalidInput(
+            "forward: expected router_logits, or both topk_ids and topk_weights; got "
+            + ("neither" if topk_ids is None and topk_weights is None else "only one of the two")
+        )
     want = (*lead, layer.top_k)
-    for name, t, kinds, what in (("topk_ids", topk_ids, _INT_DTYPES, "int32/int64"),
-                                 ("topk_weights", topk_weights, _WEIGHT_DTYPES, "floating-point")):
+    for name, t, kinds, what in (
+        ("topk_ids", topk_ids, _INT_DTYPES, "int32/int64"),
+        ("topk_weights", topk_weights, _WEIGHT_DTYPES, "floating-point"),
+    ):
         if not isinstance(t, torch.Tensor):
             raise invalid(name, "a torch.Tensor", type(t).__name__)
         on_device(name, t, device)
@@ -58,8 +67,7 @@ def routing_inputs(layer: Any, hidden_states: torch.Tensor, router_logits: objec
     return None, ids, topk_weights.reshape(-1, layer.top_k).to(torch.float32)  # type: ignore[union-attr]
 
 
-def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None,
-          weights: torch.Tensor | None) -> Routing:
+def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None) -> Routing:
     """The routing of checked inputs (`routing_inputs`): `layer.router` over the logits, or the precomputed
     ids and weights. With `layer.check_routing`, non-finite logits or weights and out-of-range ids raise
     `InvalidInput` (a host read of one flag)."""
@@ -74,8 +82,10 @@ def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None,
         _require_finite("topk_weights", weights)
         if ids.numel() and bool(((ids < 0) | (ids >= layer.num_experts)).any()):
             bad = ids[(ids < 0) | (ids >= layer.num_experts)]
-            raise InvalidInput(f"topk_ids: expected expert ids in [0, {layer.num_experts}), "
-                               f"got {bad.numel()} outside (e.g. {int(bad[0])})")
+            raise InvalidInput(
+                f"topk_ids: expected expert ids in [0, {layer.num_experts}), "
+                f"got {bad.numel()} outside (e.g. {int(bad[0])})"
+            )
     return Routing(ids, weights)
 
 
@@ -83,5 +93,7 @@ def _require_finite(name: str, t: torch.Tensor) -> None:
     bad_rows = ~torch.isfinite(t).all(dim=-1)
     if bool(bad_rows.any()):
         rows = bad_rows.nonzero().flatten()
-        raise InvalidInput(f"{name}: expected finite values, got non-finite values in {rows.numel()} token(s) "
-                           f"(first: token {int(rows[0])})")
+        raise InvalidInput(
+            f"{name}: expected finite values, got non-finite values in {rows.numel()} token(s) "
+            f"(first: token {int(rows[0])})"
+        )

@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 class ExpertLoading:
     """The weight-loading methods of `MoELayer`."""
 
-    def load_weights(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor, *, w13_bias: torch.Tensor | None = None,
-                     w2_bias: torch.Tensor | None = None) -> MoELayer:
+    def load_weights(
+        self: MoELayer,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> MoELayer:
         """Float weights of all experts and the full intermediate size, quantized through the scheme:
         `w13` `[E, H, 2I]` (`[gate | up]`; `[E, H, I]` for a plain activation), `w2` `[E, I, H]`, biases
         `[E, 2I]` / `[E, H]` (required when the layer has `bias=True`, refused otherwise)."""
@@ -35,7 +41,9 @@ class ExpertLoading:
         i, h, e = self.intermediate_size, self.hidden_size, self.num_experts
         width = self.activation.input_width(i)
         if (tuple(w13.shape), tuple(w2.shape)) != ((e, h, width), (e, i, h)):
-            raise invalid("w13, w2", f"shapes {(e, h, width)} and {(e, i, h)}", f"{tuple(w13.shape)} and {tuple(w2.shape)}")
+            raise invalid(
+                "w13, w2", f"shapes {(e, h, width)} and {(e, i, h)}", f"{tuple(w13.shape)} and {tuple(w2.shape)}"
+            )
         b13, b2 = _check_biases(self.bias, w13_bias, w2_bias, (e, width), (e, h))
         mine = slice(self.local_experts.start, self.local_experts.stop)
         shard, device = self.tensor_shard, self.vendor.device
@@ -54,13 +62,15 @@ class ExpertLoading:
         rank's experts and intermediate shard only; the vendor prepares them once, the layer copies them."""
         if not isinstance(weights, ExpertWeights):
             raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
-        weights = self._checked_weights(weights, "expert weights", self.dispatcher.num_local_experts,
-                                        self.local_intermediate_size, routed=True)
+        weights = self._checked_weights(
+            weights, "expert weights", self.dispatcher.num_local_experts, self.local_intermediate_size, routed=True
+        )
         self.experts.store(weights)
         return self
 
-    def load_shared_experts(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor,
-                            gate: torch.Tensor | None = None) -> MoELayer:
+    def load_shared_experts(
+        self: MoELayer, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> MoELayer:
         """The shared experts' float weights, full size: `w13` `[H, 2Is]` (`[gate | up]`; `[H, Is]` plain),
         `w2` `[Is, H]`, and the `[H]` gate weight when they are gated; quantized through the scheme."""
         block = self._shared_block()
@@ -79,26 +89,30 @@ class ExpertLoading:
         block.load(weights, gate, h)
         return self
 
-    def load_shared_expert_weights(self: MoELayer, weights: ExpertWeights,
-                                   gate: torch.Tensor | None = None) -> MoELayer:
+    def load_shared_expert_weights(
+        self: MoELayer, weights: ExpertWeights, gate: torch.Tensor | None = None
+    ) -> MoELayer:
         """The shared experts in hal's formats (one expert, this rank's intermediate shard) and their gate."""
         block = self._shared_block()
         if not isinstance(weights, ExpertWeights):
             raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
         with_data("gate", gate)
         size = self.tensor_shard.local_size(block.config.intermediate_size, "shared_experts.intermediate_size")
-        block.load(self._checked_weights(weights, "shared expert weights", 1, size, routed=False), gate,
-                   self.hidden_size)
+        block.load(
+            self._checked_weights(weights, "shared expert weights", 1, size, routed=False), gate, self.hidden_size
+        )
         return self
 
     def _shared_block(self: MoELayer) -> Any:
         if self.shared_experts is None:
-            raise InvalidInput("shared experts: expected a layer built with shared_experts=moe.SharedExperts(...), "
-                               "got one without")
+            raise InvalidInput(
+                "shared experts: expected a layer built with shared_experts=moe.SharedExperts(...), got one without"
+            )
         return self.shared_experts
 
-    def _checked_weights(self: MoELayer, weights: ExpertWeights, what: str, experts: int,
-                         intermediate: int, *, routed: bool) -> ExpertWeights:
+    def _checked_weights(
+        self: MoELayer, weights: ExpertWeights, what: str, experts: int, intermediate: int, *, routed: bool
+    ) -> ExpertWeights:
         for name in ("w13", "w2"):
             for part in ("data", "scale", "global_scale"):
                 with_data(f"weights.{name}.{part}", getattr(getattr(weights, name), part))
@@ -112,35 +126,46 @@ class ExpertLoading:
         width = self.activation.input_width(intermediate)
         shape = (weights.num_experts, weights.hidden_size, weights.w13.out_features, weights.intermediate_size)
         if shape != (experts, self.hidden_size, width, intermediate):
-            raise invalid(what, f"[E, H, W, I] = {[experts, self.hidden_size, width, intermediate]} "
-                          "(this rank's experts and intermediate shard)", list(shape))
+            raise invalid(
+                what,
+                f"[E, H, W, I] = {[experts, self.hidden_size, width, intermediate]} "
+                "(this rank's experts and intermediate shard)",
+                list(shape),
+            )
         if routed and weights.has_bias and not self.bias:
             raise InvalidInput(f"{what}: expected no biases (the layer was built with bias=False), got biases")
         if routed and self.bias and (weights.w13_bias is None or weights.w2_bias is None):
-            raise InvalidInput(f"{what}: expected w13_bias and w2_bias (the layer was built with bias=True), "
-                               "got " + ("none" if not weights.has_bias else "only one"))
+            raise InvalidInput(
+                f"{what}: expected w13_bias and w2_bias (the layer was built with bias=True), "
+                "got " + ("none" if not weights.has_bias else "only one")
+            )
         device, vendor = self.vendor.device, self.vendor
         moved = dataclasses.replace(
             weights,
             w13=vendor.prepare_weight(_to(weights.w13, device)),
             w2=vendor.prepare_weight(_to(weights.w2, device)),
-            w13_bias=_fp32(weights.w13_bias, device), w2_bias=_fp32(weights.w2_bias, device),
+            w13_bias=_fp32(weights.w13_bias, device),
+            w2_bias=_fp32(weights.w2_bias, device),
             input_global_scale=_on(weights.input_global_scale, device),
             intermediate_global_scale=_on(weights.intermediate_global_scale, device),
-            activation=self.activation)
+            activation=self.activation,
+        )
         return moved
 
 
-def _check_biases(expected: bool, b13: object, b2: object, shape13: tuple[int, ...],
-                  shape2: tuple[int, ...]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _check_biases(
+    expected: bool, b13: object, b2: object, shape13: tuple[int, ...], shape2: tuple[int, ...]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     given = (b13 is not None, b2 is not None)
     if not expected:
         if any(given):
             raise InvalidInput("w13_bias, w2_bias: expected none (the layer was built with bias=False), got biases")
         return None, None
     if not all(given):
-        raise InvalidInput("w13_bias, w2_bias: expected both (the layer was built with bias=True), got "
-                           + ("neither" if not any(given) else "only one"))
+        raise InvalidInput(
+            "w13_bias, w2_bias: expected both (the layer was built with bias=True), got "
+            + ("neither" if not any(given) else "only one")
+        )
     for name, t, shape in (("w13_bias", b13, shape13), ("w2_bias", b2, shape2)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not torch.is_floating_point(t):
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__

@@ -47,8 +47,15 @@ class FusedPipeline(Pipeline):
 
     def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.vendor.fused_deep_moe(
-            x, routing.topk_ids, routing.topk_weights, self.weights.w13, self.weights.w2, scheme=self.scheme,
-            process_group=self.process_group, dispatch_dtype=self.plan.resolved, max_tokens_per_rank=self.capacity,
+            x,
+            routing.topk_ids,
+            routing.topk_weights,
+            self.weights.w13,
+            self.weights.w2,
+            scheme=self.scheme,
+            process_group=self.process_group,
+            dispatch_dtype=self.plan.resolved,
+            max_tokens_per_rank=self.capacity,
         ).to(out_dtype or x.dtype)
 
 
@@ -85,21 +92,44 @@ class PipelineChoice:
     runner: ExpertRunner | None  #: None on the fused path
     other_runners: Mapping[DispatchFormat, ExpertRunner] = field(default_factory=dict)
 
-    def build(self, vendor: Vendor, scheme: QuantScheme, plan: DispatchPlan, dispatcher: Dispatcher,
-              weights: ExpertWeights, process_group: Any, capacity: int | None) -> Pipeline:
+    def build(
+        self,
+        vendor: Vendor,
+        scheme: QuantScheme,
+        plan: DispatchPlan,
+        dispatcher: Dispatcher,
+        weights: ExpertWeights,
+        process_group: Any,
+        capacity: int | None,
+    ) -> Pipeline:
         """The pipeline over loaded weights."""
         if self.fused:
             if capacity is not None:  # the one-kernel form runs on weights the vendor prepares now, at load
                 vendor.prepare_fused(weights.w13, weights.w2, scheme=scheme.name, process_group=process_group)
             return FusedPipeline(vendor, scheme.name, weights, plan, process_group, capacity)
         quantize = scheme.dispatch_quantizer(vendor, plan, weights)
-        return UnfusedPipeline(vendor, scheme, weights, dispatcher, self.runner, quantize,  # type: ignore[arg-type]
-                               self.other_runners)
+        return UnfusedPipeline(
+            vendor,
+            scheme,
+            weights,
+            dispatcher,
+            self.runner,
+            quantize,  # type: ignore[arg-type]
+            self.other_runners,
+        )
 
 
-def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher, runners: RunnerRegistry | None,
-                    fused: bool | None, *, activation: Activation = Activation(), bias: bool = False,
-                    environ: Mapping[str, str] | None = None) -> PipelineChoice:
+def choose_pipeline(
+    vendor: Vendor,
+    scheme: QuantScheme,
+    dispatcher: Dispatcher,
+    runners: RunnerRegistry | None,
+    fused: bool | None,
+    *,
+    activation: Activation = Activation(),
+    bias: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> PipelineChoice:
     """Fused where the vendor declares `fused_deep_moe` for the scheme (or as `fused` demands),
     else the unfused path with the runner registered for its key. The fused op computes
     SiLU-GLU experts without biases; other experts take the unfused path. Without `runners`,
@@ -116,12 +146,14 @@ def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher,
     if fused and not declared:
         raise UnsupportedCapability(
             f"fused: vendor {vendor.name!r} does not declare fused_deep_moe for scheme {scheme.name!r} "
-            f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})")
+            f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})"
+        )
     plain_experts = activation.kind is ActivationKind.SILU_GLU and not bias
     if fused and not plain_experts:
         raise UnsupportedCapability(
             f"fused: the fused_deep_moe op computes SiLU-GLU experts without biases; this layer has "
-            f"activation {activation} and {'biases' if bias else 'no biases'}")
+            f"activation {activation} and {'biases' if bias else 'no biases'}"
+        )
     declared = declared and plain_experts
     if declared if fused is None else fused:
         return PipelineChoice(True, None)
@@ -129,8 +161,12 @@ def choose_pipeline(vendor: Vendor, scheme: QuantScheme, dispatcher: Dispatcher,
     if not caps.supports_gemm(kind):
         raise UnsupportedCapability(
             f"vendor {vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped matmul that scheme "
-            f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})")
+            f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})"
+        )
     registry = runners if runners is not None else RunnerRegistry.with_defaults(environ=environ)
-    others = {fmt: registry.lookup(vendor.name, fmt, kind, scheme.name) for fmt in dispatcher.formats
-              if fmt is not dispatcher.format}
+    others = {
+        fmt: registry.lookup(vendor.name, fmt, kind, scheme.name)
+        for fmt in dispatcher.formats
+        if fmt is not dispatcher.format
+    }
     return PipelineChoice(False, registry.lookup(vendor.name, dispatcher.format, kind, scheme.name), others)

@@ -63,13 +63,15 @@ class Routing:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise invalid(name, "a 2-D tensor [tokens, k]", got)
         if self.topk_ids.shape != self.topk_weights.shape:
-            raise invalid("topk_weights", f"the shape of topk_ids {tuple(self.topk_ids.shape)}",
-                          tuple(self.topk_weights.shape))
+            raise invalid(
+                "topk_weights", f"the shape of topk_ids {tuple(self.topk_ids.shape)}", tuple(self.topk_weights.shape)
+            )
         if not isinstance(self.weights_on_input, bool):
             raise invalid("weights_on_input", "a bool", self.weights_on_input)
         if self.weights_on_input and self.topk_ids.shape[-1] != 1:
-            raise invalid("weights_on_input", "top-1 routing (topk_ids of shape [tokens, 1])",
-                          tuple(self.topk_ids.shape))
+            raise invalid(
+                "weights_on_input", "top-1 routing (topk_ids of shape [tokens, 1])", tuple(self.topk_ids.shape)
+            )
 
     @property
     def num_tokens(self) -> int:
@@ -195,15 +197,18 @@ class SoftmaxTopK(Router):
     then multiplied by `routed_scaling_factor` (Mixtral, Qwen2/3-MoE, OLMoE; gpt-oss is the
     renormalized form, since the softmax of the k largest logits equals it)."""
 
-    def __init__(self, num_experts: int, top_k: int, *, renormalize: bool = True,
-                 routed_scaling_factor: float = 1.0) -> None:
+    def __init__(
+        self, num_experts: int, top_k: int, *, renormalize: bool = True, routed_scaling_factor: float = 1.0
+    ) -> None:
         super().__init__(num_experts, top_k)
         self.renormalize = _flag("renormalize", renormalize)
         self.routed_scaling_factor = _scaling_factor(routed_scaling_factor)
 
     def __repr__(self) -> str:
-        return (f"SoftmaxTopK(num_experts={self.num_experts}, top_k={self.top_k}, renormalize={self.renormalize}, "
-                f"routed_scaling_factor={self.routed_scaling_factor})")
+        return (
+            f"SoftmaxTopK(num_experts={self.num_experts}, top_k={self.top_k}, renormalize={self.renormalize}, "
+            f"routed_scaling_factor={self.routed_scaling_factor})"
+        )
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, ids = softmax_topk(logits, self.top_k, self.renormalize)
@@ -225,9 +230,16 @@ class SigmoidTopK(Router):
     scale the token's input by the weight and combine with weight 1.
     """
 
-    def __init__(self, num_experts: int, top_k: int, *, correction_bias: torch.Tensor | None = None,
-                 renormalize: bool = False, routed_scaling_factor: float = 1.0,
-                 weights_on_input: bool = False) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        *,
+        correction_bias: torch.Tensor | None = None,
+        renormalize: bool = False,
+        routed_scaling_factor: float = 1.0,
+        weights_on_input: bool = False,
+    ) -> None:
         super().__init__(num_experts, top_k)
         self.correction_bias = _correction_bias(correction_bias, num_experts)
         self.renormalize = _flag("renormalize", renormalize)
@@ -237,9 +249,11 @@ class SigmoidTopK(Router):
             raise invalid("top_k", "1 with weights_on_input=True (the weight scales the token's input)", top_k)
 
     def __repr__(self) -> str:
-        return (f"SigmoidTopK(num_experts={self.num_experts}, top_k={self.top_k}, "
-                f"correction_bias={self._bias_repr(self.correction_bias)}, renormalize={self.renormalize}, "
-                f"routed_scaling_factor={self.routed_scaling_factor}, weights_on_input={self.weights_on_input})")
+        return (
+            f"SigmoidTopK(num_experts={self.num_experts}, top_k={self.top_k}, "
+            f"correction_bias={self._bias_repr(self.correction_bias)}, renormalize={self.renormalize}, "
+            f"routed_scaling_factor={self.routed_scaling_factor}, weights_on_input={self.weights_on_input})"
+        )
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.correction_bias is None:
@@ -304,16 +318,22 @@ class GroupedTopK(Router):
         self.routed_scaling_factor = _scaling_factor(routed_scaling_factor)
 
     def _settings(self) -> str:
-        return (f"num_experts={self.num_experts}, top_k={self.top_k}, num_groups={self.num_groups}, "
-                f"topk_groups={self.topk_groups}")
+        return (
+            f"num_experts={self.num_experts}, top_k={self.top_k}, num_groups={self.num_groups}, "
+            f"topk_groups={self.topk_groups}"
+        )
 
     def _tail(self) -> str:
-        return (f"correction_bias={self._bias_repr(self.correction_bias)}, renormalize={self.renormalize}, "
-                f"routed_scaling_factor={self.routed_scaling_factor}")
+        return (
+            f"correction_bias={self._bias_repr(self.correction_bias)}, renormalize={self.renormalize}, "
+            f"routed_scaling_factor={self.routed_scaling_factor}"
+        )
 
     def __repr__(self) -> str:
-        return (f"GroupedTopK({self._settings()}, scoring={self.scoring!r}, group_score={self.group_score!r}, "
-                f"{self._tail()})")
+        return (
+            f"GroupedTopK({self._settings()}, scoring={self.scoring!r}, group_score={self.group_score!r}, "
+            f"{self._tail()})"
+        )
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
@@ -354,9 +374,17 @@ class GroupedSigmoidTopK(GroupedTopK):
         renormalize: bool = True,
         routed_scaling_factor: float = 1.0,
     ) -> None:
-        super().__init__(num_experts, top_k, num_groups=num_groups, topk_groups=topk_groups, scoring="sigmoid",
-                         group_score="top2-sum", correction_bias=correction_bias, renormalize=renormalize,
-                         routed_scaling_factor=routed_scaling_factor)
+        super().__init__(
+            num_experts,
+            top_k,
+            num_groups=num_groups,
+            topk_groups=topk_groups,
+            scoring="sigmoid",
+            group_score="top2-sum",
+            correction_bias=correction_bias,
+            renormalize=renormalize,
+            routed_scaling_factor=routed_scaling_factor,
+        )
 
     def __repr__(self) -> str:
         return f"GroupedSigmoidTopK({self._settings()}, {self._tail()})"

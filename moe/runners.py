@@ -86,8 +86,9 @@ class RunnerRegistry:
     `replace_generic` names the runner plugins allowed to replace a runner that serves every vendor.
     """
 
-    def __init__(self, entries: Iterable[tuple[RunnerKey, ExpertRunner]] = (), *,
-                 replace_generic: Iterable[str] = ()) -> None:
+    def __init__(
+        self, entries: Iterable[tuple[RunnerKey, ExpertRunner]] = (), *, replace_generic: Iterable[str] = ()
+    ) -> None:
         if isinstance(replace_generic, str) or not isinstance(replace_generic, Iterable):
             raise invalid("replace_generic", "plugin names (an iterable of str, not one str)", replace_generic)
         self._replace_generic = frozenset(_plugin_names(replace_generic))
@@ -99,8 +100,13 @@ class RunnerRegistry:
             self.register(key, runner)
 
     @classmethod
-    def with_defaults(cls, *, plugins: bool = True, replace_generic: Iterable[str] | None = None,
-                      environ: Mapping[str, str] | None = None) -> RunnerRegistry:
+    def with_defaults(
+        cls,
+        *,
+        plugins: bool = True,
+        replace_generic: Iterable[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> RunnerRegistry:
         """The generic runners, plus those registered by `moe.expert_runners` plugins.
 
         `replace_generic` (default: `MOE_RUNNER_REPLACEMENTS` in `environ`, comma-separated)
@@ -123,8 +129,11 @@ class RunnerRegistry:
                 if error is not None:
                     failures.append(PluginFailure(name, repr(register), error))
             for failure in failures:
-                warnings.warn(f"expert-runner plugin {failure.name!r} ({failure.target}) was not loaded: "
-                              f"{failure.error}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"expert-runner plugin {failure.name!r} ({failure.target}) was not loaded: {failure.error}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         return registry
 
     def _run_plugin(self, name: str, register: object) -> str | None:
@@ -157,17 +166,24 @@ class RunnerRegistry:
         who = self._plugin or CALLER
         if key in self._entries:
             if not replace:
-                raise InvalidInput(f"runner key {key}: expected a new key, got one already registered "
-                                   "(pass replace=True to override it)")
+                raise InvalidInput(
+                    f"runner key {key}: expected a new key, got one already registered "
+                    "(pass replace=True to override it)"
+                )
             if key.vendor == ANY_VENDOR and self._plugin is not None and self._plugin not in self._replace_generic:
                 raise InvalidInput(
                     f"runner key {key}: plugin {who!r} may replace runners of one named vendor only; replacing the "
                     f"{self._origins[key]} runner that serves every vendor needs an opt-in: "
-                    f"RunnerRegistry.with_defaults(replace_generic=[{who!r}]) or {ENV_REPLACE_GENERIC}={who}")
+                    f"RunnerRegistry.with_defaults(replace_generic=[{who!r}]) or {ENV_REPLACE_GENERIC}={who}"
+                )
             self._replacements.append(RunnerReplacement(key, who, self._origins[key]))
-            _LOG.log(logging.WARNING if self._plugin else logging.INFO,
-                     "expert runner %s: %s replaced the %s runner", key,
-                     f"plugin {who!r}" if self._plugin else "the caller", self._origins[key])
+            _LOG.log(
+                logging.WARNING if self._plugin else logging.INFO,
+                "expert runner %s: %s replaced the %s runner",
+                key,
+                f"plugin {who!r}" if self._plugin else "the caller",
+                self._origins[key],
+            )
         self._put(key, runner, who)
 
     def _put(self, key: RunnerKey, runner: ExpertRunner, origin: str) -> None:
@@ -226,21 +242,30 @@ def caps_rows(vendor: Vendor) -> list[tuple[str, str]]:
     for key in sorted(registry.keys(), key=lambda k: k.vendor != ANY_VENDOR):  # the vendor's own entries last
         if key.vendor in (ANY_VENDOR, vendor.name):
             served[(str(key.format), str(key.kernel), key.scheme)] = key
-    by_plugins = [f"({', '.join(triple)}){'' if key.vendor == ANY_VENDOR else ' for ' + key.vendor}: "
-                  f"plugin {registry.origin(key)!r}" for triple, key in sorted(served.items())
-                  if registry.origin(key) not in (GENERIC, CALLER)]
+    by_plugins = [
+        f"({', '.join(triple)}){'' if key.vendor == ANY_VENDOR else ' for ' + key.vendor}: "
+        f"plugin {registry.origin(key)!r}"
+        for triple, key in sorted(served.items())
+        if registry.origin(key) not in (GENERIC, CALLER)
+    ]
     generic = sum(registry.origin(key) == GENERIC for key in served.values())
     replaced = [f"{r.key}: plugin {r.by!r} replaced the {r.replaced} runner" for r in registry.replacements]
-    rows = [("expert runners", f"{len(served)} (format, kind, scheme) keys: {generic} by the generic runner "
-                               f"(moe.run_grouped_experts), {len(by_plugins)} by plugins"),
-            ("expert runners (plugins)", "; ".join(by_plugins) or "none"),
-            ("runner replacements", "; ".join(replaced) or "none")]
+    rows = [
+        (
+            "expert runners",
+            f"{len(served)} (format, kind, scheme) keys: {generic} by the generic runner "
+            f"(moe.run_grouped_experts), {len(by_plugins)} by plugins",
+        ),
+        ("expert runners (plugins)", "; ".join(by_plugins) or "none"),
+        ("runner replacements", "; ".join(replaced) or "none"),
+    ]
     failed = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     return rows + ([("runner plugin failures", "; ".join(failed))] if failed else [])
 
 
-def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
-                        dispatched: DispatchOutput) -> torch.Tensor:
+def run_grouped_experts(
+    vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights, dispatched: DispatchOutput
+) -> torch.Tensor:
     """gate/up grouped GEMM -> the experts' activation -> down grouped GEMM, one `hal` call per
     projection (the experts' biases added by the same call).
 
@@ -265,17 +290,29 @@ def run_grouped_experts(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeig
     return down if down.dim() == len(lead) + 1 else down.view(*lead, down.shape[-1])
 
 
-def _both_projections(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights, rows: QuantizedTensor,
-                      groups: Groups, row_index: torch.Tensor | None) -> torch.Tensor:
+def _both_projections(
+    vendor: Vendor,
+    scheme: QuantScheme,
+    weights: ExpertWeights,
+    rows: QuantizedTensor,
+    groups: Groups,
+    row_index: torch.Tensor | None,
+) -> torch.Tensor:
     out_dtype = scheme.output_dtype()
     operand = scheme.first_operand(vendor, rows, weights)
     activated = first_projection(vendor, operand, weights, groups, out_dtype, row_index=row_index)
-    return vendor.grouped_matmul(scheme.second_operand(vendor, activated, weights), weights.w2, groups,
-                                 out_dtype=out_dtype, **_bias(weights.w2_bias))
+    return vendor.grouped_matmul(
+        scheme.second_operand(vendor, activated, weights),
+        weights.w2,
+        groups,
+        out_dtype=out_dtype,
+        **_bias(weights.w2_bias),
+    )
 
 
-def _run_masked(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
-                dispatched: DispatchOutput) -> torch.Tensor:
+def _run_masked(
+    vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights, dispatched: DispatchOutput
+) -> torch.Tensor:
     """The masked layout's valid rows, computed compactly and written back to their slots."""
     payload, counts = dispatched.payload, dispatched.expert_counts
     local, slots = payload.data.shape[:2]
@@ -291,16 +328,24 @@ def _run_masked(vendor: Vendor, scheme: QuantScheme, weights: ExpertWeights,
     elif dispatched.max_rows is not None:  # the valid rows come first: the static bound is enough
         slot_of_row = slot_of_row[: min(dispatched.max_rows, slot_of_row.numel())]
     gemm_counts = counts if exact or caps.grouped_matmul_padding else padded_counts(counts, slot_of_row.numel())
-    down = _both_projections(vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(gemm_counts),
-                             slot_of_row)
+    down = _both_projections(
+        vendor, scheme, weights, _flatten_rows(payload), Groups.from_counts(gemm_counts), slot_of_row
+    )
     rows = local * slots
     out = down.new_zeros((rows, down.shape[-1])) if exact else down.new_empty((rows, down.shape[-1]))
     out.index_copy_(0, slot_of_row, down)
     return out.view(local, slots, down.shape[-1])
 
 
-def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeights, groups: Groups,
-                     out_dtype: torch.dtype, *, row_index: torch.Tensor | None = None) -> torch.Tensor:
+def first_projection(
+    vendor: Vendor,
+    operand: GemmOperand,
+    weights: ExpertWeights,
+    groups: Groups,
+    out_dtype: torch.dtype,
+    *,
+    row_index: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The gate/up GEMM and the experts' activation, as one `hal` call (the vendor may apply the
     activation in the GEMM's epilogue), over the operand's rows `row_index` when given (the vendor
     may read them through the index). A vendor class whose `grouped_matmul` override predates the
@@ -311,8 +356,15 @@ def first_projection(vendor: Vendor, operand: GemmOperand, weights: ExpertWeight
         operand, row_index = take_rows(operand, row_index), None
     gather = {} if row_index is None else {"row_index": row_index}
     if "activation" in takes:
-        return vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype,
-                                     activation=weights.activation, **_bias(weights.w13_bias), **gather)
+        return vendor.grouped_matmul(
+            operand,
+            weights.w13,
+            groups,
+            out_dtype=out_dtype,
+            activation=weights.activation,
+            **_bias(weights.w13_bias),
+            **gather,
+        )
     gate_up = vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype, **_bias(weights.w13_bias))
     return vendor.activate(gate_up, weights.activation)
 

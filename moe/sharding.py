@@ -33,8 +33,9 @@ class TensorShard:
     def local_size(self, intermediate_size: int, what: str = "intermediate_size") -> int:
         """I / tp, or `InvalidInput` when tp does not divide I."""
         if intermediate_size % self.size:
-            raise InvalidInput(f"{what}: expected a multiple of the tensor-parallel ranks ({self.size}), "
-                               f"got {intermediate_size}")
+            raise InvalidInput(
+                f"{what}: expected a multiple of the tensor-parallel ranks ({self.size}), got {intermediate_size}"
+            )
         return intermediate_size // self.size
 
     def columns(self, intermediate_size: int) -> slice:

@@ -36,8 +36,13 @@ class SharedExperts:
 class SharedExpertsBlock(torch.nn.Module):
     """The shared experts' weights (a one-expert `WeightStore`, `store`) and gate (`gate`, `[H]`)."""
 
-    def __init__(self, config: SharedExperts, layouts: tuple[ScaleLayout, ScaleLayout],
-                 activation: Activation, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: SharedExperts,
+        layouts: tuple[ScaleLayout, ScaleLayout],
+        activation: Activation,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         self.config = config
         self._device = device
@@ -54,8 +59,9 @@ class SharedExpertsBlock(torch.nn.Module):
                 raise invalid("shared expert gate", f"a float tensor of {hidden_size} elements ([H] or [1, H])", got)
             self.gate = gate.detach().reshape(hidden_size).to(device=weights.w13.data.device).clone()
         elif gate is not None:
-            raise InvalidInput("shared expert gate: expected None (built with SharedExperts(gated=False)), "
-                               "got a tensor")
+            raise InvalidInput(
+                "shared expert gate: expected None (built with SharedExperts(gated=False)), got a tensor"
+            )
         self.store.store(weights)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
@@ -71,10 +77,16 @@ class SharedExpertsBlock(torch.nn.Module):
             raise InvalidInput("MoELayer: expected shared expert weights; call load_shared_experts()")
         groups = Groups.from_counts(torch.full((1,), x.shape[0], dtype=torch.int64, device=x.device))
         out_dtype = scheme.output_dtype()
-        h = first_projection(vendor, scheme.gemm_operand(vendor, x, weights.input_global_scale), weights, groups,
-                             out_dtype)
-        out = vendor.grouped_matmul(scheme.gemm_operand(vendor, h, weights.intermediate_global_scale), weights.w2,
-                                    groups, out_dtype=out_dtype, bias=weights.w2_bias).to(torch.float32)
+        h = first_projection(
+            vendor, scheme.gemm_operand(vendor, x, weights.input_global_scale), weights, groups, out_dtype
+        )
+        out = vendor.grouped_matmul(
+            scheme.gemm_operand(vendor, h, weights.intermediate_global_scale),
+            weights.w2,
+            groups,
+            out_dtype=out_dtype,
+            bias=weights.w2_bias,
+        ).to(torch.float32)
         if self.gate is not None:
             out = out * torch.sigmoid(x.to(torch.float32) @ self.gate.to(device=x.device, dtype=torch.float32))[:, None]
         return out

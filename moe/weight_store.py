@@ -22,9 +22,14 @@ from moe.schemes import ExpertWeights
 
 #: buffer name -> (ExpertWeights field, QuantizedWeight field or None for a plain tensor field)
 _FIELDS: dict[str, tuple[str, str | None]] = {
-    "w13_weight": ("w13", "data"), "w13_scale": ("w13", "scale"), "w13_global_scale": ("w13", "global_scale"),
-    "w2_weight": ("w2", "data"), "w2_scale": ("w2", "scale"), "w2_global_scale": ("w2", "global_scale"),
-    "w13_bias": ("w13_bias", None), "w2_bias": ("w2_bias", None),
+    "w13_weight": ("w13", "data"),
+    "w13_scale": ("w13", "scale"),
+    "w13_global_scale": ("w13", "global_scale"),
+    "w2_weight": ("w2", "data"),
+    "w2_scale": ("w2", "scale"),
+    "w2_global_scale": ("w2", "global_scale"),
+    "w13_bias": ("w13_bias", None),
+    "w2_bias": ("w2_bias", None),
     "input_global_scale": ("input_global_scale", None),
     "intermediate_global_scale": ("intermediate_global_scale", None),
 }
@@ -37,8 +42,9 @@ class WeightStore(torch.nn.Module):
     rebuild the weights from a state dict; `activation` is the experts' activation.
     """
 
-    def __init__(self, layouts: tuple[ScaleLayout, ScaleLayout], activation: Activation,
-                 device: torch.device | None = None) -> None:
+    def __init__(
+        self, layouts: tuple[ScaleLayout, ScaleLayout], activation: Activation, device: torch.device | None = None
+    ) -> None:
         super().__init__()
         self._device = device  #: where a state dict's tensors go when nothing is stored yet
         self._layouts = layouts
@@ -71,8 +77,9 @@ class WeightStore(torch.nn.Module):
         for proj, layout in zip(("w13", "w2"), self._layouts):
             if f"{proj}_weight" not in buffers:
                 raise InvalidInput(f"expert weights: expected the tensor {self._prefix()}{proj}_weight, got none")
-            parts[proj] = QuantizedWeight(buffers[f"{proj}_weight"], layout, buffers.get(f"{proj}_scale"),
-                                          buffers.get(f"{proj}_global_scale"))
+            parts[proj] = QuantizedWeight(
+                buffers[f"{proj}_weight"], layout, buffers.get(f"{proj}_scale"), buffers.get(f"{proj}_global_scale")
+            )
         for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
             parts[name] = buffers.get(name)
         self._weights = ExpertWeights(activation=self._activation, **parts)
@@ -95,16 +102,26 @@ class WeightStore(torch.nn.Module):
             self._rebuild()
         return self
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
-                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
-                              error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         # The buffers' shapes and dtypes follow the saved format, so they are taken as they are
         # (copied, on this store's device) instead of copied into tensors of a fixed shape.
         self._state_prefix = prefix
         found = {name: state_dict[prefix + name] for name in _FIELDS if prefix + name in state_dict}
         if strict:
-            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
-                                   and "." not in key[len(prefix):] and key[len(prefix):] not in _FIELDS)
+            unexpected_keys.extend(
+                key
+                for key in state_dict
+                if key.startswith(prefix) and "." not in key[len(prefix) :] and key[len(prefix) :] not in _FIELDS
+            )
         if not found:
             if strict and self._weights is not None:
                 missing_keys.extend(prefix + name for name in self._buffers if name in _FIELDS)

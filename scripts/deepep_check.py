@@ -61,8 +61,17 @@ class Report:
     def __init__(self, rank: int) -> None:
         self.rank, self.rows, self.failed = rank, [], False
 
-    def add(self, check: str, dtype: str, mode: str, tokens: int, errors: dict[str, float], ms: float,
-            limit: float, extra: str = "") -> None:
+    def add(
+        self,
+        check: str,
+        dtype: str,
+        mode: str,
+        tokens: int,
+        errors: dict[str, float],
+        ms: float,
+        limit: float,
+        extra: str = "",
+    ) -> None:
         values = torch.tensor([*errors.values(), ms], dtype=torch.float64, device="cuda")
         values = torch.nan_to_num(values, nan=float("inf"))
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
@@ -70,8 +79,10 @@ class Report:
         ok = all(v <= limit for v in reduced.values())
         self.failed |= not ok
         text = "  ".join(f"{k} {v:.2e}" for k, v in reduced.items())
-        self.rows.append(f"{check:7s} {dtype:5s} {mode:12s} {tokens:5d}  {text:46s} {values[-1].item():8.3f} ms  "
-                         f"{'ok' if ok else 'FAIL'} (limit {limit:g}){extra}")
+        self.rows.append(
+            f"{check:7s} {dtype:5s} {mode:12s} {tokens:5d}  {text:46s} {values[-1].item():8.3f} ms  "
+            f"{'ok' if ok else 'FAIL'} (limit {limit:g}){extra}"
+        )
 
     def error(self, check: str, dtype: str, mode: str, tokens: int, exc: BaseException) -> None:
         self.failed = True
@@ -81,8 +92,10 @@ class Report:
 
     def print(self) -> None:
         if self.rank == 0:
-            print("\ncheck   dtype mode         tokens  relative errors (max over ranks)               time/call",
-                  flush=True)
+            print(
+                "\ncheck   dtype mode         tokens  relative errors (max over ranks)               time/call",
+                flush=True,
+            )
             print("\n".join(self.rows), flush=True)
 
 
@@ -110,14 +123,20 @@ def ops_case(vendor: hal.Vendor, report: Report, dtype: str, tokens: int, capaci
     local, first = e // world, rank * (e // world)
     x, ids, w = routing(tokens, e, ARGS.top_k, 1000 * rank + tokens)
     vendor.prepare_ep(DEEPEP, process_group=group, num_experts=e, hidden_size=h, dtype=dtype, capacity=capacity)
-    common = {"name": DEEPEP, "dtype": dtype, "num_experts": e, "process_group": group, "topk_weights": w,
-              "capacity": capacity}
+    common = {
+        "name": DEEPEP,
+        "dtype": dtype,
+        "num_experts": e,
+        "process_group": group,
+        "topk_weights": w,
+        "capacity": capacity,
+    }
     payload, counts, handle, *index = vendor.ep_dispatch(x, ids, **common)
     if index:  # the received tokens and the row of each pair
         payload = hal.take_rows(payload, index[0])
     gathered = [torch.empty_like(ids) for _ in range(world)]
     dist.all_gather(gathered, ids)
-    expected = torch.bincount(torch.cat(gathered).flatten(), minlength=e)[first:first + local]
+    expected = torch.bincount(torch.cat(gathered).flatten(), minlength=e)[first : first + local]
     factor = 1 + (first + torch.arange(local, device="cuda", dtype=torch.float32)) / e
     rows = vendor.dequantize(payload, torch.float32)
     if capacity is None:
@@ -136,8 +155,16 @@ def ops_case(vendor: hal.Vendor, report: Report, dtype: str, tokens: int, capaci
     ms = median_ms(call, ARGS.repeats)
     counts_off = float((counts != expected).sum().item())
     mode = "normal" if capacity is None else f"low-lat.{capacity}"
-    report.add("ops", dtype, mode, tokens, {"vs dense": relative(out, ref), "counts off": counts_off}, ms,
-               TOLERANCE[dtype], "  (dispatch+combine)")
+    report.add(
+        "ops",
+        dtype,
+        mode,
+        tokens,
+        {"vs dense": relative(out, ref), "counts off": counts_off},
+        ms,
+        TOLERANCE[dtype],
+        "  (dispatch+combine)",
+    )
 
 
 def layer_cases(vendor: hal.Vendor, report: Report, dtype: str) -> None:
@@ -165,9 +192,16 @@ def layer_cases(vendor: hal.Vendor, report: Report, dtype: str) -> None:
         try:
             extra = {} if ep_mode is None else {"ep_mode": ep_mode}
             layer = moe.MoELayer.from_float(
-                w13, w2, k, scheme=scheme, vendor=vendor, process_group=dist.group.WORLD,
-                dispatch=hal.DispatchConfig(dtype=dtype, ep_dispatcher=dispatcher,
-                                            max_dispatch_tokens_per_rank=capacity, **extra))
+                w13,
+                w2,
+                k,
+                scheme=scheme,
+                vendor=vendor,
+                process_group=dist.group.WORLD,
+                dispatch=hal.DispatchConfig(
+                    dtype=dtype, ep_dispatcher=dispatcher, max_dispatch_tokens_per_rank=capacity, **extra
+                ),
+            )
         except Exception as exc:
             for t in tokens:
                 report.error("layer", dtype, f"{label} {mode}", t, exc)
@@ -191,20 +225,27 @@ def layer_cases(vendor: hal.Vendor, report: Report, dtype: str) -> None:
 def main() -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank),
-                            timeout=datetime.timedelta(seconds=120))  # a rank that failed alone ends the run
+    dist.init_process_group(
+        "nccl", device_id=torch.device("cuda", local_rank), timeout=datetime.timedelta(seconds=120)
+    )  # a rank that failed alone ends the run
     rank = dist.get_rank()
     vendor = CudaVendor()
     caps = vendor.capabilities()
     if rank == 0:
-        print(f"{dist.get_world_size()} ranks on {caps.device_name}; ep_dispatchers={sorted(caps.ep_dispatchers)} "
-              f"ep_low_latency={sorted(caps.ep_low_latency)} absent={dict(caps.ep_dispatchers_absent)}", flush=True)
+        print(
+            f"{dist.get_world_size()} ranks on {caps.device_name}; ep_dispatchers={sorted(caps.ep_dispatchers)} "
+            f"ep_low_latency={sorted(caps.ep_low_latency)} absent={dict(caps.ep_dispatchers_absent)}",
+            flush=True,
+        )
         for note in caps.notes:
             if "deepep" in note:
                 print(f"note: {note}", flush=True)
     if DEEPEP not in caps.ep_dispatchers:
-        print(f"[rank {rank}] ERROR: the CUDA vendor does not declare deepep: "
-              f"{caps.ep_dispatchers_absent.get(DEEPEP, '?')}", flush=True)
+        print(
+            f"[rank {rank}] ERROR: the CUDA vendor does not declare deepep: "
+            f"{caps.ep_dispatchers_absent.get(DEEPEP, '?')}",
+            flush=True,
+        )
         dist.destroy_process_group()
         return 2
     report = Report(rank)

@@ -119,17 +119,27 @@ class Case:
 
     def config(self, world: int) -> DispatchConfig:
         """The layer's `DispatchConfig`."""
-        return DispatchConfig(dtype=self.dtype, max_dispatch_tokens_per_rank=self.capacity(world),
-                              ep_mode="auto" if self.mode.startswith("auto") else self.mode,
-                              ep_dispatcher=None if self.dispatcher == TORCH else self.dispatcher)
+        return DispatchConfig(
+            dtype=self.dtype,
+            max_dispatch_tokens_per_rank=self.capacity(world),
+            ep_mode="auto" if self.mode.startswith("auto") else self.mode,
+            ep_dispatcher=None if self.dispatcher == TORCH else self.dispatcher,
+        )
 
     def describe(self, world: int) -> dict[str, Any]:
         """Plain data for the report."""
-        return {"id": self.id, "dispatcher": self.dispatcher, "mode": self.mode, "dtype": self.dtype,
-                "scheme": self.scheme, "shape": {**asdict(self.shape), "experts": self.shape.num_experts(world)},
-                "tokens_per_rank": self.shape.tokens_per_rank(world), "capacity": self.capacity(world),
-                "expected_mode": self.expected_mode(world),
-                "idle_experts": self.shape.idle(world)}
+        return {
+            "id": self.id,
+            "dispatcher": self.dispatcher,
+            "mode": self.mode,
+            "dtype": self.dtype,
+            "scheme": self.scheme,
+            "shape": {**asdict(self.shape), "experts": self.shape.num_experts(world)},
+            "tokens_per_rank": self.shape.tokens_per_rank(world),
+            "capacity": self.capacity(world),
+            "expected_mode": self.expected_mode(world),
+            "idle_experts": self.shape.idle(world),
+        }
 
 
 def dispatchers(caps: Capabilities) -> list[str]:
@@ -140,14 +150,21 @@ def dispatchers(caps: Capabilities) -> list[str]:
 def build_cases(caps: Capabilities, depth: str) -> list[Case]:
     """Every case, in the order every rank runs them (mode innermost: the cases of one shape and dtype
     share their single-rank layer and float64 reference)."""
-    return [Case(d, mode, dtype, shape) for d in dispatchers(caps) for dtype in DTYPE_SCHEMES
-            for shape in shapes(depth) for mode in MODES]
+    return [
+        Case(d, mode, dtype, shape)
+        for d in dispatchers(caps)
+        for dtype in DTYPE_SCHEMES
+        for shape in shapes(depth)
+        for mode in MODES
+    ]
 
 
 def declared_skip(case: Case, caps: Capabilities, vendor: str) -> str | None:
     """Why the vendor's declarations rule a case out (None: run it)."""
     if case.dispatcher != TORCH and case.mode != "normal" and case.dispatcher not in caps.ep_low_latency:
         declared = ", ".join(sorted(caps.ep_low_latency)) or "none"
-        return (f"vendor {vendor} declares no low-latency mode for its dispatcher {case.dispatcher} "
-                f"(ep_low_latency: {declared})")
+        return (
+            f"vendor {vendor} declares no low-latency mode for its dispatcher {case.dispatcher} "
+            f"(ep_low_latency: {declared})"
+        )
     return None

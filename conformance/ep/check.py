@@ -32,8 +32,15 @@ from conformance.ep.cases import TORCH, Case, Shape
 from conformance.expectations import Expected, expected_resolution
 from conformance.reference import generator, moe_features, relative_error
 from conformance.tolerances import OUTPUT_ROUNDING, layer_tolerance
-from hal import (KNOWN_SCHEMES, DispatchConfig, DispatchDtype, InvalidInput, UnsupportedCapability,
-                 UnsupportedDispatchDtype, Vendor)
+from hal import (
+    KNOWN_SCHEMES,
+    DispatchConfig,
+    DispatchDtype,
+    InvalidInput,
+    UnsupportedCapability,
+    UnsupportedDispatchDtype,
+    Vendor,
+)
 from hal.reference import weight_value
 from moe import MoELayer, make_scheme
 
@@ -126,8 +133,9 @@ def build_kwargs(case: Case, vendor: Vendor) -> dict[str, Any]:
 
 def run_single(case: Case, inputs: Inputs, vendor: Vendor, x: torch.Tensor, logits: torch.Tensor) -> Single:
     """The single-rank layer's output on `x`, the float64 MoE through its stored weights, its error."""
-    layer = MoELayer.from_float(inputs.w13, inputs.w2, case.shape.top_k, dispatch=DispatchConfig(dtype=case.dtype),
-                                **build_kwargs(case, vendor))
+    layer = MoELayer.from_float(
+        inputs.w13, inputs.w2, case.shape.top_k, dispatch=DispatchConfig(dtype=case.dtype), **build_kwargs(case, vendor)
+    )
     y = layer(x, logits).detach().cpu()
     routing = layer.router(logits)
     weights, note = layer.expert_weights, ""
@@ -135,8 +143,10 @@ def run_single(case: Case, inputs: Inputs, vendor: Vendor, x: torch.Tensor, logi
         w13, w2 = weight_value(weights.w13).cpu(), weight_value(weights.w2).cpu()
     except Exception as exc:  # noqa: BLE001 - a vendor's stored form hal.reference cannot read
         w13, w2 = inputs.w13, inputs.w2
-        note = (f"the float64 MoE uses the float weights: hal.reference.weight_value cannot read the stored "
-                f"weights of vendor {vendor.name} ({type(exc).__name__}: {exc})")
+        note = (
+            f"the float64 MoE uses the float weights: hal.reference.weight_value cannot read the stored "
+            f"weights of vendor {vendor.name} ({type(exc).__name__}: {exc})"
+        )
     ref = moe_features(x.cpu(), routing.topk_ids.cpu(), routing.topk_weights.cpu(), w13, w2)
     return Single(y, ref, relative_error(y, ref), note)
 
@@ -161,16 +171,21 @@ def run_case(case: Case, ctx: RankContext, group: Any) -> dict[str, Any]:
         if stage == "forward" and case.mode == "auto-large":
             result.update(outcome="failed", message=f"auto mode refused a batch above its capacity ({refused})")
         elif stage == "forward" and case.dispatcher == TORCH:
-            result.update(outcome="failed", message=f"the torch.distributed dispatcher refused the forward of a "
-                                                    f"layer it built ({refused})",
-                          details=traceback.format_exc()[-MAX_DETAILS:])
+            result.update(
+                outcome="failed",
+                message=f"the torch.distributed dispatcher refused the forward of a layer it built ({refused})",
+                details=traceback.format_exc()[-MAX_DETAILS:],
+            )
         else:
             result.update(outcome="skipped", message=f"refused at {stage}: {refused}")
     except CaseFailure as exc:
         result.update(outcome="failed", message=str(exc))
     except Exception as exc:  # noqa: BLE001 - any error of a case is its failure, the next case still runs
-        result.update(outcome="failed", message=f"{type(exc).__name__} at {result['stage']}: {exc}",
-                      details=traceback.format_exc()[-MAX_DETAILS:])
+        result.update(
+            outcome="failed",
+            message=f"{type(exc).__name__} at {result['stage']}: {exc}",
+            details=traceback.format_exc()[-MAX_DETAILS:],
+        )
     result["seconds"] = time.perf_counter() - started
     return result
 
@@ -188,8 +203,9 @@ def _run(case: Case, ctx: RankContext, group: Any, result: dict[str, Any]) -> No
         except UnsupportedDispatchDtype as exc:
             result["message"] = f"refused as declared: {exc}"
             return
-        raise CaseFailure(f"vendor {vendor.name} declares {case.dtype} dispatch rejected for {case.scheme}, "
-                          "but the layer was built")
+        raise CaseFailure(
+            f"vendor {vendor.name} declares {case.dtype} dispatch rejected for {case.scheme}, but the layer was built"
+        )
     layer = MoELayer.from_float(inputs.w13, inputs.w2, case.shape.top_k, **build)
     _check_plan(layer, expected, result)
     result["stage"] = "forward"
@@ -210,14 +226,18 @@ def _check_plan(layer: MoELayer, expected: Expected, result: dict[str, Any]) -> 
     result["resolved"] = str(plan.resolved)
     result["fallback"] = None if plan.fallback is None else f"{plan.fallback.source} -> {plan.fallback.target}"
     if plan.resolved != expected.resolved:
-        raise CaseFailure(f"the plan resolved {plan.resolved}; the declarations imply {expected.resolved} "
-                          f"({expected.outcome})")
+        raise CaseFailure(
+            f"the plan resolved {plan.resolved}; the declarations imply {expected.resolved} ({expected.outcome})"
+        )
     if expected.outcome == "fallback" and (plan.fallback is None or plan.fallback.target != expected.resolved):
-        raise CaseFailure(f"{expected.wanted} falls back to {expected.resolved} but the plan records no such "
-                          f"fallback ({result['fallback']})")
+        raise CaseFailure(
+            f"{expected.wanted} falls back to {expected.resolved} but the plan records no such "
+            f"fallback ({result['fallback']})"
+        )
     if expected.outcome == "native" and plan.fallback is not None:
-        raise CaseFailure(f"{expected.wanted} is carried natively but the plan records a fallback "
-                          f"({result['fallback']})")
+        raise CaseFailure(
+            f"{expected.wanted} is carried natively but the plan records a fallback ({result['fallback']})"
+        )
 
 
 def _check_mode(case: Case, layer: MoELayer, world: int, result: dict[str, Any]) -> None:
@@ -235,8 +255,11 @@ def _check_mode(case: Case, layer: MoELayer, world: int, result: dict[str, Any])
 def bounds(scheme: str, resolved: str, single_error: float, out_dtype: torch.dtype) -> dict[str, float]:
     """The three bounds of a case (see the module's docstring)."""
     slack = EP_ROUNDINGS * OUTPUT_ROUNDING[out_dtype]
-    return {"layer": layer_tolerance(scheme, resolved), "relative": EP_ERROR_FACTOR * single_error + slack,
-            "agreement": AGREEMENT_FACTOR * single_error + slack}
+    return {
+        "layer": layer_tolerance(scheme, resolved),
+        "relative": EP_ERROR_FACTOR * single_error + slack,
+        "agreement": AGREEMENT_FACTOR * single_error + slack,
+    }
 
 
 def _check_numbers(case: Case, y: torch.Tensor, single: Single, resolved: str, result: dict[str, Any]) -> None:
@@ -248,12 +271,16 @@ def _check_numbers(case: Case, y: torch.Tensor, single: Single, resolved: str, r
     if error > limit["layer"]:
         problems.append(f"EP error {error:.4g} against float64 > {limit['layer']} (the layer bound)")
     if error > limit["relative"]:
-        problems.append(f"EP error {error:.4g} > {EP_ERROR_FACTOR:g} x the single-rank error {single.error:.4g} "
-                        f"+ {EP_ROUNDINGS} roundings = {limit['relative']:.4g}")
+        problems.append(
+            f"EP error {error:.4g} > {EP_ERROR_FACTOR:g} x the single-rank error {single.error:.4g} "
+            f"+ {EP_ROUNDINGS} roundings = {limit['relative']:.4g}"
+        )
     if agreement > limit["agreement"]:
         problems.append(f"EP differs from the single-rank layer by {agreement:.4g} > {limit['agreement']:.4g}")
     if problems and single.error > limit["layer"]:
-        problems.append(f"the single-rank layer is out of its bound too ({single.error:.4g}): the fault is not "
-                        "specific to expert parallelism")
+        problems.append(
+            f"the single-rank layer is out of its bound too ({single.error:.4g}): the fault is not "
+            "specific to expert parallelism"
+        )
     if problems:
         raise CaseFailure("; ".join(problems))

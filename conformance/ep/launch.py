@@ -51,8 +51,10 @@ def run_section(args: argparse.Namespace, console: Console) -> int:
     if len(vendors) > 1:
         raise InvalidInput(f"--ep-ranks: expected one --vendor (the ranks run one vendor), got {', '.join(vendors)}")
     if args.keyword:
-        raise InvalidInput("-k: selects tests of the single-process suite; --ep-ranks runs the expert-parallel "
-                           "section (python -m conformance.ep --case GLOB selects its cases)")
+        raise InvalidInput(
+            "-k: selects tests of the single-process suite; --ep-ranks runs the expert-parallel "
+            "section (python -m conformance.ep --case GLOB selects its cases)"
+        )
     vendor = vendors[0] if vendors else None
     VendorRegistry.discover().select(vendor)  # an unknown or unavailable vendor is refused before any rank starts
     with tempfile.TemporaryDirectory(prefix="hal-ep-") as folder:
@@ -74,8 +76,14 @@ def _run_ranks(ranks: int, vendor: str | None, args: argparse.Namespace, init: s
             command = rank_command(vendor, args.depth, args.report, init, json_output=args.json and rank == 0)
             path = args.report / f"ep-rank{rank}.log"
             log = None if rank == 0 else stack.enter_context(open(path, "w", encoding="utf-8"))
-            procs.append(subprocess.Popen(command, env=rank_environment(rank, ranks), stdout=log,
-                                          stderr=None if log is None else subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=rank_environment(rank, ranks),
+                    stdout=log,
+                    stderr=None if log is None else subprocess.STDOUT,
+                )
+            )
         try:
             return _wait(procs)
         finally:

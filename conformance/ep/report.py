@@ -40,9 +40,14 @@ def fold(case: Case, world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     modes = [r.get("mode_taken") for r in ranks]
     if outcome == "passed" and len(set(modes)) > 1:
         outcome, message = "failed", f"the ranks took different modes: {modes}"
-    record.update(outcome=outcome, message=message, mode_taken=modes[0] if len(set(modes)) == 1 else modes,
-                  resolved=ranks[0].get("resolved"), fallback=ranks[0].get("fallback"),
-                  notes=sorted({n for r in ranks for n in r.get("notes", [])}))
+    record.update(
+        outcome=outcome,
+        message=message,
+        mode_taken=modes[0] if len(set(modes)) == 1 else modes,
+        resolved=ranks[0].get("resolved"),
+        fallback=ranks[0].get("fallback"),
+        notes=sorted({n for r in ranks for n in r.get("notes", [])}),
+    )
     for metric in METRICS:
         values = [r[metric] for r in ranks if r.get(metric) is not None]
         record[metric] = max(values) if values else None
@@ -81,21 +86,35 @@ class Section:
         """One row per (dispatcher, mode): passed / failed / skipped cases per dispatch dtype."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for c in self.cases:
-            row = rows.setdefault((c["dispatcher"], c["mode"]), {"dispatcher": c["dispatcher"], "mode": c["mode"],
-                                                                  "dtypes": {}})
+            row = rows.setdefault(
+                (c["dispatcher"], c["mode"]), {"dispatcher": c["dispatcher"], "mode": c["mode"], "dtypes": {}}
+            )
             cell = row["dtypes"].setdefault(c["dtype"], {"passed": 0, "failed": 0, "skipped": 0})
             cell[c["outcome"]] += 1
-        return sorted(rows.values(), key=lambda r: (r["dispatcher"] != "torch", r["dispatcher"],
-                                                    MODES.index(r["mode"])))
+        return sorted(
+            rows.values(), key=lambda r: (r["dispatcher"] != "torch", r["dispatcher"], MODES.index(r["mode"]))
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for `ep-conformance.json`."""
-        return {"section": "expert-parallel", "environment": environment(), "vendor": self.vendor,
-                "description": self.description, "device": self.device, "world_size": self.world,
-                "backend": self.backend, "depth": self.depth, "ok": self.ok, "summary": self.counts(),
-                "seconds": round(self.seconds, 2), "stopped": self.stopped or None, "notes": self.notes,
-                "matrix": self.matrix(),
-                "capabilities": self.capabilities, "cases": self.cases}
+        return {
+            "section": "expert-parallel",
+            "environment": environment(),
+            "vendor": self.vendor,
+            "description": self.description,
+            "device": self.device,
+            "world_size": self.world,
+            "backend": self.backend,
+            "depth": self.depth,
+            "ok": self.ok,
+            "summary": self.counts(),
+            "seconds": round(self.seconds, 2),
+            "stopped": self.stopped or None,
+            "notes": self.notes,
+            "matrix": self.matrix(),
+            "capabilities": self.capabilities,
+            "cases": self.cases,
+        }
 
 
 def _cell(cell: dict[str, int] | None) -> str:
@@ -111,13 +130,17 @@ def _cell(cell: dict[str, int] | None) -> str:
 
 def _summary(section: Section) -> str:
     c = section.counts()
-    return (f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped of {c['total']} cases "
-            f"in {section.seconds:.1f} s" + ("; stopped early" if section.stopped else ""))
+    return (
+        f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped of {c['total']} cases "
+        f"in {section.seconds:.1f} s" + ("; stopped early" if section.stopped else "")
+    )
 
 
 def _title(section: Section) -> str:
-    return (f"expert-parallel conformance of vendor {section.vendor!r} on {section.world} rank(s) "
-            f"({section.device}, {section.backend}, depth {section.depth})")
+    return (
+        f"expert-parallel conformance of vendor {section.vendor!r} on {section.world} rank(s) "
+        f"({section.device}, {section.backend}, depth {section.depth})"
+    )
 
 
 _STYLE = {"FAIL": "bold red", "pass": "green", "skipped": "yellow", "-": "dim"}
@@ -127,8 +150,9 @@ def print_section(section: Section, console: Console) -> None:
     """The matrix as a table, then the failures and the distinct skip reasons."""
     table = Table(title=_title(section), title_justify="left")
     for column in ("dispatcher", "mode", *DTYPE_SCHEMES):
-        table.add_column(column if column in ("dispatcher", "mode") else f"{column} ({DTYPE_SCHEMES[column]})",
-                         overflow="fold")
+        table.add_column(
+            column if column in ("dispatcher", "mode") else f"{column} ({DTYPE_SCHEMES[column]})", overflow="fold"
+        )
     for row in section.matrix():
         cells = [_cell(row["dtypes"].get(d)) for d in DTYPE_SCHEMES]
         table.add_row(row["dispatcher"], row["mode"], *(f"[{_STYLE[c.split()[0]]}]{c}[/]" for c in cells))
@@ -165,14 +189,22 @@ def _number(value: float | None) -> str:
 
 def as_markdown(section: Section, env: dict[str, str]) -> str:
     """The matrix, the failures, the skip reasons and every case, as Markdown."""
-    lines = [f"# {_title(section)}", "",
-             f"{env['date']} · moe-hal {env['moe_hal']} · torch {env['torch']} · Python {env['python']}", "",
-             f"{'passed' if section.ok else 'FAILED'}: {_summary(section)}.", "",
-             "| dispatcher | mode | " + " | ".join(f"{d} ({s})" for d, s in DTYPE_SCHEMES.items()) + " |",
-             "|---|---|" + "---|" * len(DTYPE_SCHEMES)]
+    lines = [
+        f"# {_title(section)}",
+        "",
+        f"{env['date']} · moe-hal {env['moe_hal']} · torch {env['torch']} · Python {env['python']}",
+        "",
+        f"{'passed' if section.ok else 'FAILED'}: {_summary(section)}.",
+        "",
+        "| dispatcher | mode | " + " | ".join(f"{d} ({s})" for d, s in DTYPE_SCHEMES.items()) + " |",
+        "|---|---|" + "---|" * len(DTYPE_SCHEMES),
+    ]
     for row in section.matrix():
-        lines.append(f"| {row['dispatcher']} | {row['mode']} | "
-                     + " | ".join(_cell(row["dtypes"].get(d)) for d in DTYPE_SCHEMES) + " |")
+        lines.append(
+            f"| {row['dispatcher']} | {row['mode']} | "
+            + " | ".join(_cell(row["dtypes"].get(d)) for d in DTYPE_SCHEMES)
+            + " |"
+        )
     lines += [""] + [f"Note: {_md(n)}\n" for n in section.notes]
     if section.stopped:
         lines += [f"**{_md(section.stopped)}**", ""]
@@ -185,9 +217,11 @@ def as_markdown(section: Section, env: dict[str, str]) -> str:
     header = "| case | result | resolved | mode taken | EP error | single-rank error | EP vs single | tokens per rank |"
     lines += ["## Cases", "", header, "|---|---|---|---|---:|---:|---:|---|"]
     for c in section.cases:
-        lines.append(f"| `{c['id']}` | {c['outcome']} | {c['resolved'] or '-'} | {_md(c['mode_taken'] or '-')} | "
-                     f"{_number(c['ep_error'])} | {_number(c['single_error'])} | {_number(c['agreement'])} | "
-                     f"{c['tokens_per_rank']} |")
+        lines.append(
+            f"| `{c['id']}` | {c['outcome']} | {c['resolved'] or '-'} | {_md(c['mode_taken'] or '-')} | "
+            f"{_number(c['ep_error'])} | {_number(c['single_error'])} | {_number(c['agreement'])} | "
+            f"{c['tokens_per_rank']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -37,20 +37,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The rank's command line."""
     parser = argparse.ArgumentParser(prog="python -m conformance.ep", description=__doc__.splitlines()[0])
     parser.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
-    parser.add_argument("--depth", choices=DEPTHS, default="quick",
-                        help="quick (small shapes, CI on a CPU; default) or full (adds 64-256 experts, H 1000-2048)")
-    parser.add_argument("--report", type=Path, default=Path("conformance-report"), metavar="DIR",
-                        help="where rank 0 writes ep-conformance.json and ep-conformance.md "
-                             "(default: ./conformance-report)")
-    parser.add_argument("--init-method", default="env://",
-                        help="torch.distributed rendezvous (default env://, as torchrun sets it up)")
+    parser.add_argument(
+        "--depth",
+        choices=DEPTHS,
+        default="quick",
+        help="quick (small shapes, CI on a CPU; default) or full (adds 64-256 experts, H 1000-2048)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=Path("conformance-report"),
+        metavar="DIR",
+        help="where rank 0 writes ep-conformance.json and ep-conformance.md (default: ./conformance-report)",
+    )
+    parser.add_argument(
+        "--init-method", default="env://", help="torch.distributed rendezvous (default env://, as torchrun sets it up)"
+    )
     parser.add_argument("--rank", type=int, help="this process's rank (default: RANK)")
     parser.add_argument("--world-size", type=int, help="number of ranks (default: WORLD_SIZE)")
     parser.add_argument("--backend", help="collective backend (default: the vendor's declared one)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                        help=f"how long a collective waits for its peers (default {DEFAULT_TIMEOUT_S})")
-    parser.add_argument("--case", action="append", dest="patterns", metavar="GLOB",
-                        help="only cases whose id matches (fnmatch; repeatable), e.g. 'torch/auto-*'")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long a collective waits for its peers (default {DEFAULT_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--case",
+        action="append",
+        dest="patterns",
+        metavar="GLOB",
+        help="only cases whose id matches (fnmatch; repeatable), e.g. 'torch/auto-*'",
+    )
     parser.add_argument("--json", action="store_true", help="rank 0 prints the JSON report instead of tables")
     return parser.parse_args(argv)
 
@@ -74,12 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     backend, backend_note = choose_backend(caps.collective_backend, args.backend)
     world = World(placement, backend, args.init_method, args.timeout)
     console = Console(highlight=False, width=120, quiet=placement.rank != 0 or args.json)
-    console.print(f"expert-parallel section on vendor {escape(vendor.name)} ({escape(caps.device_name)}), "
-                  f"{placement.world} rank(s) on {backend} ({where} on rank 0), depth {args.depth}")
-    cases = [c for c in build_cases(caps, args.depth)
-             if not args.patterns or any(fnmatch.fnmatchcase(c.id, p) for p in args.patterns)]
-    section = Section(vendor.name, vendor.description, caps.device_name, placement.world, backend, args.depth,
-                      caps.as_dict(), notes=[backend_note] if backend_note else [])
+    console.print(
+        f"expert-parallel section on vendor {escape(vendor.name)} ({escape(caps.device_name)}), "
+        f"{placement.world} rank(s) on {backend} ({where} on rank 0), depth {args.depth}"
+    )
+    cases = [
+        c
+        for c in build_cases(caps, args.depth)
+        if not args.patterns or any(fnmatch.fnmatchcase(c.id, p) for p in args.patterns)
+    ]
+    section = Section(
+        vendor.name,
+        vendor.description,
+        caps.device_name,
+        placement.world,
+        backend,
+        args.depth,
+        caps.as_dict(),
+        notes=[backend_note] if backend_note else [],
+    )
     started = time.perf_counter()
     try:
         run_cases(cases, vendor, world, section, console)
@@ -117,5 +149,6 @@ def run_cases(cases: list[Case], vendor: hal.Vendor, world: World, section: Sect
         if tenth > shown:
             shown = tenth
             c = section.counts()
-            console.print(f"{number}/{len(cases)} cases (passed {c['passed']}, failed {c['failed']}, "
-                          f"skipped {c['skipped']})")
+            console.print(
+                f"{number}/{len(cases)} cases (passed {c['passed']}, failed {c['failed']}, skipped {c['skipped']})"
+            )

@@ -66,8 +66,9 @@ class World:
         self.placement = placement
         self.backend = backend
         self.timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, init_method=init_method, rank=placement.rank,
-                                world_size=placement.world, timeout=self.timeout)
+        dist.init_process_group(
+            backend, init_method=init_method, rank=placement.rank, world_size=placement.world, timeout=self.timeout
+        )
         # the control group outlasts any collective of a case it waits for
         self.control = dist.new_group(backend="gloo", timeout=2 * self.timeout + timedelta(seconds=60))
         self.data: Any = self._new_data()
@@ -102,4 +103,3 @@ class World:
         """Leave every group."""
         if dist.is_initialized():
             dist.destroy_process_group()
-

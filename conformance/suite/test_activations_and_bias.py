@@ -31,8 +31,9 @@ def test_activation_matches_float64(hal_vendor, kind, dtype):
     x = (torch.randn(300, width, generator=gen) * 5).to(DTYPES[dtype]).to(hal_vendor.device)
     y = hal_vendor.activate(x, kind)
     want = (300, width // 2 if kind.gated else width)
-    assert tuple(y.shape) == want and y.dtype == x.dtype and y.device == hal_vendor.device, \
+    assert tuple(y.shape) == want and y.dtype == x.dtype and y.device == hal_vendor.device, (
         f"{kind}: got {y.dtype} {tuple(y.shape)} on {y.device}, expected {x.dtype} {want} on {hal_vendor.device}"
+    )
     ref, magnitude = activation(x, kind.value)
     error = (y.double().cpu() - ref).abs()
     info = torch.finfo(x.dtype)
@@ -70,7 +71,9 @@ def test_grouped_matmul_bias_matches_float64(hal_vendor, counts):
     y = hal_vendor.grouped_matmul(x.to(device), QuantizedWeight(w.to(device)), groups, bias=bias.to(device))
     group_of_row = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
     ref = torch.einsum("mk,mkn->mn", x.double(), w.double()[group_of_row]) + bias.double()[group_of_row]
-    magnitude = torch.einsum("mk,mkn->mn", x.double().abs(), w.double().abs()[group_of_row]) + bias.double().abs()[group_of_row]
+    magnitude = (
+        torch.einsum("mk,mkn->mn", x.double().abs(), w.double().abs()[group_of_row]) + bias.double().abs()[group_of_row]
+    )
     error = (y.double().cpu() - ref).abs()
     bound = gemm_bound(ref, magnitude, y.dtype)
     assert bool((error <= bound).all()), f"{kind} with bias: " + worst(error, bound)

@@ -16,16 +16,7 @@ from conformance.checks import assert_unchanged, snapshot
 from conformance.operands import random_codes_activation, random_codes_weight, to_device
 from conformance.reference import relative_error
 from conformance.tolerances import layer_tolerance
-from hal import (
-    KNOWN_SCHEMES,
-    DispatchDtype,
-    GemmKind,
-    Groups,
-    HalError,
-    ScaleLayout,
-    UnsupportedCapability,
-    Vendor,
-)
+from hal import KNOWN_SCHEMES, DispatchDtype, GemmKind, Groups, HalError, ScaleLayout, UnsupportedCapability, Vendor
 
 pytestmark = mark(BAD_INPUT)
 
@@ -35,8 +26,7 @@ def _x(vendor: Vendor, *shape: int, dtype: torch.dtype = torch.bfloat16) -> torc
 
 
 def _weight(vendor: Vendor, experts: int = 3, k: int = 64, n: int = 32):
-    return vendor.quantize_weight(torch.ones(experts, k, n, device=vendor.device) / 8, ScaleLayout.NONE,
-                                  torch.bfloat16)
+    return vendor.quantize_weight(torch.ones(experts, k, n, device=vendor.device) / 8, ScaleLayout.NONE, torch.bfloat16)
 
 
 def _groups(vendor: Vendor, *counts: int) -> Groups:
@@ -54,28 +44,45 @@ CASES: dict[str, tuple[Callable[[Vendor], object], tuple[str, ...]]] = {
     "quantize-a-scalar": (lambda v: v.quantize(_x(v), _default(v)), ("x",)),
     "quantize-to-auto": (lambda v: v.quantize(_x(v, 4, 64), DispatchDtype.AUTO), ("dtype",)),
     "quantize-an-unknown-dtype": (lambda v: v.quantize(_x(v, 4, 64), "fp12"), ("dtype", "dispatch dtype")),
-    "quantize-with-a-wrong-layout": (lambda v: v.quantize(_x(v, 4, 64), DispatchDtype.BF16,
-                                                          layout=ScaleLayout.BLOCK_128X128), ("layout",)),
+    "quantize-with-a-wrong-layout": (
+        lambda v: v.quantize(_x(v, 4, 64), DispatchDtype.BF16, layout=ScaleLayout.BLOCK_128X128),
+        ("layout",),
+    ),
     "dequantize-a-tensor": (lambda v: v.dequantize(_x(v, 4, 64)), ("q",)),
-    "dequantize-to-integers": (lambda v: v.dequantize(v.quantize(_x(v, 4, 64), _default(v)), torch.int32),
-                               ("out_dtype",)),
-    "quantize-weight-2d": (lambda v: v.quantize_weight(_x(v, 64, 32, dtype=torch.float32), ScaleLayout.NONE),
-                           ("weight",)),
-    "quantize-weight-activation-layout": (lambda v: v.quantize_weight(_x(v, 2, 64, 32, dtype=torch.float32),
-                                                                      ScaleLayout.PER_TOKEN), ("layout",)),
-    "gemm-k-mismatch": (lambda v: v.grouped_matmul(_x(v, 5, 48), _weight(v), _groups(v, 2, 2, 1)),
-                        ("x", "weight", "K")),
+    "dequantize-to-integers": (
+        lambda v: v.dequantize(v.quantize(_x(v, 4, 64), _default(v)), torch.int32),
+        ("out_dtype",),
+    ),
+    "quantize-weight-2d": (
+        lambda v: v.quantize_weight(_x(v, 64, 32, dtype=torch.float32), ScaleLayout.NONE),
+        ("weight",),
+    ),
+    "quantize-weight-activation-layout": (
+        lambda v: v.quantize_weight(_x(v, 2, 64, 32, dtype=torch.float32), ScaleLayout.PER_TOKEN),
+        ("layout",),
+    ),
+    "gemm-k-mismatch": (
+        lambda v: v.grouped_matmul(_x(v, 5, 48), _weight(v), _groups(v, 2, 2, 1)),
+        ("x", "weight", "K"),
+    ),
     "gemm-group-count": (lambda v: v.grouped_matmul(_x(v, 5, 64), _weight(v), _groups(v, 2, 3)), ("groups",)),
-    "gemm-3d-activations": (lambda v: v.grouped_matmul(_x(v, 1, 5, 64), _weight(v), _groups(v, 2, 2, 1)),
-                            ("x",)),
-    "gemm-weight-as-tensor": (lambda v: v.grouped_matmul(_x(v, 5, 64), _x(v, 3, 64, 32), _groups(v, 2, 2, 1)),
-                              ("weight",)),
-    "gemm-groups-as-tensor": (lambda v: v.grouped_matmul(_x(v, 5, 64), _weight(v), torch.tensor([2, 2, 1])),
-                              ("groups",)),
-    "gemm-mixed-float-dtypes": (lambda v: v.grouped_matmul(_x(v, 5, 64, dtype=torch.float16), _weight(v),
-                                                           _groups(v, 2, 2, 1)), ("x", "weight", "operands")),
-    "gemm-integer-out-dtype": (lambda v: v.grouped_matmul(_x(v, 5, 64), _weight(v), _groups(v, 2, 2, 1),
-                                                          out_dtype=torch.int32), ("out_dtype",)),
+    "gemm-3d-activations": (lambda v: v.grouped_matmul(_x(v, 1, 5, 64), _weight(v), _groups(v, 2, 2, 1)), ("x",)),
+    "gemm-weight-as-tensor": (
+        lambda v: v.grouped_matmul(_x(v, 5, 64), _x(v, 3, 64, 32), _groups(v, 2, 2, 1)),
+        ("weight",),
+    ),
+    "gemm-groups-as-tensor": (
+        lambda v: v.grouped_matmul(_x(v, 5, 64), _weight(v), torch.tensor([2, 2, 1])),
+        ("groups",),
+    ),
+    "gemm-mixed-float-dtypes": (
+        lambda v: v.grouped_matmul(_x(v, 5, 64, dtype=torch.float16), _weight(v), _groups(v, 2, 2, 1)),
+        ("x", "weight", "operands"),
+    ),
+    "gemm-integer-out-dtype": (
+        lambda v: v.grouped_matmul(_x(v, 5, 64), _weight(v), _groups(v, 2, 2, 1), out_dtype=torch.int32),
+        ("out_dtype",),
+    ),
     "swiglu-odd-width": (lambda v: v.swiglu(_x(v, 4, 63)), ("x",)),
     "swiglu-integers": (lambda v: v.swiglu(_x(v, 4, 64, dtype=torch.int32)), ("x",)),
 }
@@ -131,8 +138,9 @@ def test_fused_deep_moe_is_refused_where_not_declared(hal_vendor):
         if scheme in hal_vendor.capabilities().fused_deep_moe:
             continue
         with pytest.raises(UnsupportedCapability, match=re.escape(scheme)):
-            hal_vendor.fused_deep_moe(_x(hal_vendor, 3, 64), ids, torch.ones(3, 1, device=hal_vendor.device),
-                                      w13, w2, scheme=scheme)
+            hal_vendor.fused_deep_moe(
+                _x(hal_vendor, 3, 64), ids, torch.ones(3, 1, device=hal_vendor.device), w13, w2, scheme=scheme
+            )
     assert_unchanged(hal_vendor, before)
 
 
@@ -148,6 +156,9 @@ def test_the_layer_refuses_bad_input_and_keeps_working(hal_vendor):
         with pytest.raises(HalError):
             layer(*bad)
     after = layer(x, logits)
-    same = torch.equal(after, before) if hal_vendor.capabilities().deterministic else \
-        relative_error(after, before.double().cpu()) <= layer_tolerance("unquantized", "bf16")  # not bit-reproducible
+    same = (
+        torch.equal(after, before)
+        if hal_vendor.capabilities().deterministic
+        else relative_error(after, before.double().cpu()) <= layer_tolerance("unquantized", "bf16")
+    )  # not bit-reproducible
     assert same, "the layer computes differently after refusing bad input"

@@ -40,7 +40,8 @@ def test_derived_flags_agree_with_the_tables(hal_vendor):
         assert caps.supports_gemm(kind) == (kind in caps.grouped_matmul), kind
     int8 = DispatchDtype.INT8 in caps.dispatch_dtypes
     assert (caps.int8_quant_mode is not Int8QuantMode.NONE) == int8, (
-        f"int8_quant_mode {caps.int8_quant_mode} with int8 dispatch {'declared' if int8 else 'absent'}")
+        f"int8_quant_mode {caps.int8_quant_mode} with int8 dispatch {'declared' if int8 else 'absent'}"
+    )
 
 
 def test_the_default_dispatch_dtype_is_carried(hal_vendor):

@@ -21,8 +21,11 @@ TOKENS = {"37-tokens": 37, "one-token": 1, "no-tokens": 0}
 
 
 def _routing(tokens: int, gen: torch.Generator, device: torch.device) -> Routing:
-    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)]) if tokens else \
-        torch.zeros((0, TOP_K), dtype=torch.int64)
+    ids = (
+        torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)])
+        if tokens
+        else torch.zeros((0, TOP_K), dtype=torch.int64)
+    )
     weights = torch.rand(tokens, TOP_K, generator=gen) + 0.1
     return Routing(ids.to(device), (weights / weights.sum(-1, keepdim=True)).to(device))
 
@@ -37,10 +40,15 @@ def _dispatcher(kind: str, vendor, dtype: DispatchDtype, layout: ScaleLayout):
     return LowLatencyDispatcher(plan, EXPERTS, capacity=64), plan
 
 
-@pytest.mark.parametrize("dtype, layout, dispatcher, tokens", [
-    pytest.param(d, layout, kind, count, id=f"{d}-{layout}-{kind}-{name}", marks=mark(dispatch_label(d)))
-    for d, layout in FORMATS for kind in DISPATCHERS for name, count in TOKENS.items()
-])
+@pytest.mark.parametrize(
+    "dtype, layout, dispatcher, tokens",
+    [
+        pytest.param(d, layout, kind, count, id=f"{d}-{layout}-{kind}-{name}", marks=mark(dispatch_label(d)))
+        for d, layout in FORMATS
+        for kind in DISPATCHERS
+        for name, count in TOKENS.items()
+    ],
+)
 def test_round_trip_through_scaling_experts(hal_vendor, dtype, layout, dispatcher, tokens):
     require_dispatch(hal_vendor, dtype)
     device = hal_vendor.device
@@ -62,7 +70,7 @@ def test_round_trip_through_scaling_experts(hal_vendor, dtype, layout, dispatche
     own = activation_value(quantize(x.to(device)))  # each token quantized on its own
     if out.format is DispatchFormat.EP_LOW_LATENCY:
         by_expert = [rows[e, : int(expected_counts[e])] for e in range(EXPERTS)]
-        padding = [rows[e, int(expected_counts[e]):] for e in range(EXPERTS)]
+        padding = [rows[e, int(expected_counts[e]) :] for e in range(EXPERTS)]
         assert all(bool((p == 0).all()) for p in padding), "the masked payload's unused slots are not zero"
     else:
         ends = expected_counts.cumsum(0).tolist()
@@ -85,6 +93,8 @@ def test_round_trip_through_scaling_experts(hal_vendor, dtype, layout, dispatche
     factor = (routing.topk_weights.cpu().double() * (ids + 1).double()).sum(dim=1, keepdim=True)
     ref = x.double() * factor
     error = (y.double().cpu() - ref).abs()
-    bound = (quantize_bound(dtype.value, layout.value, x.double()) * factor * (1 + 2.0**-7)
-             + OUTPUT_ROUNDING[torch.bfloat16] * 2 * ref.abs())
+    bound = (
+        quantize_bound(dtype.value, layout.value, x.double()) * factor * (1 + 2.0**-7)
+        + OUTPUT_ROUNDING[torch.bfloat16] * 2 * ref.abs()
+    )
     assert bool((error <= bound).all()), worst(error, bound)

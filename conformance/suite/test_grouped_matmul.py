@@ -33,8 +33,11 @@ CASES: dict[str, tuple[list[int], dict[str, object]]] = {
 
 
 def _params():
-    return [pytest.param(kind, case, id=f"{kind}-{case}", marks=mark(gemm_label(kind)))
-            for kind in GemmKind for case in CASES]
+    return [
+        pytest.param(kind, case, id=f"{kind}-{case}", marks=mark(gemm_label(kind)))
+        for kind in GemmKind
+        for case in CASES
+    ]
 
 
 @pytest.mark.parametrize("kind, case", _params())
@@ -58,12 +61,28 @@ GATHERED_CASES: dict[str, tuple[list[int], int, int, int]] = {
 
 
 def _activated_params():
-    silu_glu = [pytest.param(kind, ActivationKind.SILU_GLU, case, id=f"{kind}-silu-glu-{case}",
-                             marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))])
-                for kind in GemmKind for case in ACTIVATED_CASES]
-    others = [pytest.param(GemmKind.BF16, act, "small", id=f"bf16-{act}-small",
-                           marks=[mark(gemm_label(GemmKind.BF16)), mark(activation_label(act))])
-              for act in ActivationKind if act is not ActivationKind.SILU_GLU]
+    silu_glu = [
+        pytest.param(
+            kind,
+            ActivationKind.SILU_GLU,
+            case,
+            id=f"{kind}-silu-glu-{case}",
+            marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))],
+        )
+        for kind in GemmKind
+        for case in ACTIVATED_CASES
+    ]
+    others = [
+        pytest.param(
+            GemmKind.BF16,
+            act,
+            "small",
+            id=f"bf16-{act}-small",
+            marks=[mark(gemm_label(GemmKind.BF16)), mark(activation_label(act))],
+        )
+        for act in ActivationKind
+        if act is not ActivationKind.SILU_GLU
+    ]
     return silu_glu + others
 
 
@@ -76,10 +95,19 @@ def test_grouped_matmul_with_activation_matches_float64(hal_vendor, kind, activa
     run_activated_gemm_case(hal_vendor, kind, counts, activation, k=k, n=n)
 
 
-@pytest.mark.parametrize("kind, case", [
-    pytest.param(kind, case, id=f"{kind}-silu-glu-{case}",
-                 marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))])
-    for kind in GemmKind for case in GATHERED_CASES])
+@pytest.mark.parametrize(
+    "kind, case",
+    [
+        pytest.param(
+            kind,
+            case,
+            id=f"{kind}-silu-glu-{case}",
+            marks=[mark(gemm_label(kind)), mark(activation_label(ActivationKind.SILU_GLU))],
+        )
+        for kind in GemmKind
+        for case in GATHERED_CASES
+    ],
+)
 def test_grouped_matmul_through_row_index_with_activation_matches_float64(hal_vendor, kind, case):
     """The experts' first projection over rows read through `row_index` (`x[row_index]` never handed over)."""
     require_gemm(hal_vendor, kind)

@@ -17,8 +17,11 @@ from hal import KNOWN_SCHEMES, Capabilities, DispatchConfig, DispatchDtype, Gemm
 from moe import MoELayer, Unquantized
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 8, 256, 128, 2
-CASES = [(model, dispatcher, tokens) for model in MODEL_DTYPE_LAYER_TOLERANCE
-         for dispatcher, tokens in (("local", 37), ("low-latency", 37), ("local", 1))]
+CASES = [
+    (model, dispatcher, tokens)
+    for model in MODEL_DTYPE_LAYER_TOLERANCE
+    for dispatcher, tokens in (("local", 37), ("low-latency", 37), ("local", 1))
+]
 
 
 def expected_carrier(caps: Capabilities, model: DispatchDtype) -> DispatchDtype | None:
@@ -33,10 +36,13 @@ def expected_carrier(caps: Capabilities, model: DispatchDtype) -> DispatchDtype 
     return scheme if scheme in caps.dispatch_dtypes else None
 
 
-@pytest.mark.parametrize("model, dispatcher, tokens", [
-    pytest.param(m, d, t, id=f"{m}-model-{d}-{t}-tokens", marks=mark(layer_label("unquantized")))
-    for m, d, t in CASES
-])
+@pytest.mark.parametrize(
+    "model, dispatcher, tokens",
+    [
+        pytest.param(m, d, t, id=f"{m}-model-{d}-{t}-tokens", marks=mark(layer_label("unquantized")))
+        for m, d, t in CASES
+    ],
+)
 def test_a_model_computes_in_its_own_dtype(hal_vendor, model, dispatcher, tokens):
     require_gemm(hal_vendor, GemmKind(model))
     dtype = dtype_facts.facts(model).storage
@@ -48,16 +54,23 @@ def test_a_model_computes_in_its_own_dtype(hal_vendor, model, dispatcher, tokens
     config = DispatchConfig(max_dispatch_tokens_per_rank=64 if dispatcher == "low-latency" else None)
     carrier = expected_carrier(hal_vendor.capabilities(), DispatchDtype.parse(model))
     assert carrier is not None, f"vendor {hal_vendor.name} carries neither {model} nor bf16"
-    layer = MoELayer.from_float(w13, w2, TOP_K, scheme=Unquantized(dtype), dispatch=config, vendor=hal_vendor,
-                                environ={})
+    layer = MoELayer.from_float(
+        w13, w2, TOP_K, scheme=Unquantized(dtype), dispatch=config, vendor=hal_vendor, environ={}
+    )
     plan = layer.plan
-    assert (plan.source, plan.requested, plan.resolved) == (PlanSource.MODEL_DTYPE, DispatchDtype.parse(model),
-                                                            carrier), f"plan {plan.as_dict()}"
+    assert (plan.source, plan.requested, plan.resolved) == (
+        PlanSource.MODEL_DTYPE,
+        DispatchDtype.parse(model),
+        carrier,
+    ), f"plan {plan.as_dict()}"
     y = layer(x.to(hal_vendor.device), logits.to(hal_vendor.device))
     assert tuple(y.shape) == tuple(x.shape) and y.dtype == dtype and y.device == hal_vendor.device
     ids, weights = softmax_topk(logits, TOP_K)
     error = relative_error(y, reference_moe(x, ids, weights, w13, w2))
-    bound = MODEL_DTYPE_LAYER_TOLERANCE[model] if carrier.value == model else layer_tolerance("unquantized",
-                                                                                                carrier.value)
-    assert error <= bound, (f"relative error {error:.3g} > {bound} for an {model} model carried as {carrier} "
-                            f"({'fused' if layer.fused else 'unfused'} path)")
+    bound = (
+        MODEL_DTYPE_LAYER_TOLERANCE[model] if carrier.value == model else layer_tolerance("unquantized", carrier.value)
+    )
+    assert error <= bound, (
+        f"relative error {error:.3g} > {bound} for an {model} model carried as {carrier} "
+        f"({'fused' if layer.fused else 'unfused'} path)"
+    )

@@ -29,9 +29,18 @@ def _build(vendor, kind: ActivationKind, top_k: int, bias: bool, shared: bool, s
     if shared:
         s13 = torch.randn(HIDDEN, 2 * SHARED if kind.gated else SHARED, generator=gen) / HIDDEN**0.5
         parts = (s13, torch.randn(SHARED, HIDDEN, generator=gen) / SHARED**0.5, torch.randn(HIDDEN, generator=gen) / 4)
-    layer = MoELayer(HIDDEN, INTERMEDIATE, EXPERTS, top_k, scheme=Unquantized(torch.bfloat16), vendor=vendor,
-                     activation=kind, bias=bias, shared_experts=SharedExperts(SHARED, gated=True) if shared else None,
-                     environ={})
+    layer = MoELayer(
+        HIDDEN,
+        INTERMEDIATE,
+        EXPERTS,
+        top_k,
+        scheme=Unquantized(torch.bfloat16),
+        vendor=vendor,
+        activation=kind,
+        bias=bias,
+        shared_experts=SharedExperts(SHARED, gated=True) if shared else None,
+        environ={},
+    )
     layer.load_weights(w13, w2, w13_bias=b13, w2_bias=b2)
     if parts is not None:
         layer.load_shared_experts(*parts)
@@ -41,19 +50,25 @@ def _build(vendor, kind: ActivationKind, top_k: int, bias: bool, shared: bool, s
 
 
 CASES = [(k, 2, False, False) for k in ActivationKind] + [
-    (ActivationKind.SWIGLU_OAI, 4, True, False), (ActivationKind.SILU_GLU, 8, False, True),
-    (ActivationKind.GELU_TANH_GLU, 1, True, True), (ActivationKind.SILU, 1, False, True)]
+    (ActivationKind.SWIGLU_OAI, 4, True, False),
+    (ActivationKind.SILU_GLU, 8, False, True),
+    (ActivationKind.GELU_TANH_GLU, 1, True, True),
+    (ActivationKind.SILU, 1, False, True),
+]
 
 
-@pytest.mark.parametrize("kind, top_k, bias, shared", [
-    pytest.param(*c, id=f"{c[0]}-top{c[1]}{'-bias' if c[2] else ''}{'-shared' if c[3] else ''}") for c in CASES])
+@pytest.mark.parametrize(
+    "kind, top_k, bias, shared",
+    [pytest.param(*c, id=f"{c[0]}-top{c[1]}{'-bias' if c[2] else ''}{'-shared' if c[3] else ''}") for c in CASES],
+)
 def test_layer_features_match_the_float64_moe(hal_vendor, kind, top_k, bias, shared):
     require_gemm(hal_vendor, GemmKind.BF16)
     require_activation(hal_vendor, kind)
     if bias:
         require_expert_bias(hal_vendor)
-    layer, (w13, w2, b13, b2, parts), x, logits = _build(hal_vendor, kind, top_k, bias, shared,
-                                                         (kind, top_k, bias, shared))
+    layer, (w13, w2, b13, b2, parts), x, logits = _build(
+        hal_vendor, kind, top_k, bias, shared, (kind, top_k, bias, shared)
+    )
     device = hal_vendor.device
     y = layer(x.to(device), logits.to(device))
     assert y.shape == x.shape and y.dtype == x.dtype and y.device == device
@@ -71,8 +86,18 @@ def test_state_dict_round_trip_onto_a_fresh_layer(hal_vendor):
     require_expert_bias(hal_vendor)
     kind = ActivationKind.SILU_GLU
     layer, _, x, logits = _build(hal_vendor, kind, 2, True, True, ("state",))
-    fresh = MoELayer(HIDDEN, INTERMEDIATE, EXPERTS, 2, scheme=Unquantized(torch.bfloat16), vendor=hal_vendor,
-                     activation=kind, bias=True, shared_experts=SharedExperts(SHARED, gated=True), environ={})
+    fresh = MoELayer(
+        HIDDEN,
+        INTERMEDIATE,
+        EXPERTS,
+        2,
+        scheme=Unquantized(torch.bfloat16),
+        vendor=hal_vendor,
+        activation=kind,
+        bias=True,
+        shared_experts=SharedExperts(SHARED, gated=True),
+        environ={},
+    )
     fresh.load_state_dict(layer.state_dict())
     device = hal_vendor.device
     got, want = fresh(x.to(device), logits.to(device)), layer(x.to(device), logits.to(device))

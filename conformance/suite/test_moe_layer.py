@@ -41,18 +41,22 @@ def _cases():
             yield scheme, None, dispatcher, tokens
 
 
-@pytest.mark.parametrize("scheme, requested, dispatcher, tokens", [
-    pytest.param(s, r, d, t, id=f"{s}-{r or 'auto'}-{d}-{t}-tokens", marks=mark(layer_label(s)))
-    for s, r, d, t in _cases()
-])
+@pytest.mark.parametrize(
+    "scheme, requested, dispatcher, tokens",
+    [
+        pytest.param(s, r, d, t, id=f"{s}-{r or 'auto'}-{d}-{t}-tokens", marks=mark(layer_label(s)))
+        for s, r, d, t in _cases()
+    ],
+)
 def test_layer_matches_the_float64_moe(hal_vendor, scheme, requested, dispatcher, tokens):
     require_scheme(hal_vendor, scheme)
     parts = (scheme, requested, dispatcher, tokens)
     w13, w2 = _weights(parts)
     x, logits = _inputs(tokens, parts)
     quant = build_scheme(scheme, input_amax=float(x.abs().max()) if tokens else 4.0)
-    config = DispatchConfig(dtype=requested or DispatchDtype.AUTO,
-                            max_dispatch_tokens_per_rank=64 if dispatcher == "low-latency" else None)
+    config = DispatchConfig(
+        dtype=requested or DispatchDtype.AUTO, max_dispatch_tokens_per_rank=64 if dispatcher == "low-latency" else None
+    )
     expected = expected_resolution(hal_vendor.capabilities(), requested, KNOWN_SCHEMES[scheme])
     build = dict(scheme=quant, dispatch=config, vendor=hal_vendor, environ={})
     if expected.outcome == "rejected":
@@ -68,13 +72,15 @@ def test_layer_matches_the_float64_moe(hal_vendor, scheme, requested, dispatcher
     bound = layer_tolerance(scheme, str(expected.resolved))
     error = relative_error(y, ref)
     path = "fused" if layer.fused else "unfused"
-    assert error <= bound, (f"relative error {error:.4g} > {bound} for scheme {scheme} carried as "
-                            f"{expected.resolved} ({path} path)")
+    assert error <= bound, (
+        f"relative error {error:.4g} > {bound} for scheme {scheme} carried as {expected.resolved} ({path} path)"
+    )
     if scheme in EMULATED_LAYER_TOLERANCE and expected.resolved in (DispatchDtype.INT8, DispatchDtype.BF16):
         levels, tight = EMULATED_LAYER_TOLERANCE[scheme]
         error = relative_error(y, emulated_integer_moe(x, ids, weights, w13, w2, levels))
-        assert error <= tight, (f"relative error {error:.4g} > {tight} against the MoE rounded where "
-                                f"{scheme} rounds ({path} path)")
+        assert error <= tight, (
+            f"relative error {error:.4g} > {tight} against the MoE rounded where {scheme} rounds ({path} path)"
+        )
 
 
 @pytest.mark.parametrize("scheme", [pytest.param(s, marks=mark(fused_label(s))) for s in KNOWN_SCHEMES])
@@ -83,8 +89,10 @@ def test_fused_deep_moe_equals_the_unfused_path(hal_vendor, scheme):
     caps = hal_vendor.capabilities()
     quant = build_scheme(scheme)
     if not caps.supports_gemm(quant.gemm_kind()):
-        pytest.skip(f"vendor {hal_vendor.name} declares no {quant.gemm_kind()} grouped matmul: "
-                    "there is no unfused path to compare with")
+        pytest.skip(
+            f"vendor {hal_vendor.name} declares no {quant.gemm_kind()} grouped matmul: "
+            "there is no unfused path to compare with"
+        )
     w13, w2 = _weights(("fused", scheme))
     x, logits = _inputs(23, ("fused", scheme))
     x_dev, logits_dev = x.to(hal_vendor.device), logits.to(hal_vendor.device)

@@ -50,7 +50,6 @@ from moe import MoELayer
 pytestmark = mark(OP_CONTRACTS)
 
 
-
 @dataclass(frozen=True)
 class Sizes:
     """The shapes every case is built with."""
@@ -241,8 +240,10 @@ def _combine_case(vendor: Vendor, n: Sizes):
     _, weights = _routing(vendor.device, n, "combine")
     rows = _activations(vendor, n.rows, n.hidden, "combine")
     index = torch.randperm(n.rows, generator=generator("contract-combine-index")).to(vendor.device)
-    return ({"rows": rows, "index": index, "topk_weights": weights},
-            lambda: vendor.weighted_combine(rows, index, weights, torch.bfloat16))
+    return (
+        {"rows": rows, "index": index, "topk_weights": weights},
+        lambda: vendor.weighted_combine(rows, index, weights, torch.bfloat16),
+    )
 
 
 def _op_cases() -> dict[str, Case]:
@@ -308,8 +309,9 @@ def _layer_run(vendor: Vendor, n: Sizes, scheme: str) -> Run:
     x = torch.randn(n.tokens, n.hidden, generator=gen).to(torch.bfloat16)
     logits = torch.randn(n.tokens, n.experts, generator=gen)
     quant = build_scheme(scheme, input_amax=float(x.abs().max()))
-    layer = MoELayer.from_float(w13, w2, n.top_k, scheme=quant, vendor=vendor, environ={},
-                                dispatch=DispatchConfig(dtype=dispatch))
+    layer = MoELayer.from_float(
+        w13, w2, n.top_k, scheme=quant, vendor=vendor, environ={}, dispatch=DispatchConfig(dtype=dispatch)
+    )
     x, logits = x.to(vendor.device), logits.to(vendor.device)
     state = {f"layer.{name}": t for name, t in layer.state_dict().items() if isinstance(t, torch.Tensor)}
     return _run_twice({"hidden_states": x, "router_logits": logits, **state}, lambda: layer(x, logits))
@@ -345,11 +347,13 @@ def _check_inputs(run: Run, what: str) -> None:
 def _check_repeat(run: Run, what: str) -> None:
     assert run.first.keys() == run.second.keys(), f"{what}: the two calls returned different structures"
     changed = {name: d for name in run.first if (d := _differences(run.second[name], run.first[name]))}
-    assert not changed, (f"{what} is not bit-reproducible (declare deterministic=False if that is meant): "
-                         + "; ".join(f"{n}: {d}" for n, d in changed.items()))
+    assert not changed, f"{what} is not bit-reproducible (declare deterministic=False if that is meant): " + "; ".join(
+        f"{n}: {d}" for n, d in changed.items()
+    )
 
 
 # -- the tests -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("case", _contract_params())
 def test_op_leaves_its_inputs_unchanged(hal_vendor, runs, case):

@@ -57,8 +57,15 @@ def _settings(depth: str) -> settings:
     """Derandomized, no example database, no deadline; quick runs report the first failing example
     as drawn (shrinking it would cost a faulty vendor's run minutes)."""
     phases = tuple(Phase) if depth == "full" else (Phase.explicit, Phase.generate)
-    return settings(max_examples=EXAMPLES[depth], derandomize=True, database=None, deadline=None, phases=phases,
-                    suppress_health_check=list(HealthCheck), print_blob=False)
+    return settings(
+        max_examples=EXAMPLES[depth],
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
 
 
 def _up(value: int, multiple: int) -> int:
@@ -69,8 +76,9 @@ seeds = st.integers(0, 2**31 - 1)
 float_names = st.sampled_from(sorted(FLOATS))
 
 
-@pytest.mark.parametrize("dtype, layout", [pytest.param(d, lay, id=f"{d}-{lay}", marks=mark(dispatch_label(d)))
-                                           for d, lay in FORMATS])
+@pytest.mark.parametrize(
+    "dtype, layout", [pytest.param(d, lay, id=f"{d}-{lay}", marks=mark(dispatch_label(d))) for d, lay in FORMATS]
+)
 def test_quantize_round_trip_property(hal_vendor, hal_depth, dtype, layout):
     """Any token count and hidden size the format allows, any input dtype, rows whose magnitudes differ
     by up to 1e3: the format's value and `dequantize` (in any float dtype) within one rounding."""
@@ -78,8 +86,15 @@ def test_quantize_round_trip_property(hal_vendor, hal_depth, dtype, layout):
     multiple = dtype_facts.channel_multiple(dtype, layout)
 
     @_settings(hal_depth)
-    @given(tokens=st.integers(0, 300), hidden=st.integers(1, 700), input_dtype=float_names, out_dtype=float_names,
-           center=st.floats(-3, 2), spread=st.floats(0, 1.5), seed=seeds)
+    @given(
+        tokens=st.integers(0, 300),
+        hidden=st.integers(1, 700),
+        input_dtype=float_names,
+        out_dtype=float_names,
+        center=st.floats(-3, 2),
+        spread=st.floats(0, 1.5),
+        seed=seeds,
+    )
     def check(tokens, hidden, input_dtype, out_dtype, center, spread, seed):
         hidden = _up(hidden, multiple)
         gen = torch.Generator().manual_seed(seed)
@@ -114,8 +129,7 @@ def test_quantize_weight_property(hal_vendor, hal_depth, kind):
     spec = kind.spec
 
     @_settings(hal_depth)
-    @given(experts=st.integers(1, 6), k=st.integers(1, 300), n=st.integers(1, 300), spread=st.floats(0, 3),
-           seed=seeds)
+    @given(experts=st.integers(1, 6), k=st.integers(1, 300), n=st.integers(1, 300), spread=st.floats(0, 3), seed=seeds)
     def check(experts, k, n, spread, seed):
         shape = (experts, _up(k, K_GRANULARITY.get(kind, 1)), _up(n, N_GRANULARITY.get(kind, 1)))
         w = spread_weights(*shape, torch.Generator().manual_seed(seed), spread)
@@ -137,18 +151,34 @@ def test_grouped_matmul_property(hal_vendor, hal_depth, kind):
     most_groups = min(40, limits.max_groups or 40)
 
     @_settings(hal_depth)
-    @given(groups=st.integers(1, most_groups), rows=st.integers(0, 500), empty=st.floats(0, 0.9), k=st.integers(1, 300),
-           n=st.integers(1, 200), offsets=st.booleans(), int32=st.booleans(), x_spread=st.floats(0, 1),
-           w_spread=st.floats(0, 3), seed=seeds)
+    @given(
+        groups=st.integers(1, most_groups),
+        rows=st.integers(0, 500),
+        empty=st.floats(0, 0.9),
+        k=st.integers(1, 300),
+        n=st.integers(1, 200),
+        offsets=st.booleans(),
+        int32=st.booleans(),
+        x_spread=st.floats(0, 1),
+        w_spread=st.floats(0, 3),
+        seed=seeds,
+    )
     # Found by this test: an int8 output element just above 1.0 with no cancellation, where an output
     # rounded twice (to fp16, then to bf16) lands on the wrong side of the bf16 half-way point.
     @example(groups=4, rows=40, empty=0.0, k=8, n=8, offsets=True, int32=True, x_spread=0.0, w_spread=0.0, seed=1)
     def check(groups, rows, empty, k, n, offsets, int32, x_spread, w_spread, seed):
         counts = uneven_counts(groups, rows, torch.Generator().manual_seed(seed), empty)
         k, n = _up(k, K_GRANULARITY.get(kind, 1)), _up(n, N_GRANULARITY.get(kind, 1))
-        run_gemm_case(hal_vendor, kind, counts, k=k, n=n, offsets=offsets,
-                      group_dtype=torch.int32 if int32 else torch.int64,
-                      spread=((-x_spread, x_spread), (-w_spread, 0.0)))
+        run_gemm_case(
+            hal_vendor,
+            kind,
+            counts,
+            k=k,
+            n=n,
+            offsets=offsets,
+            group_dtype=torch.int32 if int32 else torch.int64,
+            spread=((-x_spread, x_spread), (-w_spread, 0.0)),
+        )
 
     check()
 
@@ -167,8 +197,13 @@ def test_activation_property(hal_vendor, hal_depth, kind):
     gated = kind is None or kind.gated
 
     @_settings(hal_depth)
-    @given(lead=st.lists(st.integers(0, 40), min_size=1, max_size=3), width=st.integers(1, 300),
-           dtype=float_names, scale=st.floats(-2, 1.3), seed=seeds)
+    @given(
+        lead=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+        width=st.integers(1, 300),
+        dtype=float_names,
+        scale=st.floats(-2, 1.3),
+        seed=seeds,
+    )
     def check(lead, width, dtype, scale, seed):
         width = 2 * width if gated else width
         gen = torch.Generator().manual_seed(seed)
@@ -191,8 +226,9 @@ def test_sort_by_expert_property(hal_vendor, hal_depth):
     inverse, and the pairs of every expert."""
 
     @_settings(hal_depth)
-    @given(tokens=st.integers(0, 300), top_k=st.integers(1, 8), extra=st.integers(0, 300), int32=st.booleans(),
-           seed=seeds)
+    @given(
+        tokens=st.integers(0, 300), top_k=st.integers(1, 8), extra=st.integers(0, 300), int32=st.booleans(), seed=seeds
+    )
     def check(tokens, top_k, extra, int32, seed):
         experts = top_k + extra
         ids, _ = routing(tokens, top_k, experts, torch.Generator().manual_seed(seed))
@@ -201,8 +237,9 @@ def test_sort_by_expert_property(hal_vendor, hal_depth):
         expected, expected_counts = expert_order(ids, experts)
         assert counts.cpu().tolist() == expected_counts, "counts differ from the routing's"
         assert order.cpu().tolist() == expected, "order is not the stable sort by expert"
-        assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(len(expected))), \
+        assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(len(expected))), (
             "inverse does not undo order"
+        )
 
     check()
 
@@ -213,8 +250,16 @@ def test_weighted_combine_property(hal_vendor, hal_depth):
     dtype, rows of very different magnitude, weights that do not sum to one."""
 
     @_settings(hal_depth)
-    @given(tokens=st.integers(0, 300), top_k=st.integers(1, 8), hidden=st.integers(1, 300), indexed=st.booleans(),
-           rows_dtype=float_names, out_dtype=float_names, spread=st.floats(0, 1.5), seed=seeds)
+    @given(
+        tokens=st.integers(0, 300),
+        top_k=st.integers(1, 8),
+        hidden=st.integers(1, 300),
+        indexed=st.booleans(),
+        rows_dtype=float_names,
+        out_dtype=float_names,
+        spread=st.floats(0, 1.5),
+        seed=seeds,
+    )
     def check(tokens, top_k, hidden, indexed, rows_dtype, out_dtype, spread, seed):
         gen = torch.Generator().manual_seed(seed)
         _, weights = routing(tokens, top_k, top_k, gen)
@@ -222,8 +267,9 @@ def test_weighted_combine_property(hal_vendor, hal_depth):
         rows = (torch.randn(tokens * top_k, hidden, generator=gen, dtype=torch.float64) * factor).to(FLOATS[rows_dtype])
         index = torch.randperm(tokens * top_k, generator=gen) if indexed else None
         device = hal_vendor.device
-        out = hal_vendor.weighted_combine(rows.to(device), None if index is None else index.to(device),
-                                          weights.to(device), FLOATS[out_dtype])
+        out = hal_vendor.weighted_combine(
+            rows.to(device), None if index is None else index.to(device), weights.to(device), FLOATS[out_dtype]
+        )
         assert tuple(out.shape) == (tokens, hidden) and out.dtype == FLOATS[out_dtype]
         ref, magnitude = weighted_combine(rows, index, weights)
         error = (out.double().cpu() - ref).abs()

@@ -20,8 +20,11 @@ INPUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def _params(extra: list[tuple[str, object]]):
-    return [pytest.param(d, layout, value, id=f"{d}-{layout}-{name}", marks=mark(dispatch_label(d)))
-            for d, layout in FORMATS for name, value in extra]
+    return [
+        pytest.param(d, layout, value, id=f"{d}-{layout}-{name}", marks=mark(dispatch_label(d)))
+        for d, layout in FORMATS
+        for name, value in extra
+    ]
 
 
 def _hidden(dtype: DispatchDtype, layout: ScaleLayout, wanted: int) -> int:
@@ -36,8 +39,10 @@ def _quantize(vendor, x, dtype, layout):
 
 def _check_bound(q: QuantizedTensor, x: torch.Tensor, dtype: DispatchDtype, layout: ScaleLayout, vendor) -> None:
     ref = x.double()
-    for value, what in ((activation_value(q), "the format's value"),
-                        (vendor.dequantize(q, torch.float32).double().cpu(), "vendor.dequantize")):
+    for value, what in (
+        (activation_value(q), "the format's value"),
+        (vendor.dequantize(q, torch.float32).double().cpu(), "vendor.dequantize"),
+    ):
         assert value.shape == ref.shape, f"{what}: shape {tuple(value.shape)} != {tuple(ref.shape)}"
         bound = quantize_bound(dtype.value, layout.value, ref.reshape(-1, ref.shape[-1])).reshape(ref.shape)
         error = (value - ref).abs()
@@ -49,8 +54,9 @@ def _expected_scale(dtype: DispatchDtype, layout: ScaleLayout, lead: tuple[int, 
     return None if shape is None else (dtype_facts.facts(dtype).scale_dtype, shape)
 
 
-@pytest.mark.parametrize("dtype, layout, input_dtype", _params([(str(t).removeprefix("torch."), t)
-                                                                 for t in INPUT_DTYPES]))
+@pytest.mark.parametrize(
+    "dtype, layout, input_dtype", _params([(str(t).removeprefix("torch."), t) for t in INPUT_DTYPES])
+)
 def test_round_trip_error_is_within_one_rounding(hal_vendor, dtype, layout, input_dtype):
     require_dispatch(hal_vendor, dtype)
     gen = generator("quantize", dtype, layout, input_dtype)
@@ -59,8 +65,10 @@ def test_round_trip_error_is_within_one_rounding(hal_vendor, dtype, layout, inpu
     _check_bound(_quantize(hal_vendor, x, dtype, layout), x, dtype, layout, hal_vendor)
 
 
-@pytest.mark.parametrize("dtype, layout, shape", _params([("2d", (17, 256)), ("3d", (2, 5, 256)),
-                                                          ("no-tokens", (0, 256)), ("one-token", (1, 256))]))
+@pytest.mark.parametrize(
+    "dtype, layout, shape",
+    _params([("2d", (17, 256)), ("3d", (2, 5, 256)), ("no-tokens", (0, 256)), ("one-token", (1, 256))]),
+)
 def test_formats_scales_and_device(hal_vendor, dtype, layout, shape):
     require_dispatch(hal_vendor, dtype)
     x = torch.randn(*shape, generator=generator("format", dtype, layout, shape)).to(torch.bfloat16)
@@ -110,8 +118,7 @@ def test_non_finite_rows_are_refused_or_kept_to_themselves(hal_vendor, dtype, la
     except InvalidInput:
         return
     good = [0, 1, 3, 4]
-    rows = QuantizedTensor(q.data[good], q.dtype, q.layout, None if q.scale is None else q.scale[good],
-                           q.global_scale)
+    rows = QuantizedTensor(q.data[good], q.dtype, q.layout, None if q.scale is None else q.scale[good], q.global_scale)
     _check_bound(rows, x[good], dtype, layout, hal_vendor)
 
 
@@ -125,8 +132,9 @@ def test_non_contiguous_input_equals_contiguous(hal_vendor, dtype, layout, _):
     assert torch.equal(activation_value(q_strided), activation_value(q_dense))
 
 
-@pytest.mark.parametrize("dtype, layout, out_dtype", _params([(str(t).removeprefix("torch."), t)
-                                                               for t in INPUT_DTYPES]))
+@pytest.mark.parametrize(
+    "dtype, layout, out_dtype", _params([(str(t).removeprefix("torch."), t) for t in INPUT_DTYPES])
+)
 def test_dequantize_returns_the_requested_dtype(hal_vendor, dtype, layout, out_dtype):
     require_dispatch(hal_vendor, dtype)
     x = torch.randn(4, 256, generator=generator("out", dtype, layout)).to(torch.bfloat16)

@@ -29,8 +29,9 @@ def _label(requested: DispatchDtype | None, scheme: str | None) -> str:
 
 
 CASES = [
-    pytest.param(requested, scheme, id=f"{requested or 'auto'}-{scheme or 'no-scheme'}",
-                 marks=mark(_label(requested, scheme)))
+    pytest.param(
+        requested, scheme, id=f"{requested or 'auto'}-{scheme or 'no-scheme'}", marks=mark(_label(requested, scheme))
+    )
     for requested in [*DispatchDtype.concrete(), None]
     for scheme in [None, *KNOWN_SCHEMES]
 ]
@@ -39,8 +40,9 @@ CASES = [
 def _resolve(vendor, requested, traits):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = resolve_dispatch_plan(vendor, HIDDEN, config=DispatchConfig(dtype=requested or "auto"),
-                                     scheme=traits, environ={})
+        plan = resolve_dispatch_plan(
+            vendor, HIDDEN, config=DispatchConfig(dtype=requested or "auto"), scheme=traits, environ={}
+        )
     return plan, [w for w in caught if issubclass(w.category, DispatchFallbackWarning)]
 
 

@@ -47,15 +47,25 @@ QUANTIZE_HIDDEN = {"quick": 1000, "full": 2880}
 #: quantize_weight cases: name -> (experts, K, N), neither K nor N a multiple of 128 except where named.
 WEIGHT_SHAPES = {
     "quick": {"unaligned": (3, 400, 328), "128-experts": (128, 144, 72)},
-    "full": {"unaligned": (3, 400, 328), "128-experts": (128, 144, 72), "wide": (8, 2880, 1000),
-             "256-experts": (256, 528, 200)},
+    "full": {
+        "unaligned": (3, 400, 328),
+        "128-experts": (128, 144, 72),
+        "wide": (8, 2880, 1000),
+        "256-experts": (256, 528, 200),
+    },
 }
 #: grouped_matmul cases: name -> (groups, rows, K, N); rows spread unevenly, a quarter of the groups empty.
 GEMM_SHAPES = {
-    "quick": {"128-groups": (128, 600, 336, 200), "256-groups": (256, 257, 208, 72),
-              "rows-past-256": (4, 600, 1008, 136)},
-    "full": {"128-groups": (128, 4097, 2880, 360), "256-groups": (256, 8192, 1024, 200),
-             "rows-past-256": (4, 600, 1008, 136)},
+    "quick": {
+        "128-groups": (128, 600, 336, 200),
+        "256-groups": (256, 257, 208, 72),
+        "rows-past-256": (4, 600, 1008, 136),
+    },
+    "full": {
+        "128-groups": (128, 4097, 2880, 360),
+        "256-groups": (256, 8192, 1024, 200),
+        "rows-past-256": (4, 600, 1008, 136),
+    },
 }
 #: Experts of the sort sweep.
 SORT_EXPERTS = 256
@@ -73,11 +83,22 @@ def _up(value: int, multiple: int) -> int:
 
 # -- cases, by depth ----------------------------------------------------------------------------------
 
+
 def _quantize_cases(depth: str) -> list:
     hidden = QUANTIZE_HIDDEN[depth]
-    return [pytest.param(d, layout, tokens, _up(hidden, dtype_facts.channel_multiple(d, layout)),
-                         id=f"{d}-{layout}-{tokens}-tokens", marks=mark(dispatch_label(d)))
-            for d in DispatchDtype.concrete() for layout in d.scale_layouts() for tokens in TOKENS[depth]]
+    return [
+        pytest.param(
+            d,
+            layout,
+            tokens,
+            _up(hidden, dtype_facts.channel_multiple(d, layout)),
+            id=f"{d}-{layout}-{tokens}-tokens",
+            marks=mark(dispatch_label(d)),
+        )
+        for d in DispatchDtype.concrete()
+        for layout in d.scale_layouts()
+        for tokens in TOKENS[depth]
+    ]
 
 
 def _weight_cases(depth: str) -> list:
@@ -85,26 +106,36 @@ def _weight_cases(depth: str) -> list:
     for kind in GemmKind:
         for name, (experts, k, n) in WEIGHT_SHAPES[depth].items():
             shape = (experts, _up(k, K_GRANULARITY.get(kind, 1)), _up(n, N_GRANULARITY.get(kind, 1)))
-            cases.append(pytest.param(kind, shape, id=f"{kind}-{name}-{'x'.join(map(str, shape))}",
-                                      marks=mark(gemm_label(kind))))
+            cases.append(
+                pytest.param(kind, shape, id=f"{kind}-{name}-{'x'.join(map(str, shape))}", marks=mark(gemm_label(kind)))
+            )
     return cases
 
 
 def _gemm_cases(depth: str) -> list:
-    return [pytest.param(kind, name, shape, id=f"{kind}-{name}-{'x'.join(map(str, shape))}",
-                         marks=mark(gemm_label(kind)))
-            for kind in GemmKind for name, shape in GEMM_SHAPES[depth].items()]
+    return [
+        pytest.param(kind, name, shape, id=f"{kind}-{name}-{'x'.join(map(str, shape))}", marks=mark(gemm_label(kind)))
+        for kind in GemmKind
+        for name, shape in GEMM_SHAPES[depth].items()
+    ]
 
 
 def _sort_cases(depth: str) -> list:
-    return [pytest.param(tokens, top_k, id=f"{tokens}-tokens-top{top_k}", marks=mark(SORT_AND_COMBINE))
-            for tokens in TOKENS[depth] for top_k in (1, 8)]
+    return [
+        pytest.param(tokens, top_k, id=f"{tokens}-tokens-top{top_k}", marks=mark(SORT_AND_COMBINE))
+        for tokens in TOKENS[depth]
+        for top_k in (1, 8)
+    ]
 
 
 def _combine_cases(depth: str) -> list:
-    return [pytest.param(tokens, top_k, COMBINE_HIDDEN[depth], id=f"{tokens}-tokens-top{top_k}",
-                         marks=mark(SORT_AND_COMBINE))
-            for tokens in TOKENS[depth] for top_k in range(1, 9)]
+    return [
+        pytest.param(
+            tokens, top_k, COMBINE_HIDDEN[depth], id=f"{tokens}-tokens-top{top_k}", marks=mark(SORT_AND_COMBINE)
+        )
+        for tokens in TOKENS[depth]
+        for top_k in range(1, 9)
+    ]
 
 
 def _layer_cases(depth: str) -> list:
@@ -114,9 +145,16 @@ def _layer_cases(depth: str) -> list:
         multiple = K_GRANULARITY.get(scheme_gemm(scheme), 1)
         shape = (experts, _up(hidden, multiple), _up(inter, multiple))
         for top_k in (1, 8):
-            cases.append(pytest.param(scheme, top_k, shape, tokens,
-                                      id=f"{scheme}-top{top_k}-E{shape[0]}-H{shape[1]}-I{shape[2]}",
-                                      marks=mark(layer_label(scheme))))
+            cases.append(
+                pytest.param(
+                    scheme,
+                    top_k,
+                    shape,
+                    tokens,
+                    id=f"{scheme}-top{top_k}-E{shape[0]}-H{shape[1]}-I{shape[2]}",
+                    marks=mark(layer_label(scheme)),
+                )
+            )
     return cases
 
 
@@ -140,17 +178,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # -- the sweeps ---------------------------------------------------------------------------------------
 
+
 def test_quantize_sweep(hal_vendor, dtype, layout, tokens, hidden):
     """Activations whose rows and 128-channel groups span six decades, quantized and read back."""
     require_dispatch(hal_vendor, dtype)
     x = spread_rows(tokens, hidden, generator("quantize-sweep", dtype, layout, tokens, hidden)).to(torch.bfloat16)
     q = hal_vendor.quantize(x.to(hal_vendor.device), dtype, layout=layout)
-    assert isinstance(q, QuantizedTensor) and tuple(q.shape) == (tokens, hidden), \
+    assert isinstance(q, QuantizedTensor) and tuple(q.shape) == (tokens, hidden), (
         f"quantize returned {type(q).__name__} of shape {tuple(getattr(q, 'shape', ()))}"
+    )
     ref = x.double()
     bound = quantize_sweep_bound(dtype.value, layout.value, ref)
-    for value, what in ((activation_value(q), "the format's value"),
-                        (hal_vendor.dequantize(q, torch.float32).double().cpu(), "vendor.dequantize")):
+    for value, what in (
+        (activation_value(q), "the format's value"),
+        (hal_vendor.dequantize(q, torch.float32).double().cpu(), "vendor.dequantize"),
+    ):
         error = (value - ref).abs()
         assert bool((error <= bound).all()), f"{what}, {tokens} tokens of {hidden}: {worst(error, bound)}"
 
@@ -161,10 +203,12 @@ def test_quantize_weight_sweep(hal_vendor, kind, shape):
     spec = kind.spec
     w = spread_weights(*shape, generator("weight-sweep", kind, shape))
     q = hal_vendor.quantize_weight(w.to(hal_vendor.device), spec.weight_layout, spec.weight_dtype)
-    assert (q.layout, q.data.dtype) == (spec.weight_layout, spec.weight_storage), \
+    assert (q.layout, q.data.dtype) == (spec.weight_layout, spec.weight_storage), (
         f"{kind}: got {q.data.dtype} {q.layout} weights, expected {spec.weight_storage} {spec.weight_layout}"
-    assert (q.num_experts, q.in_features, q.out_features) == shape, \
+    )
+    assert (q.num_experts, q.in_features, q.out_features) == shape, (
         f"{kind}: logical shape {(q.num_experts, q.in_features, q.out_features)}, expected {shape}"
+    )
     assert q.data.device == hal_vendor.device
     ref = w.double()
     error = (weight_value(q) - ref).abs()
@@ -198,8 +242,7 @@ def test_grouped_matmul_sweep(hal_vendor, kind, name, shape):
     k, n = _up(k, K_GRANULARITY.get(kind, 1)), _up(n, N_GRANULARITY.get(kind, 1))
     groups, rows = _fit(hal_vendor, groups, rows, k)
     gen = generator("gemm-sweep", kind, name, shape)
-    counts = [255, 0, 257, rows - 512] if name == "rows-past-256" and rows >= 512 else \
-        uneven_counts(groups, rows, gen)
+    counts = [255, 0, 257, rows - 512] if name == "rows-past-256" and rows >= 512 else uneven_counts(groups, rows, gen)
     run_gemm_case(hal_vendor, kind, counts, k=k, n=n, spread=GEMM_SPREAD)
 
 
@@ -209,12 +252,14 @@ def test_sort_by_expert_sweep(hal_vendor, tokens, top_k):
     device = hal_vendor.device
     order, inverse, counts = hal_vendor.sort_by_expert(ids.to(device), SORT_EXPERTS)
     expected, expected_counts = expert_order(ids, SORT_EXPERTS)
-    assert counts.dtype == torch.int64 and counts.cpu().tolist() == expected_counts, \
+    assert counts.dtype == torch.int64 and counts.cpu().tolist() == expected_counts, (
         f"counts differ from the routing's at experts {_differing(counts.cpu().tolist(), expected_counts)}"
+    )
     got = order.cpu().tolist()
     assert got == expected, f"order is not the stable sort by expert from position {_differing(got, expected)[:1]}"
-    assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(len(expected))), \
+    assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(len(expected))), (
         "inverse does not undo order"
+    )
 
 
 def _differing(got: list[int], expected: list[int]) -> list[int]:
@@ -229,11 +274,13 @@ def test_weighted_combine_sweep(hal_vendor, tokens, top_k, hidden):
     rows = spread_rows(tokens * top_k, hidden, gen).to(torch.bfloat16)
     device = hal_vendor.device
     for index, out_dtype in ((torch.randperm(tokens * top_k, generator=gen), torch.bfloat16), (None, torch.float32)):
-        out = hal_vendor.weighted_combine(rows.to(device), None if index is None else index.to(device),
-                                          weights.to(device), out_dtype)
+        out = hal_vendor.weighted_combine(
+            rows.to(device), None if index is None else index.to(device), weights.to(device), out_dtype
+        )
         how = "indexed" if index is not None else "in pair order"
-        assert tuple(out.shape) == (tokens, hidden) and out.dtype == out_dtype, \
+        assert tuple(out.shape) == (tokens, hidden) and out.dtype == out_dtype, (
             f"{how}: got {out.dtype} {tuple(out.shape)}, expected {out_dtype} {(tokens, hidden)}"
+        )
         ref, magnitude = weighted_combine(rows, index, weights)
         error = (out.double().cpu() - ref).abs()
         bound = combine_bound(ref, magnitude, out_dtype)
@@ -262,11 +309,13 @@ def test_layer_sweep(hal_vendor, scheme, top_k, shape, token_counts):
     requested, expected = _dispatch_request(hal_vendor, scheme)
     config = DispatchConfig(dtype=requested or DispatchDtype.AUTO)
     try:
-        layer = MoELayer.from_float(w13, w2, top_k, scheme=build_scheme(scheme, input_amax=5.0), dispatch=config,
-                                    vendor=hal_vendor, environ={})
+        layer = MoELayer.from_float(
+            w13, w2, top_k, scheme=build_scheme(scheme, input_amax=5.0), dispatch=config, vendor=hal_vendor, environ={}
+        )
     except UnsupportedDispatchDtype as exc:
-        pytest.fail(f"the declared table implies {expected.outcome} to {expected.resolved}, but the layer "
-                    f"refused: {exc}")
+        pytest.fail(
+            f"the declared table implies {expected.outcome} to {expected.resolved}, but the layer refused: {exc}"
+        )
     assert layer.plan.resolved == expected.resolved
     bound = layer_tolerance(scheme, str(expected.resolved))
     path = "fused" if layer.fused else "unfused"
@@ -277,10 +326,16 @@ def test_layer_sweep(hal_vendor, scheme, top_k, shape, token_counts):
         steps, batch = (DECODE_STEPS, 1) if tokens == 1 else (1, tokens)
         x = torch.randn(steps * batch, hidden, generator=gen).to(torch.bfloat16)
         ids, weights = routing(steps * batch, top_k, experts, gen)
-        y = torch.cat([layer(x[rows].to(device), topk_ids=ids[rows].to(device), topk_weights=weights[rows].to(device))
-                       for rows in (slice(s * batch, (s + 1) * batch) for s in range(steps))])
+        y = torch.cat(
+            [
+                layer(x[rows].to(device), topk_ids=ids[rows].to(device), topk_weights=weights[rows].to(device))
+                for rows in (slice(s * batch, (s + 1) * batch) for s in range(steps))
+            ]
+        )
         assert tuple(y.shape) == tuple(x.shape) and y.dtype == x.dtype
         error = relative_error(y, moe_features(x, ids, weights, w13, w2))
         what = f"{steps} calls of one token" if steps > 1 else f"{tokens} tokens"
-        assert error <= bound, (f"{what}, top-{top_k}: relative error {error:.4g} > {bound} "
-                                f"(scheme {scheme} carried as {expected.resolved}, {path} path)")
+        assert error <= bound, (
+            f"{what}, top-{top_k}: relative error {error:.4g} > {bound} "
+            f"(scheme {scheme} carried as {expected.resolved}, {path} path)"
+        )

@@ -15,22 +15,31 @@ from conformance.tolerances import OUTPUT_ROUNDING, SLACK
 pytestmark = mark(SORT_AND_COMBINE)
 
 #: (tokens, top_k, experts): decode, odd sizes, more pairs than a one-launch kernel may take, none.
-SORT_CASES = {"decode": (1, 8, 128), "odd": (37, 3, 10), "many": (300, 8, 128), "no-tokens": (0, 2, 8),
-              "one-expert": (5, 1, 1)}
+SORT_CASES = {
+    "decode": (1, 8, 128),
+    "odd": (37, 3, 10),
+    "many": (300, 8, 128),
+    "no-tokens": (0, 2, 8),
+    "one-expert": (5, 1, 1),
+}
 
 
 @pytest.mark.parametrize("case", SORT_CASES)
 def test_sort_by_expert_is_a_stable_sort_with_counts(hal_vendor, case):
     tokens, top_k, experts = SORT_CASES[case]
     gen = generator("sort", case)
-    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]) if tokens else \
-        torch.zeros((0, top_k), dtype=torch.int64)
+    ids = (
+        torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+        if tokens
+        else torch.zeros((0, top_k), dtype=torch.int64)
+    )
     order, inverse, counts = hal_vendor.sort_by_expert(ids.to(hal_vendor.device), experts)
     flat = ids.reshape(-1)
     expected = sorted(range(flat.numel()), key=lambda p: (int(flat[p]), p))  # by expert, then pair order
     assert order.cpu().tolist() == expected, "order is not the stable sort by expert"
-    assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(flat.numel())), \
+    assert torch.equal(inverse.cpu()[torch.tensor(expected, dtype=torch.int64)], torch.arange(flat.numel())), (
         "inverse does not undo order"
+    )
     assert counts.dtype == torch.int64 and counts.cpu().tolist() == torch.bincount(flat, minlength=experts).tolist()
     assert order.device == inverse.device == counts.device == hal_vendor.device
     with_tokens = hal_vendor.sort_by_expert(ids.to(hal_vendor.device), experts, tokens=True)
@@ -52,8 +61,9 @@ def test_weighted_combine_matches_float64(hal_vendor, tokens, top_k, hidden, ind
     weights = torch.rand(tokens, top_k, generator=gen)
     index = torch.randperm(tokens * top_k, generator=gen) if indexed else None
     device = hal_vendor.device
-    out = hal_vendor.weighted_combine(rows.to(device), None if index is None else index.to(device),
-                                      weights.to(device), out_dtype)
+    out = hal_vendor.weighted_combine(
+        rows.to(device), None if index is None else index.to(device), weights.to(device), out_dtype
+    )
     assert tuple(out.shape) == (tokens, hidden) and out.dtype == out_dtype and out.device == device
     picked = rows.double() if index is None else rows.double()[index]
     terms = picked.view(tokens, top_k, hidden) * weights.double().unsqueeze(-1)
@@ -64,10 +74,15 @@ def test_weighted_combine_matches_float64(hal_vendor, tokens, top_k, hidden, ind
 
 
 #: (tokens, experts, top_k, logits dtype): decode, Qwen3-MoE, OLMoE, DeepSeek-V2-Lite, experts off powers of two.
-TOPK_CASES = {"decode": (1, 128, 8, torch.float32), "qwen3-prefill": (3000, 128, 8, torch.bfloat16),
-              "mixtral": (257, 8, 2, torch.bfloat16), "olmoe": (100, 64, 8, torch.float32),
-              "deepseek-v2-lite": (64, 66, 6, torch.float16), "top-1-of-1000": (33, 1000, 1, torch.float32),
-              "all-experts": (9, 4, 4, torch.float32)}
+TOPK_CASES = {
+    "decode": (1, 128, 8, torch.float32),
+    "qwen3-prefill": (3000, 128, 8, torch.bfloat16),
+    "mixtral": (257, 8, 2, torch.bfloat16),
+    "olmoe": (100, 64, 8, torch.float32),
+    "deepseek-v2-lite": (64, 66, 6, torch.float16),
+    "top-1-of-1000": (33, 1000, 1, torch.float32),
+    "all-experts": (9, 4, 4, torch.float32),
+}
 
 
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renormalized", "raw"])

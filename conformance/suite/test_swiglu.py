@@ -36,6 +36,10 @@ def test_swiglu_matches_float64(hal_vendor, dtype, shape):
 def test_the_gate_is_the_first_half(hal_vendor):
     x = torch.tensor([[2.0, -1.0, 3.0, 0.5]], dtype=torch.float32, device=hal_vendor.device)
     y = hal_vendor.swiglu(x).double().cpu()
-    expected = torch.tensor([[2.0 / (1 + torch.exp(torch.tensor(-2.0))) * 3.0,
-                              -1.0 / (1 + torch.exp(torch.tensor(1.0))) * 0.5]], dtype=torch.float64)
-    assert torch.allclose(y, expected, rtol=1e-5), f"swiglu([2, -1 | 3, 0.5]) = {y.tolist()}, expected {expected.tolist()}"
+    expected = torch.tensor(
+        [[2.0 / (1 + torch.exp(torch.tensor(-2.0))) * 3.0, -1.0 / (1 + torch.exp(torch.tensor(1.0))) * 0.5]],
+        dtype=torch.float64,
+    )
+    assert torch.allclose(y, expected, rtol=1e-5), (
+        f"swiglu([2, -1 | 3, 0.5]) = {y.tolist()}, expected {expected.tolist()}"
+    )

@@ -37,6 +37,7 @@ def _converter(parse, what: str):  # type: ignore[no-untyped-def]
             return parse(value)
         except InvalidInput as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     convert.__name__ = what
     return convert
 
@@ -62,9 +63,12 @@ def installed_version() -> str:
 
 def build_parser() -> OneLineParser:
     """The full parser, with the built-in commands and any registered command plugins."""
-    parser = OneLineParser(prog="hal", description="moe-hal: vendors, capabilities and dispatch plans.",
-                           epilog="exit status: 0 done, 1 refused (unsupported, unavailable, checks failed), "
-                                  "2 bad arguments, 130 interrupted")
+    parser = OneLineParser(
+        prog="hal",
+        description="moe-hal: vendors, capabilities and dispatch plans.",
+        epilog="exit status: 0 done, 1 refused (unsupported, unavailable, checks failed), "
+        "2 bad arguments, 130 interrupted",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s (moe-hal) {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -84,21 +88,39 @@ def build_parser() -> OneLineParser:
     explain = command("explain", "trace how the dispatch dtype is resolved")
     explain.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
     explain.add_argument("--device-model", help="plan for a named device model's declared table")
-    explain.add_argument("--scheme", type=_converter(parse_scheme, "scheme"),
-                         help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}; fp16 / fp32: unquantized over "
-                              "weights of that dtype")
-    explain.add_argument("--model-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
-                         help="the model's float dtype (bf16, fp16, fp32): an unquantized model asks to dispatch "
-                              "in it (--scheme defaults to unquantized)")
-    explain.add_argument("--dispatch-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
-                         default=DispatchDtype.AUTO, help=f"requested dtype: {', '.join(DispatchDtype.names())}")
-    explain.add_argument("--runner-dtype", type=_converter(DispatchDtype.parse, "dispatch dtype"),
-                         help="dtype the expert runner requires, if any")
+    explain.add_argument(
+        "--scheme",
+        type=_converter(parse_scheme, "scheme"),
+        help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}; fp16 / fp32: unquantized over weights of that dtype",
+    )
+    explain.add_argument(
+        "--model-dtype",
+        type=_converter(DispatchDtype.parse, "dispatch dtype"),
+        help="the model's float dtype (bf16, fp16, fp32): an unquantized model asks to dispatch "
+        "in it (--scheme defaults to unquantized)",
+    )
+    explain.add_argument(
+        "--dispatch-dtype",
+        type=_converter(DispatchDtype.parse, "dispatch dtype"),
+        default=DispatchDtype.AUTO,
+        help=f"requested dtype: {', '.join(DispatchDtype.names())}",
+    )
+    explain.add_argument(
+        "--runner-dtype",
+        type=_converter(DispatchDtype.parse, "dispatch dtype"),
+        help="dtype the expert runner requires, if any",
+    )
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
-    explain.add_argument("--ep-dispatcher", metavar="NAME",
-                         help="a vendor's own expert-parallel dispatcher the layer would use (e.g. deepep, mc2)")
-    explain.add_argument("--activation", type=_converter(Activation.parse, "activation"),
-                         help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}")
+    explain.add_argument(
+        "--ep-dispatcher",
+        metavar="NAME",
+        help="a vendor's own expert-parallel dispatcher the layer would use (e.g. deepep, mc2)",
+    )
+    explain.add_argument(
+        "--activation",
+        type=_converter(Activation.parse, "activation"),
+        help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}",
+    )
     explain.set_defaults(handler=commands.explain)
 
     _load_command_plugins(sub)

@@ -51,8 +51,10 @@ def _target(registry: VendorRegistry, name: str | None, device_model: str | None
     if probe.available:
         note = f"declared table for device model {model} (asked with --device-model)"
     else:
-        note = (f"{vendor.name} is unavailable here ({probe.reason}); showing the declared table for "
-                f"device model {model} (choose with --device-model: {', '.join(vendor.declared_models())})")
+        note = (
+            f"{vendor.name} is unavailable here ({probe.reason}); showing the declared table for "
+            f"device model {model} (choose with --device-model: {', '.join(vendor.declared_models())})"
+        )
     return _Target(vendor, caps, "declared", model, note)
 
 
@@ -65,8 +67,16 @@ def vendors(args: argparse.Namespace, console: Console) -> int:
     except Exception as exc:  # no vendor available: still list them all
         selected, why = None, str(exc)
     statuses = [(v, registry.status(v)) for v in registry.vendors()]  # probes bounded by the registry's timeout
-    rows = [{"name": v.name, "priority": v.priority, "available": status.available,
-             "detail": status.reason, "description": v.description} for v, status in statuses]
+    rows = [
+        {
+            "name": v.name,
+            "priority": v.priority,
+            "available": status.available,
+            "detail": status.reason,
+            "description": v.description,
+        }
+        for v, status in statuses
+    ]
     if args.json:  # which ops each available vendor computes natively (building its ops object once)
         for row, vendor in zip(rows, registry.vendors()):
             row["ops"] = _op_summary(vendor) if row["available"] else None
@@ -83,8 +93,10 @@ def vendors(args: argparse.Namespace, console: Console) -> int:
         table.add_row(f"{row['name']}{mark}", str(row["priority"]), status, escape(str(row["detail"])))
     console.print(table)
     for failure in failures:
-        console.print(f"[red]plugin {escape(repr(failure['name']))} ({escape(failure['target'])}) "
-                      f"failed to load:[/] {escape(failure['error'])}")
+        console.print(
+            f"[red]plugin {escape(repr(failure['name']))} ({escape(failure['target'])}) "
+            f"failed to load:[/] {escape(failure['error'])}"
+        )
     console.print(f"selected: {selected or 'none'} ({escape(why)})")
     return 0
 
@@ -113,8 +125,10 @@ def _ep_text(c: Capabilities) -> str:
 
 
 def _fallback_text(caps: Capabilities) -> str:
-    parts = [f"{src} -> {dst if dst is not None else 'rejected'}" for src, dst in
-             sorted(caps.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)]
+    parts = [
+        f"{src} -> {dst if dst is not None else 'rejected'}"
+        for src, dst in sorted(caps.dispatch_fallbacks.items(), key=lambda kv: kv[0].value)
+    ]
     return "; ".join(parts) or "none"
 
 
@@ -146,9 +160,18 @@ def caps(args: argparse.Namespace, console: Console) -> int:
     sources = target.vendor.op_sources() if target.source == "probed" else None
     sections = _caps_sections(target.vendor)
     if args.json:
-        _emit_json({"vendor": target.vendor.name, "source": target.source, "device_model": target.device_model,
-                    "note": target.note, "capabilities": c.as_dict(), "consistency_problems": problems,
-                    "ops": None if sources is None else [s.as_dict() for s in sources], "sections": sections})
+        _emit_json(
+            {
+                "vendor": target.vendor.name,
+                "source": target.source,
+                "device_model": target.device_model,
+                "note": target.note,
+                "capabilities": c.as_dict(),
+                "consistency_problems": problems,
+                "ops": None if sources is None else [s.as_dict() for s in sources],
+                "sections": sections,
+            }
+        )
         return 0
     table = Table(title=f"capabilities of vendor {target.vendor.name!r}", title_justify="left")
     table.add_column("capability")
@@ -196,24 +219,44 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = resolve_dispatch_plan(
-            target.vendor, args.hidden, config=DispatchConfig(dtype=args.dispatch_dtype),
-            scheme=scheme, runner_dtype=args.runner_dtype, capabilities=target.capabilities)
+            target.vendor,
+            args.hidden,
+            config=DispatchConfig(dtype=args.dispatch_dtype),
+            scheme=scheme,
+            runner_dtype=args.runner_dtype,
+            capabilities=target.capabilities,
+        )
     messages = [str(w.message) for w in caught]
     # The fallback line below says what a DispatchFallbackWarning says; show only the others.
     others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
-    problems = layer_problems(target.capabilities, parse_scheme(scheme or "unquantized"), args.hidden,
-                              activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU)
+    problems = layer_problems(
+        target.capabilities,
+        parse_scheme(scheme or "unquantized"),
+        args.hidden,
+        activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU,
+    )
     caps = target.capabilities
     wanted = getattr(args, "ep_dispatcher", None)
     if wanted is not None and wanted not in caps.ep_dispatchers:
         why = caps.ep_dispatchers_absent.get(wanted, f"declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'}")
         problems.append(f"expert-parallel dispatcher {wanted!r} is not available: {why}")
     if args.json:
-        _emit_json({"table": target.source, "device_model": target.device_model, "note": target.note,
-                    "plan": plan.as_dict(), "warnings": messages, "buildable": not problems, "problems": problems,
-                    "ep_dispatchers": {"declared": sorted(caps.ep_dispatchers),
-                                       "low_latency": sorted(caps.ep_low_latency),
-                                       "absent": dict(caps.ep_dispatchers_absent)}})
+        _emit_json(
+            {
+                "table": target.source,
+                "device_model": target.device_model,
+                "note": target.note,
+                "plan": plan.as_dict(),
+                "warnings": messages,
+                "buildable": not problems,
+                "problems": problems,
+                "ep_dispatchers": {
+                    "declared": sorted(caps.ep_dispatchers),
+                    "low_latency": sorted(caps.ep_low_latency),
+                    "absent": dict(caps.ep_dispatchers_absent),
+                },
+            }
+        )
         return 1 if problems else 0
     console.print(f"dispatch plan for vendor {plan.vendor!r} on {escape(plan.device_name)}")
     console.print(f"note: {escape(target.note)}")
@@ -221,17 +264,22 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     for column in ("source", "says", "detail", ""):
         table.add_column(column, overflow="fold")
     for step in plan.trace:
-        table.add_row(step.source.value, step.says.value if step.says else "-", escape(step.detail),
-                      "[bold]decides[/]" if step.decided else "")
+        table.add_row(
+            step.source.value,
+            step.says.value if step.says else "-",
+            escape(step.detail),
+            "[bold]decides[/]" if step.decided else "",
+        )
     console.print(table)
     console.print(f"requested: {plan.requested} (from {plan.source})")
     if plan.fallback is not None:
-        console.print(f"fallback:  {plan.fallback.source} -> {plan.fallback.target}: "
-                      f"{escape(plan.fallback.reason)}")
+        console.print(f"fallback:  {plan.fallback.source} -> {plan.fallback.target}: {escape(plan.fallback.reason)}")
     else:
         console.print(f"fallback:  none ({plan.requested} is supported)")
-    console.print(f"resolved:  {plan.resolved} ({plan.scale_layout}), {plan.bytes_per_token} bytes per token "
-                  f"at hidden {plan.hidden_size} (bf16 would be {2 * plan.hidden_size})")
+    console.print(
+        f"resolved:  {plan.resolved} ({plan.scale_layout}), {plan.bytes_per_token} bytes per token "
+        f"at hidden {plan.hidden_size} (bf16 would be {2 * plan.hidden_size})"
+    )
     console.print(f"expert parallel: {escape(_ep_text(caps))}")
     for message in others:
         console.print(f"[yellow]warning:[/] {escape(message)}")

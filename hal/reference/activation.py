@@ -40,8 +40,11 @@ def apply_activation(x: torch.Tensor, activation: Activation) -> torch.Tensor:
         gate = gate.clamp(max=activation.limit)
         up = up.clamp(min=-activation.limit, max=activation.limit)
         return ((up + 1) * gate * torch.sigmoid(activation.alpha * gate)).to(x.dtype)
-    plain = {ActivationKind.SILU_GLU: ActivationKind.SILU, ActivationKind.GELU_GLU: ActivationKind.GELU,
-             ActivationKind.GELU_TANH_GLU: ActivationKind.GELU_TANH}[kind]
+    plain = {
+        ActivationKind.SILU_GLU: ActivationKind.SILU,
+        ActivationKind.GELU_GLU: ActivationKind.GELU,
+        ActivationKind.GELU_TANH_GLU: ActivationKind.GELU_TANH,
+    }[kind]
     return (_plain(plain, gate) * up).to(x.dtype)
 
 

@@ -23,8 +23,13 @@ from hal.reference.weights import dequantize_weight
 Activation = torch.Tensor | QuantizedTensor | PackedInt4Tensor
 
 
-def grouped_matmul(x: Activation, weight: QuantizedWeight, groups: Groups, out_dtype: torch.dtype | None = None,
-                   limits: KernelLimits | None = None) -> torch.Tensor:
+def grouped_matmul(
+    x: Activation,
+    weight: QuantizedWeight,
+    groups: Groups,
+    out_dtype: torch.dtype | None = None,
+    limits: KernelLimits | None = None,
+) -> torch.Tensor:
     """`y[rows of g] = x[rows of g] @ weight[g]` for every group g, scales applied: `[M, N]`.
 
     `out_dtype` defaults to the activation dtype for float kinds and bf16 for quantized
@@ -37,8 +42,15 @@ def grouped_matmul(x: Activation, weight: QuantizedWeight, groups: Groups, out_d
     return compute(x, weight, groups, kind.spec, checks.gemm_out_dtype(kind, out_dtype), m, n)
 
 
-def compute(x: Activation, weight: QuantizedWeight, groups: Groups, spec: GemmSpec, out_dtype: torch.dtype,
-            m: int | None = None, n: int | None = None) -> torch.Tensor:
+def compute(
+    x: Activation,
+    weight: QuantizedWeight,
+    groups: Groups,
+    spec: GemmSpec,
+    out_dtype: torch.dtype,
+    m: int | None = None,
+    n: int | None = None,
+) -> torch.Tensor:
     """The product of validated operands of kind `spec`."""
     m = x.shape[0] if m is None else m
     n = weight.out_features if n is None else n

@@ -32,8 +32,9 @@ class ReferenceOps(VendorOps):
     reference_implementation = True
     notes = {"fused_deep_moe": "none: the reference has no fused op (the layer runs the unfused path)"}
 
-    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
-                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+    def quantize(
+        self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
+    ) -> QuantizedTensor:
         """See `hal.reference.quantize.quantize`."""
         return encode(x, dtype, layout, global_scale)
 
@@ -41,8 +42,9 @@ class ReferenceOps(VendorOps):
         """See `hal.reference.quantize.dequantize`."""
         return dequantize(q, out_dtype)
 
-    def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
-                        dtype: torch.dtype | None) -> QuantizedWeight:
+    def quantize_weight(
+        self, weight: torch.Tensor, *, layout: ScaleLayout, dtype: torch.dtype | None
+    ) -> QuantizedWeight:
         """See `hal.reference.weights.quantize_weight`."""
         return encode_weight(weight, layout, dtype)
 
@@ -50,8 +52,15 @@ class ReferenceOps(VendorOps):
         """See `hal.reference.int4.quantize_int4`."""
         return encode_int4(x)
 
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """See `hal.reference.grouped_matmul`."""
         return compute(x, weight, groups, kind.spec, out_dtype)
 
@@ -59,18 +68,30 @@ class ReferenceOps(VendorOps):
         """See `hal.reference.activation.swiglu`."""
         return silu_glu(x)
 
-    def sort_by_expert(self, topk_ids: torch.Tensor, *,
-                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert(
+        self, topk_ids: torch.Tensor, *, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """See `hal.reference.permute.sort_by_expert`."""
         return sort_pairs(topk_ids, num_experts)
 
-    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
-                         out_dtype: torch.dtype) -> torch.Tensor:
+    def weighted_combine(
+        self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """See `hal.reference.permute.weighted_combine`."""
         return combine_rows(rows, index, topk_weights, out_dtype)
 
-    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,
-                       dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+        process_group: object | None,
+        dispatch_dtype: DispatchDtype,
+        max_tokens_per_rank: int | None,
+    ) -> torch.Tensor:
         """The reference has no fused op: a vendor that declares one implements it."""
         raise UnsupportedCapability(f"the reference ops have no fused_deep_moe (scheme {scheme!r})")

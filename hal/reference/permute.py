@@ -29,8 +29,9 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     return order, inverse, counts
 
 
-def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
-                     out_dtype: torch.dtype) -> torch.Tensor:
+def weighted_combine(
+    rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """`out[t] = sum_j topk_weights[t, j] * rows[index[t*k + j]]`, in fp32, cast to `out_dtype`: `[T, H]`.
 
     `rows` is `[R, H]`; `index` (int64 `[T*k]`) picks the row of each (token, slot) pair, or is
@@ -41,8 +42,9 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weight
     return combine_rows(rows, index, topk_weights, out_dtype)
 
 
-def combine_rows(rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+def combine_rows(
+    rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """`weighted_combine` of checked operands."""
     t, k = topk_weights.shape
     picked = rows if index is None else rows.index_select(0, index)

@@ -43,8 +43,9 @@ def quantize(
     return encode(x, parsed, chosen, global_scale)
 
 
-def encode(x: torch.Tensor, dtype: DispatchDtype, layout: ScaleLayout,
-           global_scale: torch.Tensor | None) -> QuantizedTensor:
+def encode(
+    x: torch.Tensor, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
+) -> QuantizedTensor:
     """`quantize` of arguments already checked (as `hal.Vendor.quantize` checks them); refuses
     non-finite input, which only reading the values shows."""
     refuse_non_finite("x", x)
@@ -57,8 +58,14 @@ def encode(x: torch.Tensor, dtype: DispatchDtype, layout: ScaleLayout,
         packed, scale = e2m1.encode_blocks(xf, gs)
         return QuantizedTensor(packed, parsed, chosen, scale, gs.reshape(1))
     amax = group_amax(xf, chosen.group_size)
-    data, scale = symmetric(xf, amax, expand_groups(amax, chosen.group_size, xf.shape[-1]),
-                            qmax=float(spec.qmax), target=spec.storage, rounds=spec.rounds)  # type: ignore[arg-type]
+    data, scale = symmetric(
+        xf,
+        amax,
+        expand_groups(amax, chosen.group_size, xf.shape[-1]),
+        qmax=float(spec.qmax),
+        target=spec.storage,
+        rounds=spec.rounds,
+    )  # type: ignore[arg-type]
     return QuantizedTensor(data, parsed, chosen, scale)
 
 
@@ -79,8 +86,9 @@ def dequantize(q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> to
 # -- shared by activations and weights ------------------------------------------------------------
 
 
-def symmetric(x: torch.Tensor, amax: torch.Tensor, amax_like_x: torch.Tensor, *, qmax: float,
-              target: torch.dtype, rounds: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def symmetric(
+    x: torch.Tensor, amax: torch.Tensor, amax_like_x: torch.Tensor, *, qmax: float, target: torch.dtype, rounds: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale fp32 `x` by `amax / qmax` (amax pre-broadcast to x as `amax_like_x`), round to integers
     when `rounds` (half to even), saturate at qmax and cast to `target`; return `(data, fp32 scale)`."""
     scale = amax / qmax

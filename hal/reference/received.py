@@ -46,8 +46,16 @@ class ReceivedTokens:
     combine_weights: torch.Tensor
 
 
-def sort_received(local_ids: torch.Tensor, topk_weights: torch.Tensor, num_local: int, *, rows: int | None = None,
-                  slots: int | None = None, empty_row: int = 0, sort: SortFn | None = None) -> ReceivedTokens:
+def sort_received(
+    local_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_local: int,
+    *,
+    rows: int | None = None,
+    slots: int | None = None,
+    empty_row: int = 0,
+    sort: SortFn | None = None,
+) -> ReceivedTokens:
     """The expert rows of received tokens whose top-k experts are `local_ids` `[R, k]` (this rank's
     local expert ids; anything outside `[0, num_local)` is another rank's expert or an empty slot).
 
@@ -72,12 +80,23 @@ def sort_received(local_ids: torch.Tensor, topk_weights: torch.Tensor, num_local
     else:
         row_index, position = _masked_rows(key, order, inverse, counts, token_of_row, slots, empty_row)
     away = key == num_local
-    return ReceivedTokens(row_index, counts, _combine_index(position.view(r, k), away),
-                          topk_weights.to(torch.float32).masked_fill(away, 0.0))
+    return ReceivedTokens(
+        row_index,
+        counts,
+        _combine_index(position.view(r, k), away),
+        topk_weights.to(torch.float32).masked_fill(away, 0.0),
+    )
 
 
-def _masked_rows(key: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, counts: torch.Tensor,
-                 token_of_row: torch.Tensor, slots: int, empty_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _masked_rows(
+    key: torch.Tensor,
+    order: torch.Tensor,
+    inverse: torch.Tensor,
+    counts: torch.Tensor,
+    token_of_row: torch.Tensor,
+    slots: int,
+    empty_row: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(row index `[L * slots]`, the masked row of each pair) of the masked layout."""
     num_local = counts.numel()
     starts = torch.cumsum(counts, 0) - counts
@@ -101,8 +120,9 @@ def _combine_index(position: torch.Tensor, away: torch.Tensor) -> torch.Tensor:
     return torch.where(away, first, position).reshape(-1)
 
 
-def reduce_received(expert_rows: torch.Tensor, received: ReceivedTokens, out_dtype: torch.dtype, *,
-                    combine: CombineFn | None = None) -> torch.Tensor:
+def reduce_received(
+    expert_rows: torch.Tensor, received: ReceivedTokens, out_dtype: torch.dtype, *, combine: CombineFn | None = None
+) -> torch.Tensor:
     """Each received token's weighted sum over its local experts' rows `[R, H]` in `out_dtype`
     (`expert_rows` `[P, H]`, or the masked `[L, slots, H]`)."""
     rows = expert_rows.reshape(-1, expert_rows.shape[-1])

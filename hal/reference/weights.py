@@ -49,8 +49,9 @@ def encode_weight(w: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | Non
         data, scale = symmetric(wf, amax, amax.unsqueeze(1), qmax=qmax, target=stored, rounds=stored == torch.int8)
         return QuantizedWeight(pack_int4(data) if target == torch.quint4x2 else data, parsed, scale)
     amax = tile_amax(wf)
-    data, scale = symmetric(wf, amax, expand_tiles(amax, wf.shape[1], wf.shape[2]), qmax=qmax, target=target,
-                            rounds=False)
+    data, scale = symmetric(
+        wf, amax, expand_tiles(amax, wf.shape[1], wf.shape[2]), qmax=qmax, target=target, rounds=False
+    )
     return QuantizedWeight(data, parsed, scale)
 
 
@@ -84,10 +85,7 @@ def tile_amax(w: torch.Tensor) -> torch.Tensor:
 
 def expand_tiles(scale: torch.Tensor, k: int, n: int) -> torch.Tensor:
     """Broadcast `[E, Kb, Nb]` tile scales over their elements: `[E, K, N]`."""
-    return (
-        scale.repeat_interleave(FP8_GROUP_SIZE, dim=-2)
-        .repeat_interleave(FP8_GROUP_SIZE, dim=-1)[..., :k, :n]
-    )
+    return scale.repeat_interleave(FP8_GROUP_SIZE, dim=-2).repeat_interleave(FP8_GROUP_SIZE, dim=-1)[..., :k, :n]
 
 
 def _nvfp4(w: torch.Tensor) -> QuantizedWeight:
@@ -99,5 +97,6 @@ def _nvfp4(w: torch.Tensor) -> QuantizedWeight:
     gs = e2m1.scale_from_amax(amax)
     # Move K last, so that blocks and packing run along the last dimension as for activations.
     packed, scale = e2m1.encode_blocks(w.transpose(1, 2), gs.reshape(e, 1, 1))
-    return QuantizedWeight(packed.transpose(1, 2).contiguous(), ScaleLayout.BLOCK_16,
-                           scale.transpose(1, 2).contiguous(), gs)
+    return QuantizedWeight(
+        packed.transpose(1, 2).contiguous(), ScaleLayout.BLOCK_16, scale.transpose(1, 2).contiguous(), gs
+    )

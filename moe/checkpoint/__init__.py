@@ -20,6 +20,16 @@ from moe.checkpoint.names import (
 )
 
 __all__ = [
-    "CheckpointFormat", "ExpertCheckpointLoader", "ExpertTensorName", "FORMATS", "FormatSpec", "FusedLayout",
-    "NameStyle", "Projection", "TensorKind", "expert_tensor_name", "load_safetensors", "parse_expert_name",
+    "CheckpointFormat",
+    "ExpertCheckpointLoader",
+    "ExpertTensorName",
+    "FORMATS",
+    "FormatSpec",
+    "FusedLayout",
+    "NameStyle",
+    "Projection",
+    "TensorKind",
+    "expert_tensor_name",
+    "load_safetensors",
+    "parse_expert_name",
 ]

@@ -32,9 +32,17 @@ from moe.schemes import ExpertWeights
 PartGetter = Callable[[int, Projection, TensorKind], torch.Tensor]
 
 
-def assemble(spec: FormatSpec, part: PartGetter, num_experts: int, activation: Activation, bias: bool,
-             input_global_scale: float | None = None, intermediate_global_scale: float | None = None,
-             device: torch.device | None = None, down_bias_here: bool = True) -> ExpertWeights:
+def assemble(
+    spec: FormatSpec,
+    part: PartGetter,
+    num_experts: int,
+    activation: Activation,
+    bias: bool,
+    input_global_scale: float | None = None,
+    intermediate_global_scale: float | None = None,
+    device: torch.device | None = None,
+    down_bias_here: bool = True,
+) -> ExpertWeights:
     """The `ExpertWeights` of `num_experts` local experts from their checkpoint tensors.
 
     `down_bias_here`: this rank adds the down projection's bias (tensor-parallel rank 0); the
@@ -58,15 +66,23 @@ def _one(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.float32, device=device)
 
 
-def _weight(spec: FormatSpec, part: PartGetter, experts: int, projections: tuple[Projection, ...],
-            device: torch.device | None) -> QuantizedWeight:
+def _weight(
+    spec: FormatSpec, part: PartGetter, experts: int, projections: tuple[Projection, ...], device: torch.device | None
+) -> QuantizedWeight:
     """One hal weight `[E, K, N]` from the projections concatenated along N."""
     data = _transposed(part, experts, projections, TensorKind.WEIGHT, spec.storage, device)
     if spec.layout is ScaleLayout.NONE:
         return QuantizedWeight(data, ScaleLayout.NONE)
     if spec.layout is ScaleLayout.PER_CHANNEL:
-        scale = _rows(part, experts, projections, TensorKind.WEIGHT_SCALE, torch.float32, device,
-                      widths=[part(0, p, TensorKind.WEIGHT).shape[0] for p in projections])
+        scale = _rows(
+            part,
+            experts,
+            projections,
+            TensorKind.WEIGHT_SCALE,
+            torch.float32,
+            device,
+            widths=[part(0, p, TensorKind.WEIGHT).shape[0] for p in projections],
+        )
         return QuantizedWeight(data, ScaleLayout.PER_CHANNEL, scale)
     if spec.layout is ScaleLayout.BLOCK_128X128:
         scale = _transposed(part, experts, projections, TensorKind.WEIGHT_SCALE_INV, torch.float32, device)
@@ -75,8 +91,14 @@ def _weight(spec: FormatSpec, part: PartGetter, experts: int, projections: tuple
     return QuantizedWeight(data, ScaleLayout.BLOCK_16, scale, _global_scales(part, experts, projections, data))
 
 
-def _transposed(part: PartGetter, experts: int, projections: tuple[Projection, ...], kind: TensorKind,
-                dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+def _transposed(
+    part: PartGetter,
+    experts: int,
+    projections: tuple[Projection, ...],
+    kind: TensorKind,
+    dtype: torch.dtype,
+    device: torch.device | None,
+) -> torch.Tensor:
     """`[E, K, N]`: each expert's `[N_p, K]` tensors transposed and concatenated along N, in one copy."""
     pieces = [part(0, p, kind) for p in projections]
     k = pieces[0].shape[1]
@@ -86,13 +108,20 @@ def _transposed(part: PartGetter, experts: int, projections: tuple[Projection, .
         start = 0
         for p in projections:
             t = part(e, p, kind)
-            out[e, :, start:start + t.shape[0]].copy_(t.t())  # widening a scale to fp32 is exact
+            out[e, :, start : start + t.shape[0]].copy_(t.t())  # widening a scale to fp32 is exact
             start += t.shape[0]
     return out
 
 
-def _rows(part: PartGetter, experts: int, projections: tuple[Projection, ...], kind: TensorKind,
-          dtype: torch.dtype, device: torch.device | None, widths: list[int] | None = None) -> torch.Tensor:
+def _rows(
+    part: PartGetter,
+    experts: int,
+    projections: tuple[Projection, ...],
+    kind: TensorKind,
+    dtype: torch.dtype,
+    device: torch.device | None,
+    widths: list[int] | None = None,
+) -> torch.Tensor:
     """`[E, N]` from per-channel vectors (`[N]` or `[N, 1]`) concatenated; a one-value scale fills
     its projection's `widths[p]` channels."""
     first = part(0, projections[0], kind)
@@ -101,17 +130,20 @@ def _rows(part: PartGetter, experts: int, projections: tuple[Projection, ...], k
     for e in range(experts):
         start = 0
         for p, width in zip(projections, sizes):
-            out[e, start:start + width].copy_(part(e, p, kind).reshape(-1).expand(width))
+            out[e, start : start + width].copy_(part(e, p, kind).reshape(-1).expand(width))
             start += width
     return out
 
 
-def _global_scales(part: PartGetter, experts: int, projections: tuple[Projection, ...],
-                   data: torch.Tensor) -> torch.Tensor:
+def _global_scales(
+    part: PartGetter, experts: int, projections: tuple[Projection, ...], data: torch.Tensor
+) -> torch.Tensor:
     """nvfp4 global scales `1 / weight_scale_2`: `[E]` where every projection of an expert agrees,
     else per output channel `[E, N]`."""
-    ws2 = torch.tensor([[float(part(e, p, TensorKind.WEIGHT_SCALE_2).reshape(())) for p in projections]
-                        for e in range(experts)], dtype=torch.float64)
+    ws2 = torch.tensor(
+        [[float(part(e, p, TensorKind.WEIGHT_SCALE_2).reshape(())) for p in projections] for e in range(experts)],
+        dtype=torch.float64,
+    )
     gs = (1.0 / ws2).to(torch.float32)  # [E, P]
     if bool((gs == gs[:, :1]).all()):
         return gs[:, 0].contiguous().to(data.device)

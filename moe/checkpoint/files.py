@@ -13,8 +13,9 @@ from moe.checkpoint.loader import ExpertCheckpointLoader
 from moe.checkpoint.names import TensorKind, parse_expert_name
 
 
-def load_safetensors(paths: str | PathLike[str] | Iterable[str | PathLike[str]], prefix: str | None,
-                     loader: ExpertCheckpointLoader) -> list[str]:
+def load_safetensors(
+    paths: str | PathLike[str] | Iterable[str | PathLike[str]], prefix: str | None, loader: ExpertCheckpointLoader
+) -> list[str]:
     """Feed `loader` the expert tensors under `prefix` found in `paths`; the names fed, in order.
 
     Only what the loader wants is read: this rank's experts (of a fused all-experts tensor,
@@ -30,8 +31,9 @@ def load_safetensors(paths: str | PathLike[str] | Iterable[str | PathLike[str]],
     try:
         safetensors = importlib.import_module("safetensors")
     except ImportError as exc:
-        raise InvalidInput("load_safetensors: expected the safetensors package "
-                           "(pip install 'moe-hal[checkpoint]'), got an ImportError") from exc
+        raise InvalidInput(
+            "load_safetensors: expected the safetensors package (pip install 'moe-hal[checkpoint]'), got an ImportError"
+        ) from exc
     fed: list[str] = []
     for path in files:
         with _opened(safetensors, path) as f:
@@ -41,7 +43,7 @@ def load_safetensors(paths: str | PathLike[str] | Iterable[str | PathLike[str]],
                     continue
                 local = loader.local_experts
                 if parsed.fused and parsed.kind is not TensorKind.INPUT_SCALE and len(local) < loader.num_experts:
-                    tensor = f.get_slice(name)[local.start:local.stop]  # the local experts' rows only
+                    tensor = f.get_slice(name)[local.start : local.stop]  # the local experts' rows only
                 else:
                     tensor = f.get_tensor(name)
                 if loader.add(name, tensor):

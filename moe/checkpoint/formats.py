@@ -93,30 +93,41 @@ class FormatSpec:
         return (*self.required, *self.optional, TensorKind.BIAS)
 
 
-_W, _S, _INV, _S2, _IN = (TensorKind.WEIGHT, TensorKind.WEIGHT_SCALE, TensorKind.WEIGHT_SCALE_INV,
-                          TensorKind.WEIGHT_SCALE_2, TensorKind.INPUT_SCALE)
+_W, _S, _INV, _S2, _IN = (
+    TensorKind.WEIGHT,
+    TensorKind.WEIGHT_SCALE,
+    TensorKind.WEIGHT_SCALE_INV,
+    TensorKind.WEIGHT_SCALE_2,
+    TensorKind.INPUT_SCALE,
+)
 
 #: The checkpoint formats, one row each.
 FORMATS: dict[CheckpointFormat, FormatSpec] = {
-    spec.format: spec for spec in (
+    spec.format: spec
+    for spec in (
         FormatSpec(CheckpointFormat.BF16, torch.bfloat16, ScaleLayout.NONE, (_W,)),
         FormatSpec(CheckpointFormat.FP16, torch.float16, ScaleLayout.NONE, (_W,)),
         FormatSpec(CheckpointFormat.FP32, torch.float32, ScaleLayout.NONE, (_W,)),
         FormatSpec(CheckpointFormat.FP8_BLOCK128, torch.float8_e4m3fn, ScaleLayout.BLOCK_128X128, (_W, _INV)),
         FormatSpec(CheckpointFormat.FP8, torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL, (_W, _S), (_IN,)),
         FormatSpec(CheckpointFormat.INT8, torch.int8, ScaleLayout.PER_CHANNEL, (_W, _S)),
-        FormatSpec(CheckpointFormat.NVFP4, torch.uint8, ScaleLayout.BLOCK_16, (_W, _S, _S2, _IN),
-                   values_per_byte=2),
+        FormatSpec(CheckpointFormat.NVFP4, torch.uint8, ScaleLayout.BLOCK_16, (_W, _S, _S2, _IN), values_per_byte=2),
     )
 }
 
 _ALIASES: dict[str, CheckpointFormat] = {
     **{f.value: f for f in CheckpointFormat},
-    "bfloat16": CheckpointFormat.BF16, "float16": CheckpointFormat.FP16, "half": CheckpointFormat.FP16,
-    "float32": CheckpointFormat.FP32, "float": CheckpointFormat.FP32,
-    "fp8-block": CheckpointFormat.FP8_BLOCK128, "w8a8-fp8-block": CheckpointFormat.FP8_BLOCK128,
-    "w8a8-fp8": CheckpointFormat.FP8, "fp8-per-tensor": CheckpointFormat.FP8,
-    "fp8-per-channel": CheckpointFormat.FP8, "w8a8-int8": CheckpointFormat.INT8,
+    "bfloat16": CheckpointFormat.BF16,
+    "float16": CheckpointFormat.FP16,
+    "half": CheckpointFormat.FP16,
+    "float32": CheckpointFormat.FP32,
+    "float": CheckpointFormat.FP32,
+    "fp8-block": CheckpointFormat.FP8_BLOCK128,
+    "w8a8-fp8-block": CheckpointFormat.FP8_BLOCK128,
+    "w8a8-fp8": CheckpointFormat.FP8,
+    "fp8-per-tensor": CheckpointFormat.FP8,
+    "fp8-per-channel": CheckpointFormat.FP8,
+    "w8a8-int8": CheckpointFormat.INT8,
     "modelopt-nvfp4": CheckpointFormat.NVFP4,
 }
 
@@ -126,8 +137,9 @@ SCALE_DTYPES = FLOAT_DTYPES
 SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
 
 
-def expected_tensor(spec: FormatSpec, kind: TensorKind, n: int,
-                    k: int) -> tuple[list[tuple[int, ...]], tuple[torch.dtype, ...]]:
+def expected_tensor(
+    spec: FormatSpec, kind: TensorKind, n: int, k: int
+) -> tuple[list[tuple[int, ...]], tuple[torch.dtype, ...]]:
     """The shapes and dtypes a tensor of `kind` may have for a projection of `[N, K]` (out, in)."""
     if kind is TensorKind.WEIGHT:
         return [(n, k // spec.values_per_byte)], (spec.storage,)

@@ -28,8 +28,11 @@ from moe.checkpoint.names import (
 from moe.checkpoint.shard import shard, split_gate_up
 from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W8A8Fp8, W8A8Fp8Block, W8A8Int8
 
-_FLOAT_SCHEMES = {CheckpointFormat.BF16: torch.bfloat16, CheckpointFormat.FP16: torch.float16,
-                  CheckpointFormat.FP32: torch.float32}
+_FLOAT_SCHEMES = {
+    CheckpointFormat.BF16: torch.bfloat16,
+    CheckpointFormat.FP16: torch.float16,
+    CheckpointFormat.FP32: torch.float32,
+}
 _SCALAR_VALUED = (TensorKind.WEIGHT_SCALE_2, TensorKind.INPUT_SCALE)
 
 
@@ -49,22 +52,38 @@ class ExpertCheckpointLoader:
     (fp8 only; None: where the checkpoint has them, False: ignore them; nvfp4 always does).
     """
 
-    def __init__(self, format: CheckpointFormat | str, num_experts: int, hidden_size: int, intermediate_size: int,
-                 *, local_experts: range | None = None, tp_rank: int = 0, tp_size: int = 1,
-                 activation_gated: bool | None = None, activation: Activation | str | None = None,
-                 bias: bool = False, prefix: str | None = None,
-                 fused_layout: FusedLayout | str = FusedLayout.OUT_IN, gate_up_interleaved: bool = False,
-                 static_input_scale: bool | None = None) -> None:
+    def __init__(
+        self,
+        format: CheckpointFormat | str,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        local_experts: range | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        activation_gated: bool | None = None,
+        activation: Activation | str | None = None,
+        bias: bool = False,
+        prefix: str | None = None,
+        fused_layout: FusedLayout | str = FusedLayout.OUT_IN,
+        gate_up_interleaved: bool = False,
+        static_input_scale: bool | None = None,
+    ) -> None:
         self.format = CheckpointFormat.parse(format)
         self.spec = self.format.spec
         self.num_experts = positive_int("num_experts", num_experts)
         self.hidden_size = positive_int("hidden_size", hidden_size)
         self.intermediate_size = positive_int("intermediate_size", intermediate_size)
         self.local_experts = range(num_experts) if local_experts is None else local_experts
-        if (not isinstance(self.local_experts, range) or self.local_experts.step != 1 or not self.local_experts
-                or self.local_experts.start < 0 or self.local_experts.stop > num_experts):
-            raise invalid("local_experts", f"a non-empty range(start, stop) within range({num_experts})",
-                          local_experts)
+        if (
+            not isinstance(self.local_experts, range)
+            or self.local_experts.step != 1
+            or not self.local_experts
+            or self.local_experts.start < 0
+            or self.local_experts.stop > num_experts
+        ):
+            raise invalid("local_experts", f"a non-empty range(start, stop) within range({num_experts})", local_experts)
         positive_int("tp_size", tp_size)
         if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
             raise invalid("tp_rank", f"an int in [0, {tp_size})", tp_rank)
@@ -77,13 +96,15 @@ class ExpertCheckpointLoader:
         try:
             self.fused_layout = FusedLayout(fused_layout)
         except ValueError:
-            raise invalid("fused_layout", f"one of {', '.join(repr(f.value) for f in FusedLayout)}",
-                          fused_layout) from None
+            raise invalid(
+                "fused_layout", f"one of {', '.join(repr(f.value) for f in FusedLayout)}", fused_layout
+            ) from None
         self.interleaved = flag("gate_up_interleaved", gate_up_interleaved)
         flag("static_input_scale", static_input_scale, optional=True)
         if static_input_scale is not None and self.format is not CheckpointFormat.FP8:
-            raise invalid("static_input_scale", f"None for a {self.format} checkpoint (only fp8 has a choice)",
-                          static_input_scale)
+            raise invalid(
+                "static_input_scale", f"None for a {self.format} checkpoint (only fp8 has a choice)", static_input_scale
+            )
         self.static_input_scale = True if self.format is CheckpointFormat.NVFP4 else static_input_scale
         if self.format is CheckpointFormat.NVFP4:
             for name, size in (("hidden_size", hidden_size), ("intermediate_size / tp_size", self.local_intermediate)):
@@ -121,8 +142,12 @@ class ExpertCheckpointLoader:
     def _dims(self, projection: Projection) -> tuple[int, int]:
         """(N, K) of a projection at the full intermediate size."""
         h, i = self.hidden_size, self.intermediate_size
-        return {Projection.GATE: (i, h), Projection.UP: (i, h), Projection.DOWN: (h, i),
-                Projection.GATE_UP: (2 * i, h)}[projection]
+        return {
+            Projection.GATE: (i, h),
+            Projection.UP: (i, h),
+            Projection.DOWN: (h, i),
+            Projection.GATE_UP: (2 * i, h),
+        }[projection]
 
     # -- feeding tensors -------------------------------------------------------------------------
 
@@ -154,21 +179,32 @@ class ExpertCheckpointLoader:
             return self._add_fused(name, parsed, tensor)
         if parsed.expert >= self.num_experts:  # type: ignore[operator]
             raise invalid(name, f"an expert id below num_experts={self.num_experts}", parsed.expert)
-        return self._add_expert(name, parsed.projection, parsed.kind, parsed.expert, tensor,  # type: ignore[arg-type]
-                                view_ok=self.tp_size == 1)
+        return self._add_expert(
+            name,
+            parsed.projection,
+            parsed.kind,
+            parsed.expert,
+            tensor,  # type: ignore[arg-type]
+            view_ok=self.tp_size == 1,
+        )
 
     def _check_layer(self, name: str, parsed: ExpertTensorName) -> None:
         """One loader, one layer: the first name fixes the prefix and the naming family."""
         if self._style is None:
             self._prefix, self._style = parsed.prefix, parsed.style
         elif self.prefix is None and parsed.prefix != self._prefix:
-            raise InvalidInput(f"{name}: a tensor of another layer ({parsed.prefix!r}) than the first one loaded "
-                               f"({self._prefix!r}); pass prefix= to load one layer")
+            raise InvalidInput(
+                f"{name}: a tensor of another layer ({parsed.prefix!r}) than the first one loaded "
+                f"({self._prefix!r}); pass prefix= to load one layer"
+            )
 
     def _check_kind(self, name: str, parsed: ExpertTensorName) -> None:
         if parsed.kind not in self.spec.kinds():
-            raise invalid(name, f"one of the {self.format} tensors "
-                                f"({', '.join(k.value for k in self.spec.kinds())})", parsed.kind.value)
+            raise invalid(
+                name,
+                f"one of the {self.format} tensors ({', '.join(k.value for k in self.spec.kinds())})",
+                parsed.kind.value,
+            )
         if parsed.kind is TensorKind.BIAS and not self.bias:
             raise invalid(name, "no bias tensors (the loader was built with bias=False)", "a bias")
         if not self.gated and parsed.projection in (Projection.GATE, Projection.GATE_UP):
@@ -198,8 +234,16 @@ class ExpertCheckpointLoader:
             self._add_expert(name, parsed.projection, parsed.kind, e, one, checked=True, view_ok=whole)
         return True
 
-    def _add_expert(self, name: str, projection: Projection, kind: TensorKind, expert: int, t: torch.Tensor,
-                    checked: bool = False, view_ok: bool = True) -> bool:
+    def _add_expert(
+        self,
+        name: str,
+        projection: Projection,
+        kind: TensorKind,
+        expert: int,
+        t: torch.Tensor,
+        checked: bool = False,
+        view_ok: bool = True,
+    ) -> bool:
         """One expert's tensor `[N, K]`: checked, split (gate_up), sharded (TP) and kept if local."""
         n, k = self._dims(projection)
         if not checked:
@@ -215,44 +259,63 @@ class ExpertCheckpointLoader:
         if expert not in self.local_experts:
             return False
         if projection is Projection.GATE_UP:
-            pieces = zip((Projection.GATE, Projection.UP),
-                         split_gate_up(name, self.spec, kind, t, self.intermediate_size, self.interleaved))
+            pieces = zip(
+                (Projection.GATE, Projection.UP),
+                split_gate_up(name, self.spec, kind, t, self.intermediate_size, self.interleaved),
+            )
         else:
             pieces = zip((projection,), (t,))
         for p, piece in pieces:
-            if kind is TensorKind.WEIGHT_SCALE_INV and p is not Projection.DOWN and self.gated \
-                    and self.local_intermediate % FP8_GROUP_SIZE:
+            if (
+                kind is TensorKind.WEIGHT_SCALE_INV
+                and p is not Projection.DOWN
+                and self.gated
+                and self.local_intermediate % FP8_GROUP_SIZE
+            ):
                 raise InvalidInput(
                     f"{name}: gate and up concatenated along N need 128x128 blocks that do not straddle "
                     f"them: expected I per rank (intermediate_size / tp_size) a multiple of {FP8_GROUP_SIZE}, "
                     f"got {self.local_intermediate}"
                 )
-            local = shard(name, self.spec, p, kind, piece, self.tp_rank * self.local_intermediate,
-                          self.local_intermediate, self.intermediate_size)
+            local = shard(
+                name,
+                self.spec,
+                p,
+                kind,
+                piece,
+                self.tp_rank * self.local_intermediate,
+                self.local_intermediate,
+                self.intermediate_size,
+            )
             self._store(name, expert - self.local_experts.start, p, kind, local, view_ok and local is piece)
         return True
 
     def _split_projections(self, projection: Projection) -> tuple[Projection, ...]:
         return (Projection.GATE, Projection.UP) if projection is Projection.GATE_UP else (projection,)
 
-    def _store(self, name: str, expert: int, projection: Projection, kind: TensorKind, t: torch.Tensor,
-               view_ok: bool) -> None:
+    def _store(
+        self, name: str, expert: int, projection: Projection, kind: TensorKind, t: torch.Tensor, view_ok: bool
+    ) -> None:
         key = (expert, projection, kind)
         if key in self._sources:
-            raise InvalidInput(f"{name}: expert {expert + self.local_experts.start}'s {projection} {kind} was "
-                               f"already loaded from {self._sources[key]}")
+            raise InvalidInput(
+                f"{name}: expert {expert + self.local_experts.start}'s {projection} {kind} was "
+                f"already loaded from {self._sources[key]}"
+            )
         if not view_ok and t.untyped_storage().nbytes() > t.numel() * t.element_size():
             t = t.clone()  # a view of a larger tensor: keep only this rank's part, not the rest
         self._parts[key], self._sources[key] = t, name
 
     @staticmethod
-    def _check_tensor(name: str, t: torch.Tensor, shapes: list[tuple[int, ...]],
-                      dtypes: tuple[torch.dtype, ...]) -> None:
+    def _check_tensor(
+        name: str, t: torch.Tensor, shapes: list[tuple[int, ...]], dtypes: tuple[torch.dtype, ...]
+    ) -> None:
         if tuple(t.shape) not in shapes or t.dtype not in dtypes:
             want = " or ".join(str(list(s)) for s in shapes)
             kinds = "/".join(dtype_name(d) for d in dtypes)
-            raise InvalidInput(f"{name}: expected {kinds} of shape {want}, got {dtype_name(t.dtype)} "
-                               f"of shape {list(t.shape)}")
+            raise InvalidInput(
+                f"{name}: expected {kinds} of shape {want}, got {dtype_name(t.dtype)} of shape {list(t.shape)}"
+            )
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -265,15 +328,25 @@ class ExpertCheckpointLoader:
         kinds += [TensorKind.BIAS] if self.bias else []
         names: list[str] = []
         for e in self.local_experts:
-            names += [self._name(e, p, k) for p in self.projections for k in kinds
-                      if (e - self.local_experts.start, p, k) not in self._parts]
+            names += [
+                self._name(e, p, k)
+                for p in self.projections
+                for k in kinds
+                if (e - self.local_experts.start, p, k) not in self._parts
+            ]
         return list(dict.fromkeys(names + self._missing_input_scales()))
 
     def _missing_input_scales(self) -> list[str]:
         if not self._uses_input_scales():
             return []
-        return list(dict.fromkeys(self._name(e, p, TensorKind.INPUT_SCALE) for e in range(self.num_experts)
-                                  for p in self.projections if (e, p) not in self._input_scales))
+        return list(
+            dict.fromkeys(
+                self._name(e, p, TensorKind.INPUT_SCALE)
+                for e in range(self.num_experts)
+                for p in self.projections
+                if (e, p) not in self._input_scales
+            )
+        )
 
     def _name(self, expert: int, projection: Projection, kind: TensorKind) -> str:
         style = self._style or NameStyle.HF
@@ -285,8 +358,10 @@ class ExpertCheckpointLoader:
     def _require_complete(self, input_scales_only: bool = False) -> None:
         missing = self._missing_input_scales() if input_scales_only else self.missing()
         if missing:
-            raise InvalidInput(f"checkpoint: expected every expert tensor of this rank, got {len(missing)} "
-                               f"missing: {', '.join(missing)}")
+            raise InvalidInput(
+                f"checkpoint: expected every expert tensor of this rank, got {len(missing)} "
+                f"missing: {', '.join(missing)}"
+            )
 
     def _max_input_scale(self, down: bool) -> float:
         return max(v for (_, p), v in self._input_scales.items() if (p is Projection.DOWN) == down)
@@ -321,5 +396,13 @@ class ExpertCheckpointLoader:
         global_scales = (None, None)
         if isinstance(scheme, NvFp4):
             global_scales = (scheme.input_global_scale, scheme.intermediate_global_scale)
-        return assemble(self.spec, lambda e, p, k: self._parts[(e, p, k)], len(self.local_experts), self.activation,
-                        self.bias, *global_scales, device=device, down_bias_here=self.tp_rank == 0)
+        return assemble(
+            self.spec,
+            lambda e, p, k: self._parts[(e, p, k)],
+            len(self.local_experts),
+            self.activation,
+            self.bias,
+            *global_scales,
+            device=device,
+            down_bias_here=self.tp_rank == 0,
+        )

@@ -58,9 +58,13 @@ class NameStyle(str, enum.Enum):
 
 
 _PROJECTIONS = {
-    "gate_proj": Projection.GATE, "up_proj": Projection.UP, "down_proj": Projection.DOWN,
+    "gate_proj": Projection.GATE,
+    "up_proj": Projection.UP,
+    "down_proj": Projection.DOWN,
     "gate_up_proj": Projection.GATE_UP,
-    "w1": Projection.GATE, "w3": Projection.UP, "w2": Projection.DOWN,
+    "w1": Projection.GATE,
+    "w3": Projection.UP,
+    "w2": Projection.DOWN,
 }
 _MIXTRAL = {"w1", "w2", "w3"}
 _KINDS = "|".join(sorted((k.value for k in TensorKind), key=len, reverse=True))
@@ -114,26 +118,37 @@ def parse_expert_name(name: str, prefix: str | None = None) -> ExpertTensorName 
     if found is not None:
         proj = found["proj"]
         style = NameStyle.MIXTRAL if proj in _MIXTRAL else NameStyle.HF
-        parsed = ExpertTensorName(found["prefix"] or "", int(found["expert"]), _PROJECTIONS[proj],
-                                  TensorKind(found["kind"]), style)
+        parsed = ExpertTensorName(
+            found["prefix"] or "", int(found["expert"]), _PROJECTIONS[proj], TensorKind(found["kind"]), style
+        )
     else:
         found = _FUSED.match(name)
         if found is None:
             return None
-        parsed = ExpertTensorName(found["prefix"] or "", None, _PROJECTIONS[found["proj"]],
-                                  TensorKind(found["kind"] or TensorKind.WEIGHT), NameStyle.FUSED)
+        parsed = ExpertTensorName(
+            found["prefix"] or "",
+            None,
+            _PROJECTIONS[found["proj"]],
+            TensorKind(found["kind"] or TensorKind.WEIGHT),
+            NameStyle.FUSED,
+        )
     if prefix is not None and parsed.prefix != normalize_prefix(prefix):
         return None
     return parsed
 
 
-_HF_NAMES = {Projection.GATE: "gate_proj", Projection.UP: "up_proj", Projection.DOWN: "down_proj",
-             Projection.GATE_UP: "gate_up_proj"}
+_HF_NAMES = {
+    Projection.GATE: "gate_proj",
+    Projection.UP: "up_proj",
+    Projection.DOWN: "down_proj",
+    Projection.GATE_UP: "gate_up_proj",
+}
 _MIXTRAL_NAMES = {Projection.GATE: "w1", Projection.UP: "w3", Projection.DOWN: "w2"}
 
 
-def expert_tensor_name(prefix: str, expert: int | None, projection: Projection, kind: TensorKind,
-                       style: NameStyle = NameStyle.HF) -> str:
+def expert_tensor_name(
+    prefix: str, expert: int | None, projection: Projection, kind: TensorKind, style: NameStyle = NameStyle.HF
+) -> str:
     """The checkpoint name of one tensor (the inverse of `parse_expert_name`)."""
     head = f"{prefix}.experts" if prefix else "experts"
     if expert is None or style is NameStyle.FUSED:

@@ -26,19 +26,24 @@ def is_per_tensor(kind: TensorKind, t: torch.Tensor) -> bool:
     return kind in SCALAR_KINDS or (kind is TensorKind.WEIGHT_SCALE and tuple(t.shape) in SCALAR_SHAPES)
 
 
-def split_gate_up(name: str, spec: FormatSpec, kind: TensorKind, t: torch.Tensor, intermediate: int,
-                  interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def split_gate_up(
+    name: str, spec: FormatSpec, kind: TensorKind, t: torch.Tensor, intermediate: int, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The gate and up parts of a `gate_up` tensor whose N is `2 * intermediate`: the first and the
     second half of the rows, or the even and the odd rows where `interleaved` (gpt-oss)."""
     if is_per_tensor(kind, t):
         return t, t
     if kind is TensorKind.WEIGHT_SCALE_INV:
         if interleaved:
-            raise InvalidInput(f"{name}: 128x128 block scales of an interleaved gate_up projection cannot be "
-                               "split into gate and up (a block holds rows of both)")
+            raise InvalidInput(
+                f"{name}: 128x128 block scales of an interleaved gate_up projection cannot be "
+                "split into gate and up (a block holds rows of both)"
+            )
         if intermediate % FP8_GROUP_SIZE:
-            raise InvalidInput(f"{name}: splitting gate_up block scales needs I a multiple of {FP8_GROUP_SIZE} "
-                               f"(the up rows start inside a block otherwise), got I={intermediate}")
+            raise InvalidInput(
+                f"{name}: splitting gate_up block scales needs I a multiple of {FP8_GROUP_SIZE} "
+                f"(the up rows start inside a block otherwise), got I={intermediate}"
+            )
         blocks = intermediate // FP8_GROUP_SIZE
         return t[:blocks], t[blocks:]
     if interleaved:
@@ -46,8 +51,16 @@ def split_gate_up(name: str, spec: FormatSpec, kind: TensorKind, t: torch.Tensor
     return t[:intermediate], t[intermediate:]
 
 
-def shard(name: str, spec: FormatSpec, projection: Projection, kind: TensorKind, t: torch.Tensor,
-          offset: int, size: int, full: int) -> torch.Tensor:
+def shard(
+    name: str,
+    spec: FormatSpec,
+    projection: Projection,
+    kind: TensorKind,
+    t: torch.Tensor,
+    offset: int,
+    size: int,
+    full: int,
+) -> torch.Tensor:
     """This rank's shard `[offset, offset + size)` of the intermediate dimension (`full` channels)."""
     if size == full or is_per_tensor(kind, t):
         return t
@@ -56,11 +69,11 @@ def shard(name: str, spec: FormatSpec, projection: Projection, kind: TensorKind,
             return t  # per output channel (H): the same on every rank
         if kind is TensorKind.WEIGHT:
             step = spec.values_per_byte
-            return t[:, offset // step:(offset + size) // step]
+            return t[:, offset // step : (offset + size) // step]
         return t[:, _blocks(name, kind, spec, offset, size, full)]
     if kind is TensorKind.WEIGHT_SCALE_INV:
         return t[_blocks(name, kind, spec, offset, size, full)]
-    return t[offset:offset + size]  # gate/up rows: weights, biases, per-channel and nvfp4 block scales
+    return t[offset : offset + size]  # gate/up rows: weights, biases, per-channel and nvfp4 block scales
 
 
 def _blocks(name: str, kind: TensorKind, spec: FormatSpec, offset: int, size: int, full: int) -> slice:

@@ -8,6 +8,13 @@ from moe.dispatch.low_latency import LowLatencyDispatcher
 from moe.dispatch.vendor_ep import VendorEpDispatcher
 
 __all__ = [
-    "AllToAllDispatcher", "AutoDispatcher", "DispatchFormat", "DispatchOutput", "Dispatcher",
-    "LocalDispatcher", "LowLatencyDispatcher", "Pending", "VendorEpDispatcher",
+    "AllToAllDispatcher",
+    "AutoDispatcher",
+    "DispatchFormat",
+    "DispatchOutput",
+    "Dispatcher",
+    "LocalDispatcher",
+    "LowLatencyDispatcher",
+    "Pending",
+    "VendorEpDispatcher",
 ]

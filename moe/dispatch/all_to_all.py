@@ -51,16 +51,18 @@ class AllToAllDispatcher(Dispatcher):
 
     format = DispatchFormat.EP_NORMAL
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *,
-                 vendor: Vendor | None = None) -> None:
+    def __init__(
+        self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *, vendor: Vendor | None = None
+    ) -> None:
         super().__init__(plan, num_experts, process_group, vendor=vendor)
         self._constants = Constants()
 
     def exchange_sizes(self, topk_ids: torch.Tensor) -> _Sizes:
         """Tell every rank what it receives; the one host synchronisation of a normal-mode call."""
         world, tokens, device = self.world_size, topk_ids.shape[0], topk_ids.device
-        ranks = self._constants.get(("ranks", device, world),
-                                    lambda: torch.arange(world, device=device).view(world, 1, 1))
+        ranks = self._constants.get(
+            ("ranks", device, world), lambda: torch.arange(world, device=device).view(world, 1, 1)
+        )
         owner = torch.div(topk_ids, self.num_local_experts, rounding_mode="floor")
         pairs = owner.unsqueeze(0) == ranks  # [world, T, k]: pair (t, j) goes to rank r
         hit = pairs.any(2)
@@ -71,8 +73,9 @@ class AllToAllDispatcher(Dispatcher):
         all_to_all(counts[world:], counts[:world], self.process_group)
         rows = counts.tolist()
         sent, got = rows[:world], rows[world:]
-        return _Sizes([r[0] for r in sent], [r[0] for r in got], sum(r[1] for r in got),
-                      max([tokens, *(r[2] for r in got)]), hit)
+        return _Sizes(
+            [r[0] for r in sent], [r[0] for r in got], sum(r[1] for r in got), max([tokens, *(r[2] for r in got)]), hit
+        )
 
     def _send_rows(self, hit: torch.Tensor, sent: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(home index `[T * ranks]`: 1 + the send row of each (token, rank), 0 where the token does not go;
@@ -89,8 +92,15 @@ class AllToAllDispatcher(Dispatcher):
         pending = self.dispatch_async(hidden_states, routing, quantize, async_op=False)
         return pending.wait()  # type: ignore[return-value]
 
-    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer,
-                       sizes: _Sizes | None = None, *, async_op: bool = True) -> Pending:
+    def dispatch_async(
+        self,
+        hidden_states: torch.Tensor,
+        routing: Routing,
+        quantize: Quantizer,
+        sizes: _Sizes | None = None,
+        *,
+        async_op: bool = True,
+    ) -> Pending:
         """Start the dispatch (the counts are exchanged before this returns); `wait()` gives the output.
         `async_op` False: the records travel before this returns (`dispatch`)."""
         tokens = hidden_states.shape[0]
@@ -104,29 +114,36 @@ class AllToAllDispatcher(Dispatcher):
 
         def finish() -> DispatchOutput:
             ids, weights = view_routing(recv, self.plan, routing.top_k)
-            got = receive(ids, weights, self.first_expert, self.num_local_experts, self._constants.sort(self.vendor),
-                          rows=sizes.pairs)
+            got = receive(
+                ids,
+                weights,
+                self.first_expert,
+                self.num_local_experts,
+                self._constants.sort(self.vendor),
+                rows=sizes.pairs,
+            )
             source = view_records(recv, self.plan, quantized.global_scale)
             handle = _AllToAllHandle(got, home_index, sizes.send, sizes.recv, tokens)
             return DispatchOutput(self.format, source, got.expert_counts, handle, row_index=got.row_index)
 
         return Pending([work], finish)
 
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         """Each token's partial sums come back from the ranks it went to and are added in rank order."""
         pending = self.combine_async(expert_output, dispatched, out_dtype, async_op=False)
         return pending.wait()  # type: ignore[return-value]
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *,
-                      async_op: bool = True) -> Pending:
+    def combine_async(
+        self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *, async_op: bool = True
+    ) -> Pending:
         """Start the combine; `wait()` gives the `[T, H]` result (`async_op` False: as `combine`)."""
         handle: _AllToAllHandle = dispatched.handle
         partial = partial_sums(expert_output, handle.received, self.vendor)
         returned = partial.new_empty((sum(handle.send_splits) + 1, partial.shape[-1]))
         returned[0].zero_()  # the row of every (token, rank) the token did not go to
-        work = all_to_all(returned[1:], partial, self.process_group, handle.send_splits, handle.recv_splits,
-                          async_op=async_op)
+        work = all_to_all(
+            returned[1:], partial, self.process_group, handle.send_splits, handle.recv_splits, async_op=async_op
+        )
         world, tokens = self.world_size, handle.tokens
         ones = self._constants.ones(tokens * world, partial.device).view(tokens, world)
         return Pending([work], lambda: sum_partials(returned, handle.home_index, ones, out_dtype, self.vendor))

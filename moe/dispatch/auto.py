@@ -28,8 +28,15 @@ class AutoDispatcher(Dispatcher):
 
     format = DispatchFormat.EP_NORMAL
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, capacity: int, process_group: Any = None, *,
-                 vendor: Vendor | None = None) -> None:
+    def __init__(
+        self,
+        plan: DispatchPlan,
+        num_experts: int,
+        capacity: int,
+        process_group: Any = None,
+        *,
+        vendor: Vendor | None = None,
+    ) -> None:
         super().__init__(plan, num_experts, process_group, vendor=vendor)
         self.normal = AllToAllDispatcher(plan, num_experts, process_group, vendor=vendor)
         self.low_latency = LowLatencyDispatcher(plan, num_experts, capacity, process_group, vendor=vendor)
@@ -38,15 +45,16 @@ class AutoDispatcher(Dispatcher):
 
     @property
     def last_mode(self) -> str:
-        """"normal" or "low-latency": what the latest dispatch took."""
+        """ "normal" or "low-latency": what the latest dispatch took."""
         return self._last
 
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
         pending = self.dispatch_async(hidden_states, routing, quantize, async_op=False)
         return pending.wait()  # type: ignore[return-value]
 
-    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *,
-                       async_op: bool = True) -> Pending:
+    def dispatch_async(
+        self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *, async_op: bool = True
+    ) -> Pending:
         """Exchange the counts (with every rank's batch size), then dispatch in the mode they call for."""
         sizes = self.normal.exchange_sizes(routing.topk_ids)
         if sizes.max_tokens <= self.capacity:
@@ -58,15 +66,18 @@ class AutoDispatcher(Dispatcher):
     def _mode(self, dispatched: DispatchOutput) -> Dispatcher:
         return self.low_latency if self.low_latency.owns(dispatched) else self.normal
 
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         return self._mode(dispatched).combine(expert_output, dispatched, out_dtype)
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *,
-                      async_op: bool = True) -> Pending:
+    def combine_async(
+        self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *, async_op: bool = True
+    ) -> Pending:
         return self._mode(dispatched).combine_async(  # type: ignore[call-arg]
-            expert_output, dispatched, out_dtype, async_op=async_op)
+            expert_output, dispatched, out_dtype, async_op=async_op
+        )
 
     def __repr__(self) -> str:
-        return (f"AutoDispatcher(dtype={self.plan.resolved}, experts={self.num_experts}, capacity={self.capacity}, "
-                f"rank={self.rank}/{self.world_size}, last={self.last_mode})")
+        return (
+            f"AutoDispatcher(dtype={self.plan.resolved}, experts={self.num_experts}, capacity={self.capacity}, "
+            f"rank={self.rank}/{self.world_size}, last={self.last_mode})"
+        )

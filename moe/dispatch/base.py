@@ -98,8 +98,9 @@ class Dispatcher(abc.ABC):
 
     format: ClassVar[DispatchFormat]
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *,
-                 vendor: Vendor | None = None) -> None:
+    def __init__(
+        self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *, vendor: Vendor | None = None
+    ) -> None:
         if not isinstance(plan, DispatchPlan):
             raise invalid("plan", "a hal.DispatchPlan (hal.resolve_dispatch_plan)", type(plan).__name__)
         if vendor is not None and not isinstance(vendor, Vendor):
@@ -119,8 +120,10 @@ class Dispatcher(abc.ABC):
         self.first_expert = self.rank * self.num_local_experts
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(dtype={self.plan.resolved}, experts={self.num_experts}, "
-                f"rank={self.rank}/{self.world_size})")
+        return (
+            f"{type(self).__name__}(dtype={self.plan.resolved}, experts={self.num_experts}, "
+            f"rank={self.rank}/{self.world_size})"
+        )
 
     @abc.abstractmethod
     def dispatch(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> DispatchOutput:
@@ -140,16 +143,16 @@ class Dispatcher(abc.ABC):
             return sorted_pairs
         return (*sorted_pairs, torch.div(sorted_pairs[0], topk_ids.shape[-1], rounding_mode="floor"))
 
-    def combine_rows(self, rows: torch.Tensor, index: torch.Tensor | None, routing: Routing,
-                     out_dtype: torch.dtype) -> torch.Tensor:
+    def combine_rows(
+        self, rows: torch.Tensor, index: torch.Tensor | None, routing: Routing, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's weighted sum of `rows[index]` (see `hal.Vendor.weighted_combine`)."""
         if self.vendor is not None:
             return self.vendor.weighted_combine(rows, index, routing.topk_weights, out_dtype)
         return weighted_combine(rows, index, routing.topk_weights, out_dtype)
 
     @abc.abstractmethod
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         """Return each token's top-k-weighted sum of its experts' outputs: `[T, H]` in `out_dtype`."""
 
     def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer) -> Pending:
@@ -158,16 +161,18 @@ class Dispatcher(abc.ABC):
         overlaps where the dispatcher communicates asynchronously. The default finishes at once."""
         return Pending.done(self.dispatch(hidden_states, routing, quantize))
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                      out_dtype: torch.dtype) -> Pending:
+    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> Pending:
         """`combine`, started: `wait()` gives the `[T, H]` result (see `dispatch_async`)."""
         return Pending.done(self.combine(expert_output, dispatched, out_dtype))
 
     @property
     def last_mode(self) -> str:
         """The mode the latest call took: "local", "normal" or "low-latency"."""
-        return {DispatchFormat.STANDARD: "local", DispatchFormat.EP_NORMAL: "normal",
-                DispatchFormat.EP_LOW_LATENCY: "low-latency"}[self.format]
+        return {
+            DispatchFormat.STANDARD: "local",
+            DispatchFormat.EP_NORMAL: "normal",
+            DispatchFormat.EP_LOW_LATENCY: "low-latency",
+        }[self.format]
 
     @property
     def formats(self) -> tuple[DispatchFormat, ...]:
@@ -197,8 +202,11 @@ def group_size_and_rank(process_group: Any, argument: str = "process_group") -> 
     try:
         return dist.get_world_size(process_group), dist.get_rank(process_group)
     except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
-        raise invalid(argument, "a torch.distributed process group this process belongs to or None",
-                      f"{type(process_group).__name__} ({type(exc).__name__}: {exc})") from exc
+        raise invalid(
+            argument,
+            "a torch.distributed process group this process belongs to or None",
+            f"{type(process_group).__name__} ({type(exc).__name__}: {exc})",
+        ) from exc
 
 
 __all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "Pending", "group_size_and_rank", "sort_by_expert"]

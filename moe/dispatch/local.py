@@ -27,11 +27,11 @@ class LocalDispatcher(Dispatcher):
         """Rows `[T * k, H]` in the planned dtype, sorted by expert (token order within one), handed over
         as the quantized tokens and the token of each sorted row: the gather is left to the experts' GEMM."""
         _, inverse, counts, token_of_row = self.sort_pairs(routing.topk_ids, tokens=True)
-        return DispatchOutput(self.format, quantize(hidden_states), counts, _LocalHandle(routing, inverse),
-                              row_index=token_of_row)
+        return DispatchOutput(
+            self.format, quantize(hidden_states), counts, _LocalHandle(routing, inverse), row_index=token_of_row
+        )
 
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         """Un-sort the expert rows and take each token's weighted sum."""
         handle: _LocalHandle = dispatched.handle
         return self.combine_rows(expert_output, handle.inverse, handle.routing, out_dtype)

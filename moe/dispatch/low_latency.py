@@ -51,7 +51,7 @@ class _Buffers:
         self.send = torch.zeros((slots, width), dtype=torch.uint8, device=device)
         self.recv = torch.zeros((world * slots, width), dtype=torch.uint8, device=device)
         start = routing_offset(plan, top_k)
-        self.send_routing = self.send[:, start:start + 8 * top_k].view(torch.int32)  #: ids, then weights' bits
+        self.send_routing = self.send[:, start : start + 8 * top_k].view(torch.int32)  #: ids, then weights' bits
         self.send_ids = self.send_routing[:, :top_k]
         self.recv_ids, self.recv_weights = view_routing(self.recv, plan, top_k)
         self.plan, self.top_k, self.world, self.slots = plan, top_k, world, slots
@@ -66,8 +66,9 @@ class _Buffers:
             return view_records(self.recv, self.plan, global_scale)
         if global_scale is None:
             return self._source
-        return QuantizedTensor(self._source.data, self._source.dtype, self._source.layout, self._source.scale,
-                               global_scale)
+        return QuantizedTensor(
+            self._source.data, self._source.dtype, self._source.layout, self._source.scale, global_scale
+        )
 
     def returned_rows(self, dtype: torch.dtype, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(`[1 + world * slots, hidden]` rows whose row 0 stays zero, the rows after it partial sums come back to)."""
@@ -92,11 +93,19 @@ class LowLatencyDispatcher(Dispatcher):
     #: buffer sets per dispatcher: two micro-batches may be in flight at once
     IN_FLIGHT = 2
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, capacity: int | None,
-                 process_group: Any = None, *, vendor: Vendor | None = None) -> None:
+    def __init__(
+        self,
+        plan: DispatchPlan,
+        num_experts: int,
+        capacity: int | None,
+        process_group: Any = None,
+        *,
+        vendor: Vendor | None = None,
+    ) -> None:
         super().__init__(plan, num_experts, process_group, vendor=vendor)
-        self.capacity = positive_int("max_dispatch_tokens_per_rank", capacity,
-                                     "a positive int for the low-latency dispatcher")
+        self.capacity = positive_int(
+            "max_dispatch_tokens_per_rank", capacity, "a positive int for the low-latency dispatcher"
+        )
         self._check_fits()
         self._sets: list[_Buffers] = []
         self._exact_rows = vendor is None or vendor.capabilities().host_synchronous
@@ -133,10 +142,13 @@ class LowLatencyDispatcher(Dispatcher):
         if vendor is None or memory is None or self.memory_bytes <= memory:
             return
         fits = memory * self.capacity // self.memory_bytes
-        raise invalid("max_dispatch_tokens_per_rank",
-                      f"a capacity whose buffers fit the device memory of vendor {vendor.name!r} "
-                      f"({memory / 2**30:.1f} GiB; {self.memory_bytes // self.capacity} bytes per token of capacity: "
-                      f"at most {fits} tokens)", self.capacity)
+        raise invalid(
+            "max_dispatch_tokens_per_rank",
+            f"a capacity whose buffers fit the device memory of vendor {vendor.name!r} "
+            f"({memory / 2**30:.1f} GiB; {self.memory_bytes // self.capacity} bytes per token of capacity: "
+            f"at most {fits} tokens)",
+            self.capacity,
+        )
 
     def _buffers(self, device: torch.device, top_k: int) -> _Buffers:
         """The next buffer set: persistent on a group (its ranks call from one thread each, in order);
@@ -144,8 +156,9 @@ class LowLatencyDispatcher(Dispatcher):
         if self.process_group is None:
             return _Buffers(self.plan, self.capacity, 1, top_k, device)
         if not self._sets or self._sets[0].send.device != device or self._sets[0].top_k != top_k:
-            self._sets = [_Buffers(self.plan, self.capacity, self.world_size, top_k, device)
-                          for _ in range(self.IN_FLIGHT)]
+            self._sets = [
+                _Buffers(self.plan, self.capacity, self.world_size, top_k, device) for _ in range(self.IN_FLIGHT)
+            ]
         buffers = self._sets[self._next]
         self._next = (self._next + 1) % len(self._sets)
         return buffers
@@ -155,8 +168,9 @@ class LowLatencyDispatcher(Dispatcher):
         pending = self.dispatch_async(hidden_states, routing, quantize, async_op=False)
         return pending.wait()  # type: ignore[return-value]
 
-    def dispatch_async(self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *,
-                       async_op: bool = True) -> Pending:
+    def dispatch_async(
+        self, hidden_states: torch.Tensor, routing: Routing, quantize: Quantizer, *, async_op: bool = True
+    ) -> Pending:
         """Start the dispatch; `wait()` gives the output (`async_op` False: as `dispatch`)."""
         tokens = hidden_states.shape[0]
         if tokens > self.capacity:
@@ -176,17 +190,27 @@ class LowLatencyDispatcher(Dispatcher):
         home_index = self._home_index(routing.topk_ids)
 
         def finish() -> DispatchOutput:
-            got = receive(buffers.recv_ids, buffers.recv_weights, self.first_expert, self.num_local_experts,
-                          self._constants.sort(self.vendor))
+            got = receive(
+                buffers.recv_ids,
+                buffers.recv_weights,
+                self.first_expert,
+                self.num_local_experts,
+                self._constants.sort(self.vendor),
+            )
             gemm_counts = None
             if self._exact_rows:  # reading the count back costs nothing here; such vendors want exact groups
                 got = replace(got, row_index=got.row_index[: int(got.expert_counts.sum())])
             elif not self._padding:  # the GEMMs must cover every row: the tail is computed as the last expert's
                 gemm_counts = padded_counts(got.expert_counts, got.row_index.numel())
             source = buffers.source(quantized.global_scale)
-            return DispatchOutput(self.format, source, got.expert_counts,
-                                  _LowLatencyHandle(got, home_index, tokens, buffers), row_index=got.row_index,
-                                  gemm_counts=gemm_counts)
+            return DispatchOutput(
+                self.format,
+                source,
+                got.expert_counts,
+                _LowLatencyHandle(got, home_index, tokens, buffers),
+                row_index=got.row_index,
+                gemm_counts=gemm_counts,
+            )
 
         return Pending([work], finish)
 
@@ -205,25 +229,29 @@ class LowLatencyDispatcher(Dispatcher):
         tokens, world, cap, device = topk_ids.shape[0], self.world_size, self.capacity, topk_ids.device
         owner = torch.div(topk_ids, self.num_local_experts, rounding_mode="floor").to(torch.int64)
         hit = torch.zeros((tokens, world), dtype=torch.bool, device=device).scatter_(1, owner, True)
-        slots = self._constants.get(("slots", device, cap, world), lambda: torch.arange(
-            1, 1 + cap, device=device).unsqueeze(1) + torch.arange(world, device=device) * cap)  # [cap, world]
+        slots = self._constants.get(
+            ("slots", device, cap, world),
+            lambda: torch.arange(1, 1 + cap, device=device).unsqueeze(1) + torch.arange(world, device=device) * cap,
+        )  # [cap, world]
         return (slots[:tokens] * hit).view(-1)
 
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         """Each token's partial sums come back from every rank (fixed size) and the ones it went to are added."""
         pending = self.combine_async(expert_output, dispatched, out_dtype, async_op=False)
         return pending.wait()  # type: ignore[return-value]
 
-    def combine_async(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *,
-                      async_op: bool = True) -> Pending:
+    def combine_async(
+        self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype, *, async_op: bool = True
+    ) -> Pending:
         """Start the combine; `wait()` gives the `[T, H]` result (`async_op` False: as `combine`)."""
         handle: _LowLatencyHandle = dispatched.handle
         partial = partial_sums(expert_output, handle.received, self.vendor)
         returned, tail = handle.buffers.returned_rows(partial.dtype, partial.shape[-1])
         work = all_to_all(tail, partial, self.process_group, async_op=async_op)
         world, cap, device = self.world_size, self.capacity, partial.device
-        ones = self._constants.get(("ones rows", device, cap, world),
-                                   lambda: torch.ones((cap, world), dtype=torch.float32, device=device))
-        return Pending([work], lambda: sum_partials(returned, handle.home_index, ones[:handle.tokens], out_dtype,
-                                                    self.vendor))
+        ones = self._constants.get(
+            ("ones rows", device, cap, world), lambda: torch.ones((cap, world), dtype=torch.float32, device=device)
+        )
+        return Pending(
+            [work], lambda: sum_partials(returned, handle.home_index, ones[: handle.tokens], out_dtype, self.vendor)
+        )

@@ -69,8 +69,15 @@ class Constants:
         return cached[1]
 
 
-def receive(ids: torch.Tensor, weights: torch.Tensor, first_expert: int, num_local: int, sort: SortFn | None, *,
-            rows: int | None = None) -> ReceivedTokens:
+def receive(
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    first_expert: int,
+    num_local: int,
+    sort: SortFn | None,
+    *,
+    rows: int | None = None,
+) -> ReceivedTokens:
     """The expert rows of received tokens with global expert ids `ids` `[R, k]` (int32; -1: an empty slot) and
     their weights (see `hal.reference.sort_received`)."""
     return sort_received(ids - first_expert, weights, num_local, rows=rows, sort=sort)
@@ -82,8 +89,9 @@ def partial_sums(expert_output: torch.Tensor, received: ReceivedTokens, vendor: 
     return reduce_received(expert_output, received, expert_output.dtype, combine=combine)
 
 
-def sum_partials(returned: torch.Tensor, index: torch.Tensor, ones: torch.Tensor, out_dtype: torch.dtype,
-                 vendor: Vendor | None) -> torch.Tensor:
+def sum_partials(
+    returned: torch.Tensor, index: torch.Tensor, ones: torch.Tensor, out_dtype: torch.dtype, vendor: Vendor | None
+) -> torch.Tensor:
     """`out[t] = sum_r returned[index[t, r]]` in fp32, rank order (`index` `[T * world]`, `ones` fp32
     `[T, world]`; a rank the token did not go to points at a zero row of `returned`)."""
     if vendor is not None:
@@ -117,8 +125,15 @@ class Pending:
         return self._result
 
 
-def all_to_all(output: torch.Tensor, input: torch.Tensor, group: object, output_splits: list[int] | None = None,
-               input_splits: list[int] | None = None, *, async_op: bool = False) -> object:
+def all_to_all(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: object,
+    output_splits: list[int] | None = None,
+    input_splits: list[int] | None = None,
+    *,
+    async_op: bool = False,
+) -> object:
     """`dist.all_to_all_single` (equal splits where none are given); a copy without a group."""
     if group is None:
         output.copy_(input)

@@ -22,8 +22,11 @@ from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher
 from moe.routing import Routing
 from moe.schemes.base import Quantizer
 
-_FORMATS = {"normal": (DispatchFormat.EP_NORMAL,), "low-latency": (DispatchFormat.EP_LOW_LATENCY,),
-            "auto": (DispatchFormat.EP_NORMAL, DispatchFormat.EP_LOW_LATENCY)}
+_FORMATS = {
+    "normal": (DispatchFormat.EP_NORMAL,),
+    "low-latency": (DispatchFormat.EP_LOW_LATENCY,),
+    "auto": (DispatchFormat.EP_NORMAL, DispatchFormat.EP_LOW_LATENCY),
+}
 
 
 class VendorEpDispatcher(Dispatcher):
@@ -31,8 +34,17 @@ class VendorEpDispatcher(Dispatcher):
 
     format = DispatchFormat.EP_NORMAL
 
-    def __init__(self, plan: DispatchPlan, num_experts: int, process_group: Any, *, vendor: Vendor,
-                 name: str, mode: str = "normal", capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        plan: DispatchPlan,
+        num_experts: int,
+        process_group: Any,
+        *,
+        vendor: Vendor,
+        name: str,
+        mode: str = "normal",
+        capacity: int | None = None,
+    ) -> None:
         if not isinstance(vendor, Vendor):
             raise invalid("vendor", "a hal.Vendor", type(vendor).__name__)
         if not isinstance(name, str) or not name:
@@ -44,14 +56,21 @@ class VendorEpDispatcher(Dispatcher):
         if mode != "normal" and name not in caps.ep_low_latency:
             raise UnsupportedCapability(
                 f"dispatch.ep_mode {mode!r}: vendor {vendor.name!r} declares no low-latency mode for expert-parallel "
-                f"dispatcher {name!r} (declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})")
+                f"dispatcher {name!r} (declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})"
+            )
         self.name, self.mode, self.capacity = name, mode, capacity
         self._vendor = vendor
         self.format = _FORMATS[mode][-1] if mode != "auto" else DispatchFormat.EP_NORMAL
         self._last = self.format
-        vendor.prepare_ep(name, process_group=process_group, num_experts=num_experts, hidden_size=plan.hidden_size,
-                          dtype=plan.resolved, capacity=None if mode == "normal" else capacity,
-                          layout=plan.scale_layout)
+        vendor.prepare_ep(
+            name,
+            process_group=process_group,
+            num_experts=num_experts,
+            hidden_size=plan.hidden_size,
+            dtype=plan.resolved,
+            capacity=None if mode == "normal" else capacity,
+            layout=plan.scale_layout,
+        )
 
     @property
     def formats(self) -> tuple[DispatchFormat, ...]:
@@ -74,22 +93,30 @@ class VendorEpDispatcher(Dispatcher):
         self._last = DispatchFormat.EP_LOW_LATENCY if low_latency else DispatchFormat.EP_NORMAL
         extra = {"capacity": self.capacity} if low_latency else {}
         payload, counts, handle, *row_index = self._vendor.ep_dispatch(
-            hidden_states, routing.topk_ids, name=self.name, dtype=self.plan.resolved, num_experts=self.num_experts,
-            process_group=self.process_group, topk_weights=routing.topk_weights, layout=self.plan.scale_layout,
-            **extra)
+            hidden_states,
+            routing.topk_ids,
+            name=self.name,
+            dtype=self.plan.resolved,
+            num_experts=self.num_experts,
+            process_group=self.process_group,
+            topk_weights=routing.topk_weights,
+            layout=self.plan.scale_layout,
+            **extra,
+        )
         bound = None
         if low_latency:  # each received token holds at most min(k, L) of this rank's pairs
             bound = self.capacity * self.world_size * min(routing.top_k, self.num_local_experts)  # type: ignore[operator]
-        return DispatchOutput(self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0],
-                              max_rows=bound)
+        return DispatchOutput(
+            self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0], max_rows=bound
+        )
 
-    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(self, expert_output: torch.Tensor, dispatched: DispatchOutput, out_dtype: torch.dtype) -> torch.Tensor:
         """Each token's top-k weighted sum of its experts' outputs, on its own rank."""
         handle, routing = dispatched.handle
-        return self._vendor.ep_combine(expert_output, routing.topk_weights, handle, name=self.name,
-                                       out_dtype=out_dtype)
+        return self._vendor.ep_combine(expert_output, routing.topk_weights, handle, name=self.name, out_dtype=out_dtype)
 
     def __repr__(self) -> str:
-        return (f"VendorEpDispatcher({self.name}, mode={self.mode}, dtype={self.plan.resolved}, "
-                f"experts={self.num_experts}, rank={self.rank}/{self.world_size})")
+        return (
+            f"VendorEpDispatcher({self.name}, mode={self.mode}, dtype={self.plan.resolved}, "
+            f"experts={self.num_experts}, rank={self.rank}/{self.world_size})"
+        )

@@ -41,8 +41,7 @@ def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
     """Records of rows `[..., H]`: uint8 `[..., plan.bytes_per_token]`."""
     if q.dtype is not plan.resolved or q.layout is not plan.scale_layout:
         raise InvalidInput(
-            f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, "
-            f"got {q.dtype} ({q.layout})"
+            f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, got {q.dtype} ({q.layout})"
         )
     parts = [as_bytes(q.data)]
     if q.scale is not None:  # per-token scales get a channel dimension of one
@@ -50,8 +49,7 @@ def pack(q: QuantizedTensor, plan: DispatchPlan) -> torch.Tensor:
     record = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
     if record.shape[-1] != plan.bytes_per_token:
         raise InvalidInput(
-            f"dispatch payload: expected {plan.bytes_per_token} bytes per token as planned, "
-            f"got {record.shape[-1]}"
+            f"dispatch payload: expected {plan.bytes_per_token} bytes per token as planned, got {record.shape[-1]}"
         )
     return record
 
@@ -79,8 +77,9 @@ def routing_offset(plan: DispatchPlan, top_k: int) -> int:
     return routed_row_bytes(plan, top_k) - 8 * top_k
 
 
-def pack_routed(q: QuantizedTensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                plan: DispatchPlan) -> torch.Tensor:
+def pack_routed(
+    q: QuantizedTensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, plan: DispatchPlan
+) -> torch.Tensor:
     """Routed rows of rows `q` `[T, H]` with their expert ids and weights `[T, k]`: uint8
     `[T, routed_row_bytes(plan, k)]`, written by one concatenation (zero bytes between record and routing)."""
     _check_planned(q, plan)
@@ -89,8 +88,9 @@ def pack_routed(q: QuantizedTensor, topk_ids: torch.Tensor, topk_weights: torch.
         parts.append(as_bytes(q.scale.unsqueeze(-1) if q.layout.group_size is None else q.scale))
     record = sum(part.shape[-1] for part in parts)
     if record != plan.bytes_per_token:
-        raise InvalidInput(f"dispatch payload: expected {plan.bytes_per_token} bytes per token as planned, "
-                           f"got {record}")
+        raise InvalidInput(
+            f"dispatch payload: expected {plan.bytes_per_token} bytes per token as planned, got {record}"
+        )
     gap = routing_offset(plan, topk_ids.shape[-1]) - record
     if gap:
         parts.append(q.data.new_zeros((q.data.shape[0], gap), dtype=torch.uint8))
@@ -107,7 +107,7 @@ def view_records(rows: torch.Tensor, plan: DispatchPlan, global_scale: torch.Ten
     scale = None
     shape = spec.scale_shape((rows.shape[0],), h, layout)
     if shape is not None:
-        scales = _view(rows[:, payload_bytes:plan.bytes_per_token], spec.scale_dtype)  # type: ignore[arg-type]
+        scales = _view(rows[:, payload_bytes : plan.bytes_per_token], spec.scale_dtype)  # type: ignore[arg-type]
         scale = scales.reshape(shape)
     return QuantizedTensor(data, plan.resolved, layout, scale, global_scale)
 
@@ -116,8 +116,7 @@ def view_routing(rows: torch.Tensor, plan: DispatchPlan, top_k: int) -> tuple[to
     """(expert ids int32 `[N, k]`, weights fp32 `[N, k]`) of routed rows `[N, routed_row_bytes]`, as views."""
     start = routing_offset(plan, top_k)
     middle = start + 4 * top_k
-    return (_view(rows[:, start:middle], torch.int32),
-            _view(rows[:, middle:middle + 4 * top_k], torch.float32))
+    return (_view(rows[:, start:middle], torch.int32), _view(rows[:, middle : middle + 4 * top_k], torch.float32))
 
 
 def _view(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -135,8 +134,9 @@ def _align(n: int, to: int) -> int:
 
 def _check_planned(q: QuantizedTensor, plan: DispatchPlan) -> None:
     if q.dtype is not plan.resolved or q.layout is not plan.scale_layout:
-        raise InvalidInput(f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, "
-                           f"got {q.dtype} ({q.layout})")
+        raise InvalidInput(
+            f"dispatch payload: expected {plan.resolved} ({plan.scale_layout}) as planned, got {q.dtype} ({q.layout})"
+        )
 
 
 def pack_into(out: torch.Tensor, q: QuantizedTensor, plan: DispatchPlan) -> None:
@@ -145,14 +145,15 @@ def pack_into(out: torch.Tensor, q: QuantizedTensor, plan: DispatchPlan) -> None
     rows = q.data.shape[0]
     _check_planned(q, plan)
     payload = as_bytes(q.data)
-    out[:rows, :payload.shape[-1]].copy_(payload)
+    out[:rows, : payload.shape[-1]].copy_(payload)
     if q.scale is not None:
         scale = as_bytes(q.scale.unsqueeze(-1) if q.layout.group_size is None else q.scale)
-        out[:rows, payload.shape[-1]:payload.shape[-1] + scale.shape[-1]].copy_(scale)
+        out[:rows, payload.shape[-1] : payload.shape[-1] + scale.shape[-1]].copy_(scale)
 
 
-def take_records(records: torch.Tensor, index: torch.Tensor, plan: DispatchPlan,
-                 global_scale: torch.Tensor | None = None) -> QuantizedTensor:
+def take_records(
+    records: torch.Tensor, index: torch.Tensor, plan: DispatchPlan, global_scale: torch.Tensor | None = None
+) -> QuantizedTensor:
     """The rows `index` (1-D) of records `[N, >= plan.bytes_per_token]` as quantized rows: one gather per part
     (payload, scales) straight from the records, no copy of the records themselves."""
     h, spec, layout = plan.hidden_size, plan.resolved.spec, plan.scale_layout
@@ -161,6 +162,6 @@ def take_records(records: torch.Tensor, index: torch.Tensor, plan: DispatchPlan,
     scale = None
     shape = spec.scale_shape((index.numel(),), h, layout)
     if shape is not None:
-        picked = records[:, payload_bytes:plan.bytes_per_token].index_select(0, index)
+        picked = records[:, payload_bytes : plan.bytes_per_token].index_select(0, index)
         scale = picked.view(spec.scale_dtype).reshape(shape)  # type: ignore[arg-type]
     return QuantizedTensor(data, plan.resolved, layout, scale, global_scale)

@@ -46,7 +46,18 @@ def make_scheme(spec: QuantScheme | str) -> QuantScheme:
 
 
 __all__ = [
-    "ExpertWeights", "GemmOperand", "QuantScheme", "Quantizer", "check_float_weights",
-    "NvFp4", "nvfp4_global_scale", "Unquantized", "W4A4Int4", "W8A8Fp8", "W8A8Fp8Block", "W8A8Int8",
-    "make_scheme", "SCHEMES",
+    "ExpertWeights",
+    "GemmOperand",
+    "QuantScheme",
+    "Quantizer",
+    "check_float_weights",
+    "NvFp4",
+    "nvfp4_global_scale",
+    "Unquantized",
+    "W4A4Int4",
+    "W8A8Fp8",
+    "W8A8Fp8Block",
+    "W8A8Int8",
+    "make_scheme",
+    "SCHEMES",
 ]

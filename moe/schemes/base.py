@@ -67,12 +67,16 @@ class ExpertWeights:
         e, h = self.w13.num_experts, self.w13.in_features
         width = self.w13.out_features
         if self.activation.gated and width % 2:
-            raise invalid("ExpertWeights.w13", f"an even number of output channels [gate | up] for {self.activation}",
-                          width)
+            raise invalid(
+                "ExpertWeights.w13", f"an even number of output channels [gate | up] for {self.activation}", width
+            )
         i = self.activation_width()
         if (self.w2.num_experts, self.w2.in_features, self.w2.out_features) != (e, i, h):
-            raise invalid("ExpertWeights.w2", f"[{e}, {i}, {h}] to match w13 [{e}, {h}, {width}]",
-                          f"[{self.w2.num_experts}, {self.w2.in_features}, {self.w2.out_features}]")
+            raise invalid(
+                "ExpertWeights.w2",
+                f"[{e}, {i}, {h}] to match w13 [{e}, {h}, {width}]",
+                f"[{self.w2.num_experts}, {self.w2.in_features}, {self.w2.out_features}]",
+            )
         for name, shape in (("w13_bias", (e, width)), ("w2_bias", (e, h))):
             bias = getattr(self, name)
             if bias is None:
@@ -135,19 +139,28 @@ class QuantScheme(abc.ABC):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *,
-                         activation: Activation = Activation()) -> ExpertWeights:
+    def quantize_weights(
+        self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *, activation: Activation = Activation()
+    ) -> ExpertWeights:
         """Float weights (`[E, H, 2I]` or, for a plain `activation`, `[E, H, I]`; `[E, I, H]`; on the
         vendor's device) in the kind's weight format."""
         spec = self.gemm_kind().spec
         return self.quantize_both(vendor, w13, w2, spec.weight_layout, spec.weight_dtype, activation=activation)
 
     @staticmethod
-    def quantize_both(vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, layout: ScaleLayout,
-                      dtype: torch.dtype | None = None, *, activation: Activation = Activation()) -> ExpertWeights:
+    def quantize_both(
+        vendor: Vendor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        layout: ScaleLayout,
+        dtype: torch.dtype | None = None,
+        *,
+        activation: Activation = Activation(),
+    ) -> ExpertWeights:
         """Both projections through `vendor.quantize_weight` with one layout and storage dtype."""
-        return ExpertWeights(vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype),
-                             activation=activation)
+        return ExpertWeights(
+            vendor.quantize_weight(w13, layout, dtype), vendor.quantize_weight(w2, layout, dtype), activation=activation
+        )
 
     # -- activations -----------------------------------------------------------------------------
 
@@ -171,23 +184,32 @@ class QuantScheme(abc.ABC):
         """The activation operand of the down GEMM, from the activation output `[M, I]`."""
         return self.gemm_operand(vendor, h, weights.intermediate_global_scale)
 
-    def gemm_operand(self, vendor: Vendor, x: torch.Tensor | QuantizedTensor,
-                     global_scale: torch.Tensor | None = None) -> GemmOperand:
+    def gemm_operand(
+        self, vendor: Vendor, x: torch.Tensor | QuantizedTensor, global_scale: torch.Tensor | None = None
+    ) -> GemmOperand:
         """`x` in the activation format of the scheme's GEMM kind: as it is where it already is,
         a float cast for float kinds, else quantized (from `staging_dtype` when it was carried
         in another format)."""
         spec = self.gemm_kind().spec
         target = spec.activation
         if target.float_dtype is not None:
-            return x.to(target.float_dtype) if isinstance(x, torch.Tensor) else self.as_float(vendor, x, target.float_dtype)
+            return (
+                x.to(target.float_dtype)
+                if isinstance(x, torch.Tensor)
+                else self.as_float(vendor, x, target.float_dtype)
+            )
         if isinstance(x, QuantizedTensor):
             if spec.accepts(ActivationFormat.of(x)):
                 return x
             x = self.as_float(vendor, x, self.staging_dtype)
         if target.int4:
             return vendor.quantize_int4(x)
-        return vendor.quantize(x, target.dtype, layout=target.layout,  # type: ignore[arg-type]
-                               global_scale=global_scale if target.dtype.spec.global_scale else None)  # type: ignore[union-attr]
+        return vendor.quantize(
+            x,
+            target.dtype,
+            layout=target.layout,  # type: ignore[arg-type]
+            global_scale=global_scale if target.dtype.spec.global_scale else None,
+        )  # type: ignore[union-attr]
 
     @staticmethod
     def as_float(vendor: Vendor, x: QuantizedTensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

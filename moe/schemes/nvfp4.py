@@ -31,25 +31,31 @@ class NvFp4(QuantScheme):
     staging_dtype = torch.bfloat16
 
     def __init__(self, input_global_scale: float, intermediate_global_scale: float) -> None:
-        for name, value in (("input_global_scale", input_global_scale),
-                            ("intermediate_global_scale", intermediate_global_scale)):
+        for name, value in (
+            ("input_global_scale", input_global_scale),
+            ("intermediate_global_scale", intermediate_global_scale),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise invalid(name, "a finite positive number", value)
         self.input_global_scale = float(input_global_scale)
         self.intermediate_global_scale = float(intermediate_global_scale)
 
     def __repr__(self) -> str:
-        return (f"NvFp4(input_global_scale={self.input_global_scale}, "
-                f"intermediate_global_scale={self.intermediate_global_scale})")
+        return (
+            f"NvFp4(input_global_scale={self.input_global_scale}, "
+            f"intermediate_global_scale={self.intermediate_global_scale})"
+        )
 
-    def quantize_weights(self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *,
-                         activation: Activation = Activation()) -> ExpertWeights:
+    def quantize_weights(
+        self, vendor: Vendor, w13: torch.Tensor, w2: torch.Tensor, *, activation: Activation = Activation()
+    ) -> ExpertWeights:
         """nvfp4 weights (per-expert global scales) plus the checkpoint's activation scales."""
         device = w13.device
         weights = super().quantize_weights(vendor, w13, w2, activation=activation)
         return dataclasses.replace(
             weights,
             input_global_scale=torch.tensor([self.input_global_scale], dtype=torch.float32, device=device),
-            intermediate_global_scale=torch.tensor([self.intermediate_global_scale], dtype=torch.float32,
-                                                   device=device),
+            intermediate_global_scale=torch.tensor(
+                [self.intermediate_global_scale], dtype=torch.float32, device=device
+            ),
         )

@@ -36,8 +36,9 @@ class W8A8Fp8(QuantScheme):
 
     def __init__(self, input_scale: float | None = None, intermediate_scale: float | None = None) -> None:
         for name, value in (("input_scale", input_scale), ("intermediate_scale", intermediate_scale)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < float("inf")):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf")
+            ):
                 raise invalid(name, "None or a finite positive number", value)
         self.input_scale = None if input_scale is None else float(input_scale)
         self.intermediate_scale = None if intermediate_scale is None else float(intermediate_scale)

@@ -21,8 +21,12 @@ def fp8_block(e: int = 2, h: int = 256, i: int = 256, **kwargs):
 
 def test_a_wrong_shape_names_the_tensor_and_both_shapes():
     loader = ExpertCheckpointLoader("bf16", 2, 64, 32)
-    with pytest.raises(InvalidInput, match=re.escape(f"{P}.experts.1.up_proj.weight: expected bfloat16 of shape "
-                                                     "[32, 64], got bfloat16 of shape [64, 32]")):
+    with pytest.raises(
+        InvalidInput,
+        match=re.escape(
+            f"{P}.experts.1.up_proj.weight: expected bfloat16 of shape [32, 64], got bfloat16 of shape [64, 32]"
+        ),
+    ):
         loader.add(f"{P}.experts.1.up_proj.weight", torch.zeros(64, 32, dtype=torch.bfloat16))
 
 
@@ -49,9 +53,10 @@ def test_missing_tensors_are_named_in_the_checkpoints_own_naming():
     mixtral = per_expert(lambda w, e, p: encode_fp8_block(w), 128, 128, 2, "m.block_sparse_moe", names=MIXTRAL)
     loader = ExpertCheckpointLoader("fp8-block128", 2, 128, 128, local_experts=range(1, 2))
     loader.add("m.block_sparse_moe.experts.1.w1.weight", mixtral.tensors["m.block_sparse_moe.experts.1.w1.weight"])
-    assert loader.missing() == ["m.block_sparse_moe.experts.1.w1.weight_scale_inv",
-                                *(f"m.block_sparse_moe.experts.1.{p}.{k}" for p in ("w3", "w2")
-                                  for k in ("weight", "weight_scale_inv"))]
+    assert loader.missing() == [
+        "m.block_sparse_moe.experts.1.w1.weight_scale_inv",
+        *(f"m.block_sparse_moe.experts.1.{p}.{k}" for p in ("w3", "w2") for k in ("weight", "weight_scale_inv")),
+    ]
     _, fused = fused_checkpoint(2, 16, 8)
     loader = ExpertCheckpointLoader("bf16", 2, 16, 8)
     loader.add("model.layers.0.mlp.experts.down_proj", fused["model.layers.0.mlp.experts.down_proj"])
@@ -72,35 +77,70 @@ def test_every_experts_input_scale_is_needed_on_every_rank():
 def test_tensor_parallel_shards_must_fall_on_block_boundaries():
     ckpt = fp8_block(i=256)
     loader = ExpertCheckpointLoader("fp8-block128", 2, 256, 256, activation_gated=False, tp_rank=1, tp_size=4)
-    with pytest.raises(InvalidInput, match=re.escape(f"{P}.experts.0.down_proj.weight_scale_inv: the tensor-parallel "
-                                                     "shard [64, 128) of the intermediate dimension (I=256) must "
-                                                     "start and end on a 128-channel block")):
-        loader.add(f"{P}.experts.0.down_proj.weight_scale_inv", ckpt.tensors[f"{P}.experts.0.down_proj.weight_scale_inv"])
+    with pytest.raises(
+        InvalidInput,
+        match=re.escape(
+            f"{P}.experts.0.down_proj.weight_scale_inv: the tensor-parallel "
+            "shard [64, 128) of the intermediate dimension (I=256) must "
+            "start and end on a 128-channel block"
+        ),
+    ):
+        loader.add(
+            f"{P}.experts.0.down_proj.weight_scale_inv", ckpt.tensors[f"{P}.experts.0.down_proj.weight_scale_inv"]
+        )
 
 
 def test_fp8_blocks_must_not_straddle_gate_and_up():
     ckpt = fp8_block(h=128, i=192)
     loader = ExpertCheckpointLoader("fp8-block128", 2, 128, 192)
-    with pytest.raises(InvalidInput, match=re.escape(f"{P}.experts.0.gate_proj.weight_scale_inv: gate and up "
-                                                     "concatenated along N") + ".*multiple of 128, got 192"):
-        loader.add(f"{P}.experts.0.gate_proj.weight_scale_inv", ckpt.tensors[f"{P}.experts.0.gate_proj.weight_scale_inv"])
+    with pytest.raises(
+        InvalidInput,
+        match=re.escape(f"{P}.experts.0.gate_proj.weight_scale_inv: gate and up concatenated along N")
+        + ".*multiple of 128, got 192",
+    ):
+        loader.add(
+            f"{P}.experts.0.gate_proj.weight_scale_inv", ckpt.tensors[f"{P}.experts.0.gate_proj.weight_scale_inv"]
+        )
     loader.add(f"{P}.experts.0.down_proj.weight_scale_inv", ckpt.tensors[f"{P}.experts.0.down_proj.weight_scale_inv"])
 
 
-@pytest.mark.parametrize("name, tensor, loader_args, message", [
-    (f"{P}.experts.0.gate_proj.weight_scale_inv", torch.ones(1, 1), ("bf16", 2, 64, 32),
-     "expected one of the bf16 tensors (weight, bias), got 'weight_scale_inv'"),
-    (f"{P}.experts.0.gate_proj.bias", torch.ones(32), ("bf16", 2, 64, 32), "no bias tensors"),
-    (f"{P}.experts.2.gate_proj.weight", torch.ones(32, 64), ("bf16", 2, 64, 32), "an expert id below num_experts=2"),
-    (f"{P}.experts.0.gate_proj.weight", torch.ones(32, 64), ("fp32", 2, 64, 32, {"activation_gated": False}),
-     "up and down projections only"),
-    (f"{P}.experts.0.gate_proj.weight_scale_2", torch.tensor(0.0), ("nvfp4", 2, 64, 32),
-     "a finite positive scale, got 0.0"),
-    (f"{P}.experts.0.gate_proj.input_scale", torch.tensor(1.0), ("int8", 2, 64, 32), "got 'input_scale'"),
-    (f"{P}.experts.gate_up_proj", torch.zeros(2, 64, 64, dtype=torch.int8), ("int8", 2, 64, 32,
-                                                                             {"fused_layout": "in-out"}),
-     "fused int8 weights in the out-in layout"),
-])
+@pytest.mark.parametrize(
+    "name, tensor, loader_args, message",
+    [
+        (
+            f"{P}.experts.0.gate_proj.weight_scale_inv",
+            torch.ones(1, 1),
+            ("bf16", 2, 64, 32),
+            "expected one of the bf16 tensors (weight, bias), got 'weight_scale_inv'",
+        ),
+        (f"{P}.experts.0.gate_proj.bias", torch.ones(32), ("bf16", 2, 64, 32), "no bias tensors"),
+        (
+            f"{P}.experts.2.gate_proj.weight",
+            torch.ones(32, 64),
+            ("bf16", 2, 64, 32),
+            "an expert id below num_experts=2",
+        ),
+        (
+            f"{P}.experts.0.gate_proj.weight",
+            torch.ones(32, 64),
+            ("fp32", 2, 64, 32, {"activation_gated": False}),
+            "up and down projections only",
+        ),
+        (
+            f"{P}.experts.0.gate_proj.weight_scale_2",
+            torch.tensor(0.0),
+            ("nvfp4", 2, 64, 32),
+            "a finite positive scale, got 0.0",
+        ),
+        (f"{P}.experts.0.gate_proj.input_scale", torch.tensor(1.0), ("int8", 2, 64, 32), "got 'input_scale'"),
+        (
+            f"{P}.experts.gate_up_proj",
+            torch.zeros(2, 64, 64, dtype=torch.int8),
+            ("int8", 2, 64, 32, {"fused_layout": "in-out"}),
+            "fused int8 weights in the out-in layout",
+        ),
+    ],
+)
 def test_each_wrong_tensor_is_refused_by_name(name, tensor, loader_args, message):
     *args, kwargs = loader_args if isinstance(loader_args[-1], dict) else (*loader_args, {})
     with pytest.raises(InvalidInput, match=re.escape(name) + ".*" + re.escape(message)):
@@ -117,12 +157,17 @@ def test_a_tensor_loaded_twice_and_two_layers_without_a_prefix_are_refused():
     assert not loader.add("model.layers.2.mlp.gate.weight", torch.ones(2, 64))  # not an expert tensor: ignored
 
 
-@pytest.mark.parametrize("kwargs, argument", [
-    (dict(local_experts=range(3, 5)), "local_experts"), (dict(local_experts=range(0, 2, 2)), "local_experts"),
-    (dict(tp_size=3), "tp_size"), (dict(tp_rank=2, tp_size=2), "tp_rank"),
-    (dict(static_input_scale=True), "static_input_scale"), (dict(activation="silu", activation_gated=True),
-                                                            "activation_gated"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(local_experts=range(3, 5)), "local_experts"),
+        (dict(local_experts=range(0, 2, 2)), "local_experts"),
+        (dict(tp_size=3), "tp_size"),
+        (dict(tp_rank=2, tp_size=2), "tp_rank"),
+        (dict(static_input_scale=True), "static_input_scale"),
+        (dict(activation="silu", activation_gated=True), "activation_gated"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, argument):
     with pytest.raises(InvalidInput, match=argument):
         ExpertCheckpointLoader("bf16", 4, 64, 32, **kwargs)

@@ -41,11 +41,24 @@ ENCODERS = {
     "int8": lambda w, e, p: encode_int8(w),
     "nvfp4": lambda w, e, p: encode_nvfp4(w, input_scale(e, p)),
 }
-LAYOUTS = {"bf16": ScaleLayout.NONE, "fp16": ScaleLayout.NONE, "fp32": ScaleLayout.NONE,
-           "fp8-block128": ScaleLayout.BLOCK_128X128, "fp8": ScaleLayout.PER_CHANNEL,
-           "int8": ScaleLayout.PER_CHANNEL, "nvfp4": ScaleLayout.BLOCK_16}
-SCHEMES = {"bf16": Unquantized, "fp16": Unquantized, "fp32": Unquantized, "fp8-block128": W8A8Fp8Block,
-           "fp8": W8A8Fp8, "int8": W8A8Int8, "nvfp4": NvFp4}
+LAYOUTS = {
+    "bf16": ScaleLayout.NONE,
+    "fp16": ScaleLayout.NONE,
+    "fp32": ScaleLayout.NONE,
+    "fp8-block128": ScaleLayout.BLOCK_128X128,
+    "fp8": ScaleLayout.PER_CHANNEL,
+    "int8": ScaleLayout.PER_CHANNEL,
+    "nvfp4": ScaleLayout.BLOCK_16,
+}
+SCHEMES = {
+    "bf16": Unquantized,
+    "fp16": Unquantized,
+    "fp32": Unquantized,
+    "fp8-block128": W8A8Fp8Block,
+    "fp8": W8A8Fp8,
+    "int8": W8A8Int8,
+    "nvfp4": NvFp4,
+}
 
 
 def write(tmp_path, tensors: dict[str, torch.Tensor], shards: int = 2) -> list:
@@ -78,8 +91,7 @@ def test_each_format_loads_this_ranks_experts_and_shard(tmp_path, fmt):
     for tp_rank in range(2):
         loader = ExpertCheckpointLoader(fmt, E, H, I, local_experts=LOCAL, tp_rank=tp_rank, tp_size=2)
         fed = load_safetensors(paths, PREFIX, loader)
-        assert {int(n.split(".experts.")[1].split(".")[0]) for n in fed if not n.endswith("input_scale")} \
-            == set(LOCAL)
+        assert {int(n.split(".experts.")[1].split(".")[0]) for n in fed if not n.endswith("input_scale")} == set(LOCAL)
         assert loader.missing() == []
         built = loader.build()
         assert (built.num_experts, built.hidden_size, built.intermediate_size) == (len(LOCAL), H, I // 2)
@@ -108,6 +120,7 @@ def test_the_nvfp4_encoder_here_agrees_with_its_decoder():
 def test_nvfp4_gate_and_up_with_one_weight_scale_2_keep_a_global_scale_per_expert(tmp_path):
     def encode(w, e, p):
         return encode_nvfp4(w, 0.01, weight_scale_2=0.5 / 2688 * (1 + e))
+
     ckpt = per_expert(encode, 64, 32, 2, PREFIX)
     loader = ExpertCheckpointLoader("nvfp4", 2, 64, 32)
     load_safetensors(write(tmp_path, ckpt.tensors, 1), PREFIX, loader)
@@ -123,6 +136,7 @@ def test_fp8_per_tensor_and_per_channel_scales_become_per_channel(tmp_path, scal
 
     def encode(w, e, p):
         return encode_fp8(w, per_channel=per_channel, scale_shape=shape)
+
     ckpt = per_expert(encode, 96, 64, 3, PREFIX, seed=5)
     loader = ExpertCheckpointLoader("fp8", 3, 96, 64, tp_rank=1, tp_size=2)
     load_safetensors(write(tmp_path, ckpt.tensors, 1), PREFIX, loader)
@@ -133,8 +147,9 @@ def test_fp8_per_tensor_and_per_channel_scales_become_per_channel(tmp_path, scal
 
 
 def test_int8_bf16_scales_widen_exactly_and_mixtral_names_map(tmp_path):
-    ckpt = per_expert(lambda w, e, p: encode_int8(w, torch.bfloat16), 48, 40, 4, "model.layers.0.block_sparse_moe",
-                      names=MIXTRAL)
+    ckpt = per_expert(
+        lambda w, e, p: encode_int8(w, torch.bfloat16), 48, 40, 4, "model.layers.0.block_sparse_moe", names=MIXTRAL
+    )
     loader = ExpertCheckpointLoader("w8a8-int8", 4, 48, 40, local_experts=range(2, 4))
     fed = load_safetensors(write(tmp_path, ckpt.tensors, 1), "model.layers.0.block_sparse_moe", loader)
     assert all(".w1." in n or ".w2." in n or ".w3." in n for n in fed) and len(fed) == 2 * 3 * 2

@@ -15,8 +15,11 @@ from tests.support.checkpoint_synthetic import fused_checkpoint
 
 E, H, I = 4, 48, 32
 PREFIX = "model.layers.0.mlp"
-LAYOUTS = {"out-in": dict(fused_layout="out-in"), "in-out": dict(fused_layout="in-out"),
-           "gpt-oss": dict(fused_layout="in-out", gate_up_interleaved=True)}
+LAYOUTS = {
+    "out-in": dict(fused_layout="out-in"),
+    "in-out": dict(fused_layout="in-out"),
+    "gpt-oss": dict(fused_layout="in-out", gate_up_interleaved=True),
+}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -27,8 +30,9 @@ def test_fused_layouts_with_expert_and_tensor_parallelism(tmp_path, layout, bias
     save_file(tensors, str(path))
     local = range(1, 3)
     for rank in range(2):
-        loader = ExpertCheckpointLoader("bf16", E, H, I, local_experts=local, tp_rank=rank, tp_size=2, bias=bias,
-                                        **LAYOUTS[layout])
+        loader = ExpertCheckpointLoader(
+            "bf16", E, H, I, local_experts=local, tp_rank=rank, tp_size=2, bias=bias, **LAYOUTS[layout]
+        )
         assert sorted(load_safetensors(path, PREFIX, loader)) == sorted(tensors)
         built = loader.build()
         w13, w2 = ckpt.expected(local, rank, 2)

@@ -49,9 +49,12 @@ def test_the_reference_grouped_matmul_uses_per_channel_global_scales():
     assert get_vendor("cpu").capabilities().supports_gemm(GemmKind.NVFP4)
 
 
-@pytest.mark.parametrize("bad", [torch.ones(E, N + 1), torch.ones(N), torch.ones(E, N, dtype=torch.float16),
-                                 torch.ones(E, 1, N)])
+@pytest.mark.parametrize(
+    "bad", [torch.ones(E, N + 1), torch.ones(N), torch.ones(E, N, dtype=torch.float16), torch.ones(E, 1, N)]
+)
 def test_other_global_scale_shapes_are_refused(bad):
     w, _ = nvfp4_weight(torch.ones(E))
-    with pytest.raises(InvalidInput, match=r"QuantizedWeight.global_scale: expected float32 of shape \(3,\) or \(3, 10\)"):
+    with pytest.raises(
+        InvalidInput, match=r"QuantizedWeight.global_scale: expected float32 of shape \(3,\) or \(3, 10\)"
+    ):
         QuantizedWeight(w.data, ScaleLayout.BLOCK_16, w.scale, bad)

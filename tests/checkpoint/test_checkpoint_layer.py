@@ -61,8 +61,9 @@ def gated_oai_moe(x, ids, weights, w13, w2, b13, b2, alpha=1.702, limit=7.0):
 
 def test_a_gpt_oss_layer_from_its_fused_interleaved_tensors():
     ckpt, tensors = fused_checkpoint(E, 96, 64, layout="gpt-oss", bias=True)
-    loader = ExpertCheckpointLoader("bf16", E, 96, 64, activation="swiglu-oai", bias=True, fused_layout="in-out",
-                                    gate_up_interleaved=True)
+    loader = ExpertCheckpointLoader(
+        "bf16", E, 96, 64, activation="swiglu-oai", bias=True, fused_layout="in-out", gate_up_interleaved=True
+    )
     for name, t in tensors.items():
         loader.add(name, t)
     layer = moe.MoELayer(96, 64, E, TOP_K, activation="swiglu-oai", bias=True, vendor="cpu", environ={})

@@ -96,8 +96,11 @@ def test_a_top8_layer_of_16_experts_from_a_checkpoint(fmt):
     logits = torch.randn(96, experts, generator=g)
     w13, w2 = ckpt.expected(range(experts))
     gate, up = (x.double() @ w13).chunk(2, dim=-1)
-    calibrated = {"gate": float(x.abs().max()) / 2688, "up": float(x.abs().max()) / 2688,
-                  "down": float((gate * torch.sigmoid(gate) * up).abs().max()) / 2688}  # ModelOpt: amax / (448 * 6)
+    calibrated = {
+        "gate": float(x.abs().max()) / 2688,
+        "up": float(x.abs().max()) / 2688,
+        "down": float((gate * torch.sigmoid(gate) * up).abs().max()) / 2688,
+    }  # ModelOpt: amax / (448 * 6)
     for name in [n for n in ckpt.tensors if n.endswith("input_scale")]:
         ckpt.tensors[name] = torch.tensor(calibrated["down" if ".down_proj." in name else "gate"])
     loader = ExpertCheckpointLoader(fmt, experts, hidden, inter)

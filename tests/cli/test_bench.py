@@ -21,21 +21,37 @@ ROOT = REPO
 
 
 def _hal(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hal.cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "hal.cli", *args], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_cpu_bench_runs_the_small_shape_and_says_roofline_needs_a_gpu(tmp_path):
-    done = _hal("bench", "--vendor", "cpu", "--tokens", "1", "8", "--json", "--output", str(tmp_path / "b.json"),
-                "--markdown", str(tmp_path / "b.md"))
+    done = _hal(
+        "bench",
+        "--vendor",
+        "cpu",
+        "--tokens",
+        "1",
+        "8",
+        "--json",
+        "--output",
+        str(tmp_path / "b.json"),
+        "--markdown",
+        str(tmp_path / "b.md"),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report == json.loads((tmp_path / "b.json").read_text())
     assert report["ceilings"] is None and "roofline figures need a GPU" in report["note"]
     assert [(c["model"], c["tokens"], c["precision"]) for c in report["cases"]] == [
-        ("tiny", 1, "bf16"), ("tiny", 8, "bf16"), ("tiny", 1, "fp8"), ("tiny", 8, "fp8")]
+        ("tiny", 1, "bf16"),
+        ("tiny", 8, "bf16"),
+        ("tiny", 1, "fp8"),
+        ("tiny", 8, "fp8"),
+    ]
     for case in report["cases"]:
         assert case["eager_us"] > 0 and case["direct_eager_us"] > 0 and case["loop_us"] > 0
         assert case["graph_us"] is None and case["roofline_us"] is None

@@ -27,15 +27,30 @@ from tests.support.paths import REPO
 ROOT = REPO
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 160, 128, 8, 2  # H = 160: a partial 128-channel fp8 group
 TOKENS, MAX_LL = (8, 24), 16
-SHAPE = ["--vendor", "cpu", "--hidden", str(HIDDEN), "--intermediate", str(INTERMEDIATE), "--experts", str(EXPERTS),
-         "--top-k", str(TOP_K), "--repeats", "2"]
+SHAPE = [
+    "--vendor",
+    "cpu",
+    "--hidden",
+    str(HIDDEN),
+    "--intermediate",
+    str(INTERMEDIATE),
+    "--experts",
+    str(EXPERTS),
+    "--top-k",
+    str(TOP_K),
+    "--repeats",
+    "2",
+]
 TIME_FIELDS = ("dispatch_us", "a2a_dispatch_us", "combine_us", "a2a_combine_us", "layer_us", "local_layer_us")
 
 
 def _env() -> dict[str, str]:
     """This environment for a child world: one thread per rank, loopback gloo, no inherited torchrun world."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     if Path("/sys/class/net/lo").exists():
         env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -44,8 +59,7 @@ def _env() -> dict[str, str]:
 
 def _world(*command: str, timeout: int = 120) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = subprocess.run([*launcher, *command], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run([*launcher, *command], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
     return done
 
@@ -53,9 +67,26 @@ def _world(*command: str, timeout: int = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("bench_ep") / "ep.json"
-    done = _world("-m", "bench.ep", *SHAPE, "--tokens", *map(str, TOKENS), "--dtype", "bf16", "fp8",
-                  "--mode", "normal", "low-latency", "--ep-dispatcher", "torch", "no-such-dispatcher",
-                  "--max-ll-tokens", str(MAX_LL), "--json", str(out))
+    done = _world(
+        "-m",
+        "bench.ep",
+        *SHAPE,
+        "--tokens",
+        *map(str, TOKENS),
+        "--dtype",
+        "bf16",
+        "fp8",
+        "--mode",
+        "normal",
+        "low-latency",
+        "--ep-dispatcher",
+        "torch",
+        "no-such-dispatcher",
+        "--max-ll-tokens",
+        str(MAX_LL),
+        "--json",
+        str(out),
+    )
     return json.loads(out.read_text()), done
 
 
@@ -66,11 +97,20 @@ def _bytes_per_token(dtype: str) -> int:
 def test_one_row_per_case_in_order_with_the_run_config(report):
     doc, done = report
     assert [(r["dispatcher"], r["mode"], r["dtype"], r["tokens"]) for r in doc["rows"]] == [
-        (d, m, dt, t) for dt in ("bf16", "fp8") for d in ("torch", "no-such-dispatcher")
-        for m in ("normal", "low-latency") for t in TOKENS]
+        (d, m, dt, t)
+        for dt in ("bf16", "fp8")
+        for d in ("torch", "no-such-dispatcher")
+        for m in ("normal", "low-latency")
+        for t in TOKENS
+    ]
     assert doc["world_size"] == 2 and doc["device"] == "cpu" and doc["backend"] == "gloo"
     assert (doc["hidden"], doc["intermediate"], doc["experts"], doc["top_k"], doc["local_experts"]) == (
-        HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, EXPERTS // 2)
+        HIDDEN,
+        INTERMEDIATE,
+        EXPERTS,
+        TOP_K,
+        EXPERTS // 2,
+    )
     assert doc["torch"] and doc["date"] and doc["repeats"] == 2
     assert "dispatch dtype bf16" in done.stdout and "dispatch dtype fp8" in done.stdout
     assert "[1/16] bf16 torch/normal, 8 tokens per rank" in done.stderr  # progress, rank 0 only
@@ -108,19 +148,41 @@ def test_skipped_rows_carry_their_reason(report):
 
 def test_hal_bench_ep_runs_the_same_code_inside_a_torchrun_world(tmp_path):
     out = tmp_path / "ep.json"
-    done = _world("-m", "hal.cli", "bench", "--vendor", "cpu", "--ep", *SHAPE[2:], "--tokens", "4", "--dtype", "bf16",
-                  "--mode", "normal", "--json", str(out))
+    done = _world(
+        "-m",
+        "hal.cli",
+        "bench",
+        "--vendor",
+        "cpu",
+        "--ep",
+        *SHAPE[2:],
+        "--tokens",
+        "4",
+        "--dtype",
+        "bf16",
+        "--mode",
+        "normal",
+        "--json",
+        str(out),
+    )
     doc = json.loads(out.read_text())
     assert [(r["dispatcher"], r["mode"], r["dtype"], r["tokens"], r["status"]) for r in doc["rows"]] == [
-        ("torch", "normal", "bf16", 4, "ok")]
+        ("torch", "normal", "bf16", 4, "ok")
+    ]
     assert doc["rows"][0]["dispatch_bytes"] == 4 * TOP_K * 2 * HIDDEN
     assert "torch/normal" in done.stdout
 
 
 @pytest.mark.parametrize("command", [["-m", "hal.cli", "bench", "--ep"], ["-m", "bench.ep"]])
 def test_outside_a_torchrun_world_it_prints_the_torchrun_command_and_exits_2(command):
-    done = subprocess.run([sys.executable, *command, "--vendor", "cpu", "--tokens", "16", "64"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, *command, "--vendor", "cpu", "--tokens", "16", "64"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "not inside a torchrun world" in done.stderr
     assert "torchrun --nproc-per-node 2 -m bench.ep --vendor cpu --tokens 16 64" in done.stderr
@@ -128,17 +190,27 @@ def test_outside_a_torchrun_world_it_prints_the_torchrun_command_and_exits_2(com
 
 
 def test_hal_bench_refuses_single_device_options_with_ep():
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "bench", "--model", "tiny", "--ep"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal.cli", "bench", "--model", "tiny", "--ep"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--model" in done.stderr and "after --ep" in done.stderr
 
 
 def test_default_modes_follow_the_declared_dispatchers():
     caps = SimpleNamespace(ep_dispatchers=frozenset({"mc2", "deepep"}), ep_low_latency=frozenset({"deepep"}))
     args = build_parser().parse_args(["--tokens", "4", "--dtype", "bf16"])
-    assert cases(args, caps) == [Case("torch", "normal", "bf16", 4), Case("torch", "low-latency", "bf16", 4),
-                                 Case("deepep", "normal", "bf16", 4), Case("deepep", "low-latency", "bf16", 4),
-                                 Case("mc2", "normal", "bf16", 4)]
+    assert cases(args, caps) == [
+        Case("torch", "normal", "bf16", 4),
+        Case("torch", "low-latency", "bf16", 4),
+        Case("deepep", "normal", "bf16", 4),
+        Case("deepep", "low-latency", "bf16", 4),
+        Case("mc2", "normal", "bf16", 4),
+    ]
     args = build_parser().parse_args(["--tokens", "4", "--dtype", "fp8", "--mode", "auto", "--ep-dispatcher", "mc2"])
     assert cases(args, caps) == [Case("mc2", "auto", "fp8", 4)]
     assert Case("torch", "auto", "bf16", 1000).capacity(512) == 512

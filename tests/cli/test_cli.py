@@ -21,8 +21,12 @@ ROOT = REPO
 
 @pytest.fixture(autouse=True)
 def no_env_overrides(monkeypatch):
-    for variable in ("HAL_VENDOR", "HAL_DISPATCH_DTYPE", "SGLANG_DEEPEP_BF16_DISPATCH",
-                     "DEEP_NORMAL_MODE_USE_INT8_QUANT"):
+    for variable in (
+        "HAL_VENDOR",
+        "HAL_DISPATCH_DTYPE",
+        "SGLANG_DEEPEP_BF16_DISPATCH",
+        "DEEP_NORMAL_MODE_USE_INT8_QUANT",
+    ):
         monkeypatch.delenv(variable, raising=False)
 
 
@@ -114,14 +118,17 @@ def test_explain_with_a_scheme(capsys):
     assert status == 0 and "scheme 'w8a8-int8' declares int8" in out and "2052 bytes per token" in out
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["explain", "--dispatch-dtype", "fp9"], f"expected one of {', '.join(DispatchDtype.names())}"),
-    (["explain", "--hidden", "-3"], "expected a positive integer"),
-    (["explain", "--scheme", "w2a2"], "expected one of unquantized"),
-    (["caps", "--vendor", "cuda", "--device-model", "V100"], "expected one of H100"),
-    (["caps", "--vendor", "tpu"], "no vendor named 'tpu'"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["explain", "--dispatch-dtype", "fp9"], f"expected one of {', '.join(DispatchDtype.names())}"),
+        (["explain", "--hidden", "-3"], "expected a positive integer"),
+        (["explain", "--scheme", "w2a2"], "expected one of unquantized"),
+        (["caps", "--vendor", "cuda", "--device-model", "V100"], "expected one of H100"),
+        (["caps", "--vendor", "tpu"], "no vendor named 'tpu'"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_arguments_exit_non_zero_with_one_line(capsys, argv, fragment):
     status, _, err = run(capsys, *argv)
     assert status in (1, 2) and err.count("\n") == 1 and fragment in err, err
@@ -158,12 +165,17 @@ def test_no_command_prints_help_and_exits_2(capsys):
 def test_console_script_and_command_plugins(tmp_path):
     """The installed `hal` script loads a command registered by another distribution."""
     root = write_distribution(
-        tmp_path, "hal-test-command", {"hal.commands": {"hello": "hello_cmd:register", "bad": "nope_cmd:x"}},
-        {"hello_cmd": """
+        tmp_path,
+        "hal-test-command",
+        {"hal.commands": {"hello": "hello_cmd:register", "bad": "nope_cmd:x"}},
+        {
+            "hello_cmd": """
             def register(subparsers):
                 parser = subparsers.add_parser("hello", help="say hello")
                 parser.set_defaults(handler=lambda args, console: print("hello from a plugin") or 0)
-        """})
+        """
+        },
+    )
     env = environment_with(root)
     done = subprocess.run(["hal", "hello"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "hello from a plugin" in done.stdout
@@ -174,14 +186,22 @@ def test_console_script_and_command_plugins(tmp_path):
 
 def test_doctor_works_without_pytest_and_conformance_says_what_to_install():
     """The README's main job (`pip install -e . && hal doctor`) has no test extra: pytest is absent."""
-    code = ("import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
-            "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))")
+    code = (
+        "import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
+        "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))"
+    )
     env = environment_with(ROOT)
-    doctor = subprocess.run([sys.executable, "-c", code, "doctor", "--vendor", "cpu"], capture_output=True,
-                            text=True, env=env, timeout=300)
+    doctor = subprocess.run(
+        [sys.executable, "-c", code, "doctor", "--vendor", "cpu"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert doctor.returncode == 0 and "checks passed" in doctor.stdout and "warning" not in doctor.stderr
-    suite = subprocess.run([sys.executable, "-c", code, "conformance", "--vendor", "cpu"], capture_output=True,
-                           text=True, env=env, timeout=300)
+    suite = subprocess.run(
+        [sys.executable, "-c", code, "conformance", "--vendor", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert suite.returncode == 1 and "pip install 'moe-hal[test]'" in suite.stderr
 
 

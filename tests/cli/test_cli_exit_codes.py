@@ -67,10 +67,34 @@ def test_version_and_module_entry(module):
 
 def test_bench_table_fits_100_columns_with_the_widest_figures():
     """The widest figures an H100 or H200 run gives: 5-digit token counts, 6-digit loop times, 4-digit GB/s."""
-    results = [CaseResult("deepseek-v3-ep8", 16384, "bf16", 13347.2, 13000.1, loop_us=123456.7, graph_us=13345.1,
-                          direct_graph_us=13000.0, weight_bytes=3.0e10, flops=1e13, roofline_us=9999.9),
-               CaseResult("qwen3-30b-a3b", 1, "fp8", 70.5, 64.1, loop_us=1234.5, graph_us=50.9,
-                          direct_graph_us=49.0, weight_bytes=1e8, flops=1e9, roofline_us=25.1)]
+    results = [
+        CaseResult(
+            "deepseek-v3-ep8",
+            16384,
+            "bf16",
+            13347.2,
+            13000.1,
+            loop_us=123456.7,
+            graph_us=13345.1,
+            direct_graph_us=13000.0,
+            weight_bytes=3.0e10,
+            flops=1e13,
+            roofline_us=9999.9,
+        ),
+        CaseResult(
+            "qwen3-30b-a3b",
+            1,
+            "fp8",
+            70.5,
+            64.1,
+            loop_us=1234.5,
+            graph_us=50.9,
+            direct_graph_us=49.0,
+            weight_bytes=1e8,
+            flops=1e9,
+            roofline_us=25.1,
+        ),
+    ]
     console = Console(width=100, record=True)
     console.print(table(results, "hal bench: MoE layer, medians"))
     text = console.export_text()

@@ -130,7 +130,12 @@ def test_the_cpu_reference_vendor_keeps_every_contract(conformance):
     assert result["exit"] == 0 and result["ok"], sorted(_failed(result))
     outcomes = {t["outcome"] for t in result["tests"]}
     assert outcomes == {"passed"}  # the CPU declares every op, so no contract test is skipped
-    assert _functions({t["id"] for t in result["tests"]}) == {OP_INPUTS, OP_CONTIGUOUS, OP_REPEATS, LAYER_INPUTS,
-                                                            LAYER_REPEATS}
+    assert _functions({t["id"] for t in result["tests"]}) == {
+        OP_INPUTS,
+        OP_CONTIGUOUS,
+        OP_REPEATS,
+        LAYER_INPUTS,
+        LAYER_REPEATS,
+    }
     assert result["capabilities"]["deterministic"] is True
     assert _row(result, "op contracts")["declared"] == "required (deterministic)"

@@ -23,9 +23,13 @@ def _run(tmp_path, vendor: str) -> dict:
     write_faulty_vendors(tmp_path / "site")
     report = tmp_path / "report"
     env = dict(environment_with(tmp_path / "site"), OMP_NUM_THREADS="1")  # CI runs these side by side
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "--vendor", vendor,
-                           "--report", str(report)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal.cli", "conformance", "--vendor", vendor, "--report", str(report)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert (report / "conformance.json").exists(), done.stdout + done.stderr
     result = json.loads((report / "conformance.json").read_text())["vendors"][0]
     result["exit"] = done.returncode
@@ -48,8 +52,17 @@ LAYER_SWEEP = "test_shape_sweeps.py::test_layer_sweep"
 #: The op-contract tests call grouped_matmul with a bias, which `drops-last-group` does not take.
 OP_CONTRACTS = "test_op_contracts.py::"
 #: grouped-matmul cases whose last group has rows (see the suite's CASES)
-LAST_GROUP_USED = ["counts", "offsets", "one-group", "int32-group-list", "offsets-int32", "strided-activations",
-                   "strided-weights", "out-fp32", "out-bf16"]
+LAST_GROUP_USED = [
+    "counts",
+    "offsets",
+    "one-group",
+    "int32-group-list",
+    "offsets-int32",
+    "strided-activations",
+    "strided-weights",
+    "out-fp32",
+    "out-bf16",
+]
 
 
 def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
@@ -58,15 +71,20 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     must = {f"{GEMM}[{kind}-{case}]" for kind in GemmKind for case in LAST_GROUP_USED}
     must |= {t for t in ran if t.startswith(GEMM_ACTIVATED)}  # every activated case has rows in its last group
     # the bias cases whose last group has rows, and every model-features layer (300 tokens, 16 experts)
-    must |= {f"test_activations_and_bias.py::test_grouped_matmul_bias_matches_float64[{c}]"
-             for c in ("40-groups", "one-row", "uneven")}
+    must |= {
+        f"test_activations_and_bias.py::test_grouped_matmul_bias_matches_float64[{c}]"
+        for c in ("40-groups", "one-row", "uneven")
+    }
     must |= {t for t in ran if t.startswith("test_moe_features.py::test_layer_features_match")}
     # Every layer with 29 tokens sends some to the last expert. nvfp4 dispatch is refused on the
     # CPU table (which is what those cases check), so they never reach a GEMM; int4's tolerance
     # is wide enough that a lost expert may stay inside it (the GEMM tests catch it).
     refused = ("[nvfp4-auto-", "[nvfp4-nvfp4-", "[unquantized-nvfp4-")
-    layers = {t for t in ran if t.startswith(LAYER) and "29-tokens" in t and not any(r in t for r in refused)
-              and "w4a4" not in t}
+    layers = {
+        t
+        for t in ran
+        if t.startswith(LAYER) and "29-tokens" in t and not any(r in t for r in refused) and "w4a4" not in t
+    }
     layers |= {t for t in ran if t.startswith(MODEL_DTYPE) and "37-tokens" in t}
     may = {t for t in ran if t.startswith((LAYER, MODEL_DTYPE)) and ("1-tokens" in t or "w4a4" in t)}
     may.add("test_moe_features.py::test_state_dict_round_trip_onto_a_fresh_layer")  # rows left unwritten differ
@@ -74,8 +92,14 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     assert must | layers <= failed
     assert failed <= must | layers | may, sorted(failed - must - layers - may)
     assert any(t.startswith(GEMM_SWEEPS[0]) for t in failed)
-    assert {"test_grouped_matmul.py", "test_moe_layer.py", "test_model_dtype.py", "test_activations_and_bias.py",
-            "test_moe_features.py", "test_shape_sweeps.py"} <= {t.split("::")[0] for t in failed}
+    assert {
+        "test_grouped_matmul.py",
+        "test_moe_layer.py",
+        "test_model_dtype.py",
+        "test_activations_and_bias.py",
+        "test_moe_features.py",
+        "test_shape_sweeps.py",
+    } <= {t.split("::")[0] for t in failed}
     assert result["exit"] == 1
     rows = {row["capability"]: row for row in result["matrix"]}
     assert all(rows[f"grouped_matmul {kind}"]["result"] == "FAIL" for kind in GemmKind)
@@ -86,15 +110,28 @@ def test_an_fp8_quantizer_that_truncates(tmp_path):
     result = _run(tmp_path, "truncating-fp8")
     failed, ran = _outcomes(result)
     layouts = ["per-token-group-128", "per-token"]
-    must = {f"test_quantize.py::test_round_trip_error_is_within_one_rounding[fp8-{lay}-{t}]"
-            for lay in layouts for t in ("bfloat16", "float16", "float32")}
-    must |= {f"test_quantize.py::test_formats_scales_and_device[fp8-{lay}-{s}]"
-             for lay in layouts for s in ("2d", "3d", "one-token")}
+    must = {
+        f"test_quantize.py::test_round_trip_error_is_within_one_rounding[fp8-{lay}-{t}]"
+        for lay in layouts
+        for t in ("bfloat16", "float16", "float32")
+    }
+    must |= {
+        f"test_quantize.py::test_formats_scales_and_device[fp8-{lay}-{s}]"
+        for lay in layouts
+        for s in ("2d", "3d", "one-token")
+    }
     must |= {f"test_quantize.py::test_all_zero_rows_stay_zero[fp8-{lay}-zero-rows]" for lay in layouts}
-    must |= {f"test_dispatch.py::test_round_trip_through_scaling_experts[fp8-{lay}-{d}-{n}]"
-             for lay in layouts for d in ("local", "low-latency") for n in ("37-tokens", "one-token")}
-    must |= {f"test_shape_sweeps.py::test_quantize_sweep[fp8-{lay}-{n}-tokens]"
-             for lay in layouts for n in (1, 7, 255, 257, 600)}
+    must |= {
+        f"test_dispatch.py::test_round_trip_through_scaling_experts[fp8-{lay}-{d}-{n}]"
+        for lay in layouts
+        for d in ("local", "low-latency")
+        for n in ("37-tokens", "one-token")
+    }
+    must |= {
+        f"test_shape_sweeps.py::test_quantize_sweep[fp8-{lay}-{n}-tokens]"
+        for lay in layouts
+        for n in (1, 7, 255, 257, 600)
+    }
     # Layers that carry fp8 or quantize to fp8 after dispatch may exceed their tolerance too.
     may = {t for t in ran if t.startswith((LAYER, LAYER_SWEEP)) and ("-fp8-" in t or "w8a8-fp8-block" in t)}
     may |= {f"test_properties.py::test_quantize_round_trip_property[fp8-{lay}]" for lay in layouts}
@@ -108,15 +145,19 @@ def test_an_fp8_quantizer_that_truncates(tmp_path):
 
 def test_raw_torch_errors_for_bad_input(tmp_path):
     failed, _ = _outcomes(_run(tmp_path, "raw-errors"))
-    assert failed == {"test_bad_input.py::test_bad_input_is_refused_clearly[swiglu-integers]",
-                      "test_bad_input.py::test_bad_input_is_refused_clearly[swiglu-odd-width]"}
+    assert failed == {
+        "test_bad_input.py::test_bad_input_is_refused_clearly[swiglu-integers]",
+        "test_bad_input.py::test_bad_input_is_refused_clearly[swiglu-odd-width]",
+    }
 
 
 def test_an_inconsistent_declaration(tmp_path):
     result = _run(tmp_path, "inconsistent")
     failed, _ = _outcomes(result)
-    assert failed == {"test_declarations.py::test_every_fallback_targets_a_carried_dtype",
-                      "test_declarations.py::test_the_declaration_has_no_contradiction"}
+    assert failed == {
+        "test_declarations.py::test_every_fallback_targets_a_carried_dtype",
+        "test_declarations.py::test_the_declaration_has_no_contradiction",
+    }
     rows = {row["capability"]: row for row in result["matrix"]}
     assert rows["dispatch int8"]["declared"] == "falls back to nvfp4"
 
@@ -126,11 +167,18 @@ def test_a_correct_fused_op_passes_and_is_tested(tmp_path):
     assert result["exit"] == 0 and result["ok"], [t for t in result["tests"] if t["outcome"] == "failed"]
     rows = {row["capability"]: row for row in result["matrix"]}
     assert rows["fused_deep_moe w8a8-int8"] == {
-        "capability": "fused_deep_moe w8a8-int8", "declared": "declared", "result": "pass",
-        "passed": 1, "failed": 0, "skipped": 0, "skip_reasons": []}
+        "capability": "fused_deep_moe w8a8-int8",
+        "declared": "declared",
+        "result": "pass",
+        "passed": 1,
+        "failed": 0,
+        "skipped": 0,
+        "skip_reasons": [],
+    }
     assert rows["moe layer w8a8-int8"]["declared"] == "supported (fused)"
-    assert {s for s in KNOWN_SCHEMES if rows[f"fused_deep_moe {s}"]["result"] == "skipped"} == \
-        set(KNOWN_SCHEMES) - {"w8a8-int8"}
+    assert {s for s in KNOWN_SCHEMES if rows[f"fused_deep_moe {s}"]["result"] == "skipped"} == set(KNOWN_SCHEMES) - {
+        "w8a8-int8"
+    }
 
 
 def test_a_fused_op_that_ignores_the_routing_weights(tmp_path):

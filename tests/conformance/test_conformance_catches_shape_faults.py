@@ -52,8 +52,26 @@ def vendors(tmp_path_factory) -> dict[str, dict]:
     write_faulty_vendors(root / "site")
     report = root / "report"
     env = dict(environment_with(root / "site"), OMP_NUM_THREADS="1")  # CI runs these side by side
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "cpu", *SHAPE_FAULTS,
-                           "-k", "test_shape_sweeps", "-n", "2", "--report", str(report)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hal.cli",
+            "conformance",
+            "--vendor",
+            "cpu",
+            *SHAPE_FAULTS,
+            "-k",
+            "test_shape_sweeps",
+            "-n",
+            "2",
+            "--report",
+            str(report),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert (report / "conformance.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     payload = json.loads((report / "conformance.json").read_text())
     assert payload["depth"] == "quick" and done.returncode == 1
@@ -82,8 +100,9 @@ def test_each_shape_fault_fails_two_test_functions_and_no_false_alarm(vendors, f
     assert MUST_FAIL[fault] <= functions, f"{fault}: {sorted(MUST_FAIL[fault] - functions)} did not fail"
     # No false alarm: the correct vendor passes every test that fails here.
     cpu = {t["id"]: t["outcome"] for t in vendors["cpu"]["tests"]}
-    assert all(cpu.get(test_id) == "passed" for test_id in failed), \
-        sorted(test_id for test_id in failed if cpu.get(test_id) != "passed")
+    assert all(cpu.get(test_id) == "passed" for test_id in failed), sorted(
+        test_id for test_id in failed if cpu.get(test_id) != "passed"
+    )
     # The fault shows where it is: in its op's rows and the layers built on it.
     stray = {test_id: t["capability"] for test_id, t in failed.items() if not t["capability"].startswith(ROWS[fault])}
     assert not stray, f"{fault}: failures outside its rows: {stray}"

@@ -29,8 +29,9 @@ TEMPLATE = ROOT / "examples" / "vendor_template"
 
 
 def _hal(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hal.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "hal.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900
+    )
 
 
 def test_cpu_passes_and_the_reports_parse(tmp_path):
@@ -61,23 +62,45 @@ def test_cpu_passes_and_the_reports_parse(tmp_path):
 def test_the_template_vendor_installs_and_passes_through_its_entry_point(tmp_path):
     site = tmp_path / "site"
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(site), str(TEMPLATE)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(TEMPLATE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     env = environment_with(site)
     # The package exists only where pip put it: nothing in this repository provides it.
     plain = dict(os.environ)
     plain.pop("PYTHONPATH", None)
-    missing = subprocess.run([sys.executable, "-c", "import hal_vendor_template"], env=plain, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-c", "import hal_vendor_template"],
+        env=plain,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode != 0
     vendors = json.loads(_hal("vendors", "--json", env=env, cwd=tmp_path).stdout)
     assert any(v["name"] == "template" and v["available"] for v in vendors["vendors"])
     assert vendors["selected"] != "template"  # a lower priority: installing it changes no default
 
-    done = _hal("conformance", "--vendor", "template", "-n", "2", "--report", str(tmp_path / "report"),
-                env=env, cwd=tmp_path)
+    done = _hal(
+        "conformance", "--vendor", "template", "-n", "2", "--report", str(tmp_path / "report"), env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (template,) = json.loads((tmp_path / "report" / "conformance.json").read_text())["vendors"]
     assert template["ok"] and template["summary"]["failed"] == 0 and template["summary"]["passed"] > 150
@@ -90,9 +113,25 @@ def test_the_template_vendor_installs_and_passes_through_its_entry_point(tmp_pat
 
 def test_plain_pytest_runs_the_suite_and_skips_without_a_vendor(tmp_path):
     def pytest(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-q",
-                               "-p", "no:cacheprovider", "-k", "declarations or resolution", *args],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--pyargs",
+                "conformance.suite",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-k",
+                "declarations or resolution",
+                *args,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     done = pytest("--hal-vendor", "cpu", "-rs")
     assert done.returncode == 0 and " passed" in done.stdout and "failed" not in done.stdout, done.stdout
@@ -112,13 +151,23 @@ def test_an_unknown_vendor_is_reported_and_fails(tmp_path):
 
 
 def test_full_depth_adds_the_shapes_of_large_models(tmp_path):
-    done = _hal("conformance", "--vendor", "cpu", "--depth", "full", "-k", "sort_by_expert_sweep and 8192",
-                "--report", str(tmp_path))
+    done = _hal(
+        "conformance",
+        "--vendor",
+        "cpu",
+        "--depth",
+        "full",
+        "-k",
+        "sort_by_expert_sweep and 8192",
+        "--report",
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "conformance.json").read_text())
     assert report["depth"] == "full" and "· depth full" in (tmp_path / "conformance.md").read_text()
     assert sorted(t["id"] for t in report["vendors"][0]["tests"]) == [
-        f"test_shape_sweeps.py::test_sort_by_expert_sweep[8192-tokens-top{k}]" for k in (1, 8)]
+        f"test_shape_sweeps.py::test_sort_by_expert_sweep[8192-tokens-top{k}]" for k in (1, 8)
+    ]
 
 
 def test_no_test_ran_is_a_failure_with_a_message(tmp_path):
@@ -155,14 +204,22 @@ def test_bad_arguments_are_refused_with_exit_2(tmp_path, case):
 
 
 #: `hal` as a plain install runs it: pytest is absent (the `[test]` extra is not installed).
-WITHOUT_PYTEST = ("import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
-                  "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))")
+WITHOUT_PYTEST = (
+    "import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
+    "from hal.cli import main\nraise SystemExit(main(sys.argv[1:]))"
+)
 
 
 def test_without_pytest_the_commands_register_quietly_and_conformance_says_what_to_install(tmp_path):
     def hal(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", WITHOUT_PYTEST, *args], capture_output=True, text=True,
-                              env=environment_with(ROOT), timeout=300, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-c", WITHOUT_PYTEST, *args],
+            capture_output=True,
+            text=True,
+            env=environment_with(ROOT),
+            timeout=300,
+            cwd=tmp_path,
+        )
 
     for args in (("--help",), ("vendors",), ("conformance", "--help"), ("doctor", "--help")):
         done = hal(*args)
@@ -176,9 +233,25 @@ def test_without_pytest_the_commands_register_quietly_and_conformance_says_what_
 
 def test_plain_pytest_takes_the_depth(tmp_path):
     def pytest_run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-q",
-                               "-p", "no:cacheprovider", "--hal-vendor", "cpu", *args],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--pyargs",
+                "conformance.suite",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--hal-vendor",
+                "cpu",
+                *args,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     full = pytest_run("--hal-depth", "full", "-k", "sort_by_expert_sweep and 4097", "--co")
     assert full.returncode == 0 and "4097-tokens" in full.stdout, full.stdout
@@ -192,9 +265,25 @@ def test_a_run_stopped_by_sigterm_names_the_tests_still_running(tmp_path):
     """What `timeout` does to a long device run: the report still comes out, exits 1, and lists the
     tests that were running (a hang would otherwise leave no name behind)."""
     log = tmp_path / "pytest-cpu.log"
-    run = subprocess.Popen([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "cpu", "--depth", "full",
-                            "-k", "test_properties", "--report", str(tmp_path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hal.cli",
+            "conformance",
+            "--vendor",
+            "cpu",
+            "--depth",
+            "full",
+            "-k",
+            "test_properties",
+            "--report",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         # pytest writes a test's result character after the test; once one is there the next test runs
@@ -208,8 +297,11 @@ def test_a_run_stopped_by_sigterm_names_the_tests_still_running(tmp_path):
     assert run.returncode == 1, stdout + stderr
     assert "UNFINISHED test_properties.py::" in stdout and "interrupted with" in stdout, stdout
     (cpu,) = json.loads((tmp_path / "conformance.json").read_text())["vendors"]
-    assert cpu["ok"] is False and cpu["unfinished"] and all(u["id"].startswith("test_properties.py::")
-                                                            for u in cpu["unfinished"])
+    assert (
+        cpu["ok"] is False
+        and cpu["unfinished"]
+        and all(u["id"].startswith("test_properties.py::") for u in cpu["unfinished"])
+    )
     finished = {t["id"] for t in cpu["tests"]}
     assert finished and not finished & {u["id"] for u in cpu["unfinished"]}
 
@@ -240,8 +332,13 @@ def test_a_test_that_catches_the_interrupt_still_stops_the_run(tmp_path):
     """SIGTERM during a test whose code turns the KeyboardInterrupt into a failure: the run stops there,
     and that test is reported unfinished, not failed."""
     (tmp_path / "test_swallows.py").write_text(SWALLOWS_TEST)
-    done = subprocess.run([sys.executable, "-c", SWALLOWS_RUN, str(tmp_path / "test_swallows.py")],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", SWALLOWS_RUN, str(tmp_path / "test_swallows.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["code"] == 2, out  # pytest's "interrupted"
@@ -264,8 +361,14 @@ def test_xdist_workers_of_a_suite_run_share_the_cpus(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": str(4 * len(os.sched_getaffinity(0)))}
 
     def pytest_run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_threads.py",
-                               *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_threads.py", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     shared = pytest_run("--hal-vendor", "cpu", "-n", "2")
     assert shared.returncode == 0, shared.stdout + shared.stderr

@@ -26,16 +26,28 @@ from tests.support.plugin_dist import environment_with
 pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
 
 #: Every case of the quick depth on a vendor with no dispatcher of its own (the CPU).
-QUICK_IDS = {f"{TORCH}/{mode}/{dtype}/{shape.name}" for mode in MODES for dtype in DTYPE_SCHEMES
-             for shape in QUICK_SHAPES}
+QUICK_IDS = {
+    f"{TORCH}/{mode}/{dtype}/{shape.name}" for mode in MODES for dtype in DTYPE_SCHEMES for shape in QUICK_SHAPES
+}
 
 
 def _section(vendor: str, report: Path, site: Path) -> tuple[subprocess.CompletedProcess, dict]:
     """`hal conformance --vendor V --ep-ranks 2` in a fresh interpreter: the process and the JSON report."""
-    command = [sys.executable, "-m", "hal.cli", "conformance", "--vendor", vendor, "--ep-ranks", "2",
-               "--report", str(report)]
-    finished = subprocess.run(command, env=environment_with(site), capture_output=True, text=True, timeout=300,
-                              check=False)
+    command = [
+        sys.executable,
+        "-m",
+        "hal.cli",
+        "conformance",
+        "--vendor",
+        vendor,
+        "--ep-ranks",
+        "2",
+        "--report",
+        str(report),
+    ]
+    finished = subprocess.run(
+        command, env=environment_with(site), capture_output=True, text=True, timeout=300, check=False
+    )
     path = report / "ep-conformance.json"
     assert path.exists(), finished.stdout[-4000:] + finished.stderr[-4000:]
     return finished, json.loads(path.read_text())
@@ -104,7 +116,7 @@ def test_a_case_failing_on_one_rank_neither_stalls_nor_desynchronises_the_rest(s
     assert finished.returncode == 1, finished.stdout[-4000:] + finished.stderr[-4000:]
     assert {c["id"] for c in report["cases"]} == QUICK_IDS
     outcomes = [c["outcome"] for c in report["cases"]]
-    assert "failed" in outcomes and "passed" in outcomes[outcomes.index("failed") + 1:]
+    assert "failed" in outcomes and "passed" in outcomes[outcomes.index("failed") + 1 :]
     failed = [c for c in report["cases"] if c["outcome"] == "failed"]
     assert all("rank 0: RuntimeError" in c["message"] and "raises on rank 0" in c["message"] for c in failed)
     # where rank 0 failed in the forward, rank 1's collective with it failed too, rather than waiting
@@ -112,12 +124,16 @@ def test_a_case_failing_on_one_rank_neither_stalls_nor_desynchronises_the_rest(s
     assert forward and all(c["ranks"][1]["outcome"] == "failed" for c in forward)
 
 
-@pytest.mark.parametrize("arguments", [
-    ["--ep-ranks", "0"],
-    ["--ep-ranks", "2", "--vendor", "cpu", "ascend-emulated"],
-    ["--ep-ranks", "2", "--vendor", "cpu", "-k", "layer"],
-    ["--ep-ranks", "2", "--vendor", "no-such-vendor"],
-], ids=["no-ranks", "two-vendors", "keyword", "unknown-vendor"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--ep-ranks", "0"],
+        ["--ep-ranks", "2", "--vendor", "cpu", "ascend-emulated"],
+        ["--ep-ranks", "2", "--vendor", "cpu", "-k", "layer"],
+        ["--ep-ranks", "2", "--vendor", "no-such-vendor"],
+    ],
+    ids=["no-ranks", "two-vendors", "keyword", "unknown-vendor"],
+)
 def test_bad_arguments_are_refused_before_any_rank_starts(arguments, tmp_path, capsys):
     command = ["conformance", *arguments, "--report", str(tmp_path)]
     try:
@@ -129,8 +145,9 @@ def test_bad_arguments_are_refused_before_any_rank_starts(arguments, tmp_path, c
 
 
 def test_the_case_table_follows_the_declarations(cpu):
-    caps = dataclasses.replace(cpu.capabilities(), ep_dispatchers=frozenset({"mine", "fast"}),
-                               ep_low_latency=frozenset({"fast"}))
+    caps = dataclasses.replace(
+        cpu.capabilities(), ep_dispatchers=frozenset({"mine", "fast"}), ep_low_latency=frozenset({"fast"})
+    )
     cases = build_cases(caps, "quick")
     assert len({c.id for c in cases}) == len(cases) == 3 * len(QUICK_IDS)
     assert [c.dispatcher for c in cases[:: len(QUICK_IDS)]] == [TORCH, "fast", "mine"]

@@ -33,8 +33,14 @@ print(json.dumps(out))
 def discovered_with_plugins(tmp_path_factory):
     """Discovery in a fresh interpreter that has the test distribution on its path, as if installed."""
     root = write_test_plugins(tmp_path_factory.mktemp("plugins"))
-    done = subprocess.run([sys.executable, "-c", DISCOVER], env=environment_with(root), capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", DISCOVER],
+        env=environment_with(root),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 

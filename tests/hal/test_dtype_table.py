@@ -46,7 +46,11 @@ def test_every_concrete_dtype_has_one_row():
 def test_hal_rows_agree_with_the_suites_restatement(dtype):
     spec, facts = dtype.spec, dtype_facts.facts(dtype)
     assert (spec.storage, spec.values_per_element, spec.scale_dtype, spec.global_scale) == (
-        facts.storage, facts.values_per_element, facts.scale_dtype, facts.global_scale)
+        facts.storage,
+        facts.values_per_element,
+        facts.scale_dtype,
+        facts.global_scale,
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -67,13 +71,23 @@ def test_what_the_reference_makes_fits_the_row(dtype, layout, hidden):
     assert q.data.dtype == dtype.spec.storage and tuple(q.shape) == (3, 5, hidden)
     expected = dtype_facts.scale_shape(dtype, layout, (3, 5), hidden)
     assert (None if q.scale is None else tuple(q.scale.shape)) == expected
-    plan = resolve_dispatch_plan(CpuVendor(), hidden, config=DispatchConfig(dtype=dtype), environ={},
-                                 scheme=SchemeTraits("probe", dtype, frozenset({dtype}), scale_layouts={dtype: layout}),
-                                 capabilities=dataclasses.replace(CpuVendor().capabilities(),
-                                                                  dispatch_dtypes=frozenset(DispatchDtype.concrete()),
-                                                                  dispatch_fallbacks={}))
-    rows = QuantizedTensor(q.data.reshape(15, -1), q.dtype, q.layout,
-                           None if q.scale is None else q.scale.reshape(15, *q.scale.shape[2:]), q.global_scale)
+    plan = resolve_dispatch_plan(
+        CpuVendor(),
+        hidden,
+        config=DispatchConfig(dtype=dtype),
+        environ={},
+        scheme=SchemeTraits("probe", dtype, frozenset({dtype}), scale_layouts={dtype: layout}),
+        capabilities=dataclasses.replace(
+            CpuVendor().capabilities(), dispatch_dtypes=frozenset(DispatchDtype.concrete()), dispatch_fallbacks={}
+        ),
+    )
+    rows = QuantizedTensor(
+        q.data.reshape(15, -1),
+        q.dtype,
+        q.layout,
+        None if q.scale is None else q.scale.reshape(15, *q.scale.shape[2:]),
+        q.global_scale,
+    )
     records = pack(rows, plan)
     assert records.shape == (15, plan.bytes_per_token)
     back = unpack(records, plan, q.global_scale)

@@ -12,13 +12,25 @@ from vendors.ascend.capabilities import generation_of
 from vendors.cuda.capabilities import cuda_capabilities
 
 
-@pytest.mark.parametrize("text, dtype", [
-    ("bf16", DispatchDtype.BF16), ("BF16", DispatchDtype.BF16), (" BFloat16 ", DispatchDtype.BF16),
-    ("FP8", DispatchDtype.FP8), ("fp8-e4m3", DispatchDtype.FP8), ("Int8", DispatchDtype.INT8),
-    ("NVFP4", DispatchDtype.NVFP4), ("Auto", DispatchDtype.AUTO), ("FP16", DispatchDtype.FP16),
-    ("float16", DispatchDtype.FP16), ("Half", DispatchDtype.FP16), ("fp32", DispatchDtype.FP32),
-    ("float32", DispatchDtype.FP32), ("float", DispatchDtype.FP32),
-])
+@pytest.mark.parametrize(
+    "text, dtype",
+    [
+        ("bf16", DispatchDtype.BF16),
+        ("BF16", DispatchDtype.BF16),
+        (" BFloat16 ", DispatchDtype.BF16),
+        ("FP8", DispatchDtype.FP8),
+        ("fp8-e4m3", DispatchDtype.FP8),
+        ("Int8", DispatchDtype.INT8),
+        ("NVFP4", DispatchDtype.NVFP4),
+        ("Auto", DispatchDtype.AUTO),
+        ("FP16", DispatchDtype.FP16),
+        ("float16", DispatchDtype.FP16),
+        ("Half", DispatchDtype.FP16),
+        ("fp32", DispatchDtype.FP32),
+        ("float32", DispatchDtype.FP32),
+        ("float", DispatchDtype.FP32),
+    ],
+)
 def test_parse_is_case_insensitive(text, dtype):
     assert DispatchDtype.parse(text) is dtype
 
@@ -59,8 +71,12 @@ def test_bytes_per_token_rejects_bad_arguments():
 
 
 def _table(**overrides):
-    base = dict(device_name="t", dispatch_dtypes={"bf16", "int8"}, dispatch_fallbacks={"fp8": "int8"},
-                int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC)
+    base = dict(
+        device_name="t",
+        dispatch_dtypes={"bf16", "int8"},
+        dispatch_fallbacks={"fp8": "int8"},
+        int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
+    )
     base.update(overrides)
     return Capabilities(**base)
 
@@ -79,8 +95,11 @@ def test_capabilities_are_frozen_and_derive_fp8_support():
 
 def test_consistency_problems_are_found():
     assert _table().consistency_problems() == []
-    problems = _table(dispatch_fallbacks={"fp8": "nvfp4", "int8": "bf16"},
-                      default_dispatch_dtype="fp8", int8_quant_mode=Int8QuantMode.NONE).consistency_problems()
+    problems = _table(
+        dispatch_fallbacks={"fp8": "nvfp4", "int8": "bf16"},
+        default_dispatch_dtype="fp8",
+        int8_quant_mode=Int8QuantMode.NONE,
+    ).consistency_problems()
     text = " | ".join(problems)
     assert "fp8 -> nvfp4 targets an unsupported dtype" in text
     assert "fallback declared for int8" in text
@@ -133,11 +152,21 @@ def test_quantized_containers_reject_malformed_parts():
     from hal import QuantizedTensor, QuantizedWeight
 
     with pytest.raises(InvalidInput, match="multiple of 16 channels"):
-        QuantizedTensor(torch.zeros(1, 12, dtype=torch.uint8), "nvfp4", "block-16",
-                        torch.zeros(1, 1, dtype=torch.float8_e4m3fn), torch.ones(1))
+        QuantizedTensor(
+            torch.zeros(1, 12, dtype=torch.uint8),
+            "nvfp4",
+            "block-16",
+            torch.zeros(1, 1, dtype=torch.float8_e4m3fn),
+            torch.ones(1),
+        )
     with pytest.raises(InvalidInput, match="global_scale: expected a one-element fp32"):
-        QuantizedTensor(torch.zeros(1, 8, dtype=torch.uint8), "nvfp4", "block-16",
-                        torch.zeros(1, 1, dtype=torch.float8_e4m3fn), torch.ones(1, dtype=torch.float64))
+        QuantizedTensor(
+            torch.zeros(1, 8, dtype=torch.uint8),
+            "nvfp4",
+            "block-16",
+            torch.zeros(1, 1, dtype=torch.float8_e4m3fn),
+            torch.ones(1, dtype=torch.float64),
+        )
     with pytest.raises(InvalidInput, match=r"scale: expected torch.float32 of shape \(2,\)"):
         QuantizedTensor(torch.zeros(2, 8, dtype=torch.int8), "int8", "per-token", torch.zeros(3))
     with pytest.raises(InvalidInput, match="layout"):

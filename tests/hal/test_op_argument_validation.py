@@ -47,8 +47,10 @@ def _raises(call, argument: str) -> str:
 
 # -- sort_by_expert --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bad, shown", [(-1, "[-1, 7]"), (E, "[0, 8]"), (1000, "[0, 1000]")],
-                         ids=["negative", "num-experts", "far-out"])
+
+@pytest.mark.parametrize(
+    "bad, shown", [(-1, "[-1, 7]"), (E, "[0, 8]"), (1000, "[0, 1000]")], ids=["negative", "num-experts", "far-out"]
+)
 def test_out_of_range_expert_ids_are_refused(vendor, bad, shown):
     ids = _ids()
     ids[2, 1] = bad
@@ -67,8 +69,11 @@ def test_num_experts_must_be_a_positive_int(vendor, bad):
     _raises(lambda: vendor.sort_by_expert(_ids(), bad), "num_experts")
 
 
-@pytest.mark.parametrize("bad", [[[0, 1]], torch.zeros(2, 2, 2, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)],
-                         ids=["list", "3d", "1d"])
+@pytest.mark.parametrize(
+    "bad",
+    [[[0, 1]], torch.zeros(2, 2, 2, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)],
+    ids=["list", "3d", "1d"],
+)
 def test_expert_ids_must_be_a_2d_tensor(vendor, bad):
     _raises(lambda: vendor.sort_by_expert(bad, E), "topk_ids")
 
@@ -104,6 +109,7 @@ def test_a_bad_call_leaves_the_vendor_working(vendor):
 
 # -- weighted_combine ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", ["float32", "bf16", torch.int8, torch.int32, torch.float64, None, 5])
 def test_out_dtype_must_be_a_float_torch_dtype(vendor, bad):
     rows, index, weights = _combine_operands()
@@ -114,23 +120,32 @@ def test_out_dtype_must_be_a_float_torch_dtype(vendor, bad):
 @pytest.mark.parametrize("case", ["negative", "past-the-rows", "float", "2d", "too-short", "list"])
 def test_bad_row_indices_are_refused(vendor, case):
     rows, index, weights = _combine_operands()
-    bad = {"negative": lambda: torch.where(index == 3, -1, index),
-           "past-the-rows": lambda: torch.where(index == 3, T * K, index),
-           "float": lambda: index.to(torch.float32),
-           "2d": lambda: index.view(T, K),
-           "too-short": lambda: index[:-1],
-           "list": lambda: index.tolist()}[case]()
+    bad = {
+        "negative": lambda: torch.where(index == 3, -1, index),
+        "past-the-rows": lambda: torch.where(index == 3, T * K, index),
+        "float": lambda: index.to(torch.float32),
+        "2d": lambda: index.view(T, K),
+        "too-short": lambda: index[:-1],
+        "list": lambda: index.tolist(),
+    }[case]()
     _raises(lambda: vendor.weighted_combine(rows, bad, weights, torch.float32), "index")
 
 
-@pytest.mark.parametrize("argument, dtype", [("rows", torch.int8), ("rows", torch.float64), ("rows", torch.int64),
-                                             ("topk_weights", torch.int64), ("topk_weights", torch.bool)])
+@pytest.mark.parametrize(
+    "argument, dtype",
+    [
+        ("rows", torch.int8),
+        ("rows", torch.float64),
+        ("rows", torch.int64),
+        ("topk_weights", torch.int64),
+        ("topk_weights", torch.bool),
+    ],
+)
 def test_rows_and_weights_must_be_floating_point(vendor, argument, dtype):
     rows, index, weights = _combine_operands()
     operands = {"rows": rows, "topk_weights": weights}
     operands[argument] = operands[argument].to(dtype)
-    _raises(lambda: vendor.weighted_combine(operands["rows"], index, operands["topk_weights"], torch.float32),
-            argument)
+    _raises(lambda: vendor.weighted_combine(operands["rows"], index, operands["topk_weights"], torch.float32), argument)
 
 
 def test_int32_and_int64_indices_combine_identically(vendor):
@@ -150,6 +165,7 @@ def test_an_integer_out_dtype_never_wraps_around(vendor):
 
 # -- grouped_matmul(row_index=) ---------------------------------------------------------------------
 
+
 def _gemm_operands() -> tuple[torch.Tensor, hal.QuantizedWeight, hal.Groups, torch.Tensor]:
     """Six tokens, their twelve (token, slot) rows sorted by expert, and bf16 weights of eight experts."""
     ids = _ids()
@@ -163,8 +179,13 @@ def _gemm_operands() -> tuple[torch.Tensor, hal.QuantizedWeight, hal.Groups, tor
 @pytest.mark.parametrize("case", ["float", "two-dim", "negative", "past-the-tokens", "a-list"])
 def test_bad_gemm_row_indices_are_refused(vendor, case):
     x, w, groups, index = _gemm_operands()
-    bad = {"float": index.float(), "two-dim": index[None], "negative": index - 1, "past-the-tokens": index + T,
-           "a-list": index.tolist()}[case]
+    bad = {
+        "float": index.float(),
+        "two-dim": index[None],
+        "negative": index - 1,
+        "past-the-tokens": index + T,
+        "a-list": index.tolist(),
+    }[case]
     message = _raises(lambda: vendor.grouped_matmul(x, w, groups, row_index=bad), "row_index")
     if case in ("negative", "past-the-tokens"):
         assert f"rows of x in [0, {T})" in message
@@ -185,14 +206,18 @@ def test_rows_read_through_an_index_equal_the_gathered_rows(vendor, activation, 
 
 # -- where value checks are made ---------------------------------------------------------------------
 
+
 def test_values_are_read_only_where_that_is_free():
     host, device = torch.zeros(2, 2, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.int64, device="meta")
     assert checks.values_are_free(False, host) and checks.values_are_free(True, device)
     assert not checks.values_are_free(False, device)
     # a tensor whose values cannot be read (meta) passes the type checks untouched
     checks.expert_ids(device, 4)
-    checks.combine_operands(torch.zeros(4, 3, device="meta"), torch.zeros(4, dtype=torch.int64, device="meta"),
-                            torch.zeros(2, 2, device="meta"))
+    checks.combine_operands(
+        torch.zeros(4, 3, device="meta"),
+        torch.zeros(4, dtype=torch.int64, device="meta"),
+        torch.zeros(2, 2, device="meta"),
+    )
     with pytest.raises(InvalidInput, match="topk_ids"):  # a host-synchronous vendor reads them
         checks.expert_ids(host - 1, 4, host_synchronous=True)
 
@@ -206,6 +231,7 @@ def test_the_reference_functions_check_host_ids_too():
 
 
 # -- the other op methods ------------------------------------------------------------------------------
+
 
 def _weight(v: hal.Vendor):
     return v.quantize_weight(torch.ones(3, 64, 32) / 8, ScaleLayout.NONE, torch.bfloat16)
@@ -223,19 +249,29 @@ OTHER_CASES = {
     "quantize-dtype-torch": (lambda v: v.quantize(X, torch.int8), "dtype"),
     "quantize-layout-list": (lambda v: v.quantize(X, "bf16", layout=[1]), "layout"),
     "dequantize-out-string": (lambda v: v.dequantize(v.quantize(X, "bf16"), "float32"), "out_dtype"),
-    "quantize-weight-dtype-string": (lambda v: v.quantize_weight(torch.ones(3, 64, 32), "per-channel", "int8"),
-                                     "dtype"),
+    "quantize-weight-dtype-string": (
+        lambda v: v.quantize_weight(torch.ones(3, 64, 32), "per-channel", "int8"),
+        "dtype",
+    ),
     "gemm-out-string": (lambda v: v.grouped_matmul(X, _weight(v), GROUPS, out_dtype="bf16"), "out_dtype"),
-    "gemm-bias-integers": (lambda v: v.grouped_matmul(X, _weight(v), GROUPS, bias=torch.ones(3, 32, dtype=torch.int32)),
-                           "bias"),
+    "gemm-bias-integers": (
+        lambda v: v.grouped_matmul(X, _weight(v), GROUPS, bias=torch.ones(3, 32, dtype=torch.int32)),
+        "bias",
+    ),
     "activate-plain-scalar": (lambda v: v.activate(torch.tensor(1.0), "silu"), "x"),
-    "fused-scheme-list": (lambda v: v.fused_deep_moe(X, _ids()[:5], torch.ones(5, 2), _w8(v), _w8(v), scheme=["x"]),
-                          "scheme"),
+    "fused-scheme-list": (
+        lambda v: v.fused_deep_moe(X, _ids()[:5], torch.ones(5, 2), _w8(v), _w8(v), scheme=["x"]),
+        "scheme",
+    ),
     "prepare-fused-scheme-list": (lambda v: v.prepare_fused(_w8(v), _w8(v), scheme=["x"]), "scheme"),
-    "ep-dispatch-name-list": (lambda v: v.ep_dispatch(X, _ids()[:5], name=["x"], dtype="bf16", num_experts=E,
-                                                      process_group=None), "name"),
-    "ep-combine-name-list": (lambda v: v.ep_combine(X, torch.ones(5, 2), None, name=["x"],
-                                                    out_dtype=torch.bfloat16), "name"),
+    "ep-dispatch-name-list": (
+        lambda v: v.ep_dispatch(X, _ids()[:5], name=["x"], dtype="bf16", num_experts=E, process_group=None),
+        "name",
+    ),
+    "ep-combine-name-list": (
+        lambda v: v.ep_combine(X, torch.ones(5, 2), None, name=["x"], out_dtype=torch.bfloat16),
+        "name",
+    ),
 }
 
 

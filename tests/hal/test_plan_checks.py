@@ -40,8 +40,9 @@ def _builds(vendor, scheme: str, hidden: int, activation: ActivationKind) -> str
     w2 = torch.randn(EXPERTS, INTERMEDIATE, hidden, generator=gen) / INTERMEDIATE**0.5
     quant = build_scheme(scheme) if scheme in KNOWN_SCHEMES else scheme
     try:
-        MoELayer.from_float(w13, w2, TOP_K, scheme=quant, vendor=vendor, activation=activation,
-                            dispatch=DispatchConfig(), environ={})
+        MoELayer.from_float(
+            w13, w2, TOP_K, scheme=quant, vendor=vendor, activation=activation, dispatch=DispatchConfig(), environ={}
+        )
     except HalError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -56,14 +57,17 @@ def test_explain_approves_exactly_what_a_layer_builds(vendor_name):
         problems = _explain_verdict(vendor, caps, scheme, hidden, activation)
         error = _builds(vendor, scheme, hidden, activation)
         if bool(problems) != bool(error):
-            disagreements.append(f"{scheme} H={hidden} {activation}: explain says {problems or 'buildable'}, "
-                                 f"the layer says {error or 'built'}")
+            disagreements.append(
+                f"{scheme} H={hidden} {activation}: explain says {problems or 'buildable'}, "
+                f"the layer says {error or 'built'}"
+            )
     assert not disagreements, "\n".join(disagreements)
 
 
 def _explain(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hal.cli", "explain", "--json", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hal.cli", "explain", "--json", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_explain_refuses_a_plan_whose_grouped_matmul_is_not_declared():

@@ -39,8 +39,9 @@ pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
 def run_python(root, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     """Run `python *args` with the distributions under `root` installed; the result and its wall time."""
     start = time.monotonic()
-    done = subprocess.run([sys.executable, *args], env=environment_with(root), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, *args], env=environment_with(root), capture_output=True, text=True, timeout=timeout
+    )
     return done, time.monotonic() - start
 
 
@@ -73,8 +74,10 @@ def test_every_misbehaving_plugin_is_reported_and_cpu_is_still_selected(tmp_path
     assert statuses["none-probe"] == [False, "probe returned None, expected a hal.ProbeResult"]
     assert statuses["exiting-probe"] == [False, "probe failed: SystemExit: 4"]
     assert statuses["hanging-probe"] == [False, "probe did not finish within 0.5 s"]
-    assert statuses["broken-caps"] == [False, "vendor 'broken-caps': capability detection failed: "
-                                              "RuntimeError: cannot read the device registers"]
+    assert statuses["broken-caps"] == [
+        False,
+        "vendor 'broken-caps': capability detection failed: RuntimeError: cannot read the device registers",
+    ]
     assert statuses["cpu"][0] is True
     assert found["selected"] == "cpu"  # broken-caps (700) probes fine but is passed over, with the reason
     assert "skipped: broken-caps (vendor 'broken-caps': capability detection failed" in found["detail"]
@@ -130,8 +133,9 @@ print(json.dumps({"chosen": chosen, "imported_when_named": imported, "listed": n
 
 
 def test_naming_a_vendor_imports_only_that_plugin(tmp_path):
-    write_distribution(tmp_path, "spy-plugin", {"hal.vendors": {"spy": "spy_vendor:Spy"}},
-                       {"spy_vendor": SPY, "spy_marker": ""})
+    write_distribution(
+        tmp_path, "spy-plugin", {"hal.vendors": {"spy": "spy_vendor:Spy"}}, {"spy_vendor": SPY, "spy_marker": ""}
+    )
     write_misbehaving_plugins(tmp_path, "exits-on-import")
     found = last_json(run_python(tmp_path, "-c", LAZY)[0])
     assert found["chosen"] == ["cpu", "cpu", "cpu"]
@@ -185,15 +189,25 @@ NOT_CALLABLE = 3
 
 
 def test_a_broken_hal_caps_section_is_one_row_saying_why(tmp_path):
-    write_distribution(tmp_path, "broken-sections", {"hal.caps_sections": {
-        "exits": "broken_sections:exits", "not-callable": "broken_sections:NOT_CALLABLE",
-        "missing": "broken_sections:nothing_here"}}, {"broken_sections": BROKEN_SECTIONS})
+    write_distribution(
+        tmp_path,
+        "broken-sections",
+        {
+            "hal.caps_sections": {
+                "exits": "broken_sections:exits",
+                "not-callable": "broken_sections:NOT_CALLABLE",
+                "missing": "broken_sections:nothing_here",
+            }
+        },
+        {"broken_sections": BROKEN_SECTIONS},
+    )
     done, _ = run_python(tmp_path, "-m", "hal.cli", "caps", "--vendor", "cpu", "--json")
     assert done.returncode == 0, done.stderr
     sections = json.loads(done.stdout)["sections"]
     assert sections["exits"] == [["exits", "section failed: SystemExit: 1"]]
-    assert sections["not-callable"] == [["not-callable", "section failed: TypeError: expected a callable "
-                                                         "hook(vendor), got 3"]]
+    assert sections["not-callable"] == [
+        ["not-callable", "section failed: TypeError: expected a callable hook(vendor), got 3"]
+    ]
     assert sections["missing"][0][1].startswith("section failed to load: AttributeError")
     assert dict(sections["expert_runners"])["runner replacements"] == "none"  # moe's own section still there
 
@@ -257,17 +271,20 @@ def test_sys_exit_in_a_probe_and_failing_capabilities_make_a_vendor_unavailable(
     assert registry.select("failing-caps", environ={}, require_available=False).vendor is failing
 
 
-@pytest.mark.parametrize("call, argument", [
-    (lambda: get_vendor(3), "vendor"),
-    (lambda: get_vendor(["cpu"]), "vendor"),
-    (lambda: get_vendor(None, environ=[("HAL_VENDOR", "cpu")]), "environ"),
-    (lambda: get_vendor(None, environ={"HAL_VENDOR": 3}), "environ"),
-    (lambda: get_vendor("cpu", environ={1: "x"}), "environ"),
-    (lambda: VendorRegistry.discover(probe_timeout=0), "probe_timeout"),
-    (lambda: VendorRegistry.discover(probe_timeout=True), "probe_timeout"),
-    (lambda: VendorRegistry([object()]), "vendors"),
-    (lambda: moe.MoELayer(64, 32, 4, 2, vendor=3), "vendor"),
-])
+@pytest.mark.parametrize(
+    "call, argument",
+    [
+        (lambda: get_vendor(3), "vendor"),
+        (lambda: get_vendor(["cpu"]), "vendor"),
+        (lambda: get_vendor(None, environ=[("HAL_VENDOR", "cpu")]), "environ"),
+        (lambda: get_vendor(None, environ={"HAL_VENDOR": 3}), "environ"),
+        (lambda: get_vendor("cpu", environ={1: "x"}), "environ"),
+        (lambda: VendorRegistry.discover(probe_timeout=0), "probe_timeout"),
+        (lambda: VendorRegistry.discover(probe_timeout=True), "probe_timeout"),
+        (lambda: VendorRegistry([object()]), "vendors"),
+        (lambda: moe.MoELayer(64, 32, 4, 2, vendor=3), "vendor"),
+    ],
+)
 def test_bad_argument_types_are_invalid_input_naming_the_argument(call, argument):
     with pytest.raises(InvalidInput, match=rf"^{argument}: expected"):
         call()

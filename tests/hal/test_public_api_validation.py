@@ -11,15 +11,7 @@ import pytest
 import torch
 
 import moe
-from hal import (
-    DispatchConfig,
-    HalError,
-    InvalidInput,
-    KNOWN_SCHEMES,
-    QuantizedWeight,
-    Vendor,
-    resolve_dispatch_plan,
-)
+from hal import DispatchConfig, HalError, InvalidInput, KNOWN_SCHEMES, QuantizedWeight, Vendor, resolve_dispatch_plan
 from moe.compiled import register_layer
 from moe.dispatch import VendorEpDispatcher
 from vendors.cpu import CpuVendor
@@ -51,8 +43,18 @@ def test_a_vendor_that_is_no_vendor_or_name_is_refused(vendor):
         moe.MoELayer(H, I, E, K, vendor=vendor, environ={})
 
 
-@pytest.mark.parametrize("environ", [["HAL_VENDOR"], "HAL_VENDOR=cpu", 3, {"HAL_DISPATCH_DTYPE": 1},
-                                     {"HAL_VENDOR": None}, {1: "cpu"}, {"HAL_DISPATCH_DTYPE": b"bf16"}])
+@pytest.mark.parametrize(
+    "environ",
+    [
+        ["HAL_VENDOR"],
+        "HAL_VENDOR=cpu",
+        3,
+        {"HAL_DISPATCH_DTYPE": 1},
+        {"HAL_VENDOR": None},
+        {1: "cpu"},
+        {"HAL_DISPATCH_DTYPE": b"bf16"},
+    ],
+)
 def test_an_environ_that_is_no_mapping_of_str_to_str_is_refused(environ, cpu):
     with raises("environ"):
         moe.MoELayer(H, I, E, K, environ=environ)
@@ -82,12 +84,20 @@ def test_a_forward_tensor_on_another_device_is_refused_by_its_name(layer, argume
     ids = torch.tensor([[0, 1], [2, 3], [1, 2]])
     weights = torch.full((3, K), 0.5)
     precomputed = argument in ("topk_ids", "topk_weights")
-    given = dict(hidden_states=x, router_logits=None if precomputed else logits,
-                 topk_ids=ids if precomputed else None, topk_weights=weights if precomputed else None)
+    given = dict(
+        hidden_states=x,
+        router_logits=None if precomputed else logits,
+        topk_ids=ids if precomputed else None,
+        topk_weights=weights if precomputed else None,
+    )
     given[argument] = given[argument].to("meta")
     with raises(argument):
-        layer(given["hidden_states"], given["router_logits"], topk_ids=given["topk_ids"],
-              topk_weights=given["topk_weights"])
+        layer(
+            given["hidden_states"],
+            given["router_logits"],
+            topk_ids=given["topk_ids"],
+            topk_weights=given["topk_weights"],
+        )
 
 
 # -- routers -------------------------------------------------------------------------------------------
@@ -149,10 +159,15 @@ def test_a_low_latency_capacity_beyond_the_device_memory_is_refused_at_construct
     with raises("max_dispatch_tokens_per_rank"):
         moe.LowLatencyDispatcher(plan, E, fits + 1, vendor=small)
     with raises("max_dispatch_tokens_per_rank"):
-        moe.MoELayer(H, I, E, K, vendor=small, environ={},
-                     dispatch=DispatchConfig(max_dispatch_tokens_per_rank=fits + 1))
-    assert moe.MoELayer(H, I, E, K, vendor=small, environ={},
-                        dispatch=DispatchConfig(max_dispatch_tokens_per_rank=fits)).dispatcher.capacity == fits
+        moe.MoELayer(
+            H, I, E, K, vendor=small, environ={}, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=fits + 1)
+        )
+    assert (
+        moe.MoELayer(
+            H, I, E, K, vendor=small, environ={}, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=fits)
+        ).dispatcher.capacity
+        == fits
+    )
 
 
 def test_the_cpu_vendor_states_the_host_memory_and_the_default_is_unknown(cpu):
@@ -166,11 +181,26 @@ def test_the_cpu_vendor_states_the_host_memory_and_the_default_is_unknown(cpu):
     assert Unknown().device_memory_bytes() is None
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("top_k", 2.0), ("top_k", True), ("hidden_size", "16"), ("num_experts", 4.0), ("intermediate_size", 0),
-    ("bias", "no"), ("check_routing", 1), ("fused", "yes"), ("runners", {}), ("dispatch", {"dtype": "bf16"}),
-    ("shared_experts", 8), ("router", "softmax"), ("scheme", None), ("scheme", 8), ("activation", 3),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("top_k", 2.0),
+        ("top_k", True),
+        ("hidden_size", "16"),
+        ("num_experts", 4.0),
+        ("intermediate_size", 0),
+        ("bias", "no"),
+        ("check_routing", 1),
+        ("fused", "yes"),
+        ("runners", {}),
+        ("dispatch", {"dtype": "bf16"}),
+        ("shared_experts", 8),
+        ("router", "softmax"),
+        ("scheme", None),
+        ("scheme", 8),
+        ("activation", 3),
+    ],
+)
 def test_a_layer_argument_of_the_wrong_type_is_refused_by_its_name(cpu, argument, value):
     given = dict(hidden_size=H, intermediate_size=I, num_experts=E, top_k=K, vendor=cpu, environ={})
     given[argument] = value
@@ -185,19 +215,35 @@ def test_process_groups_are_named_as_given(cpu):
         moe.MoELayer(H, I, E, K, vendor=cpu, environ={}, tp_group=object())
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("dtype", 3), ("dtype", None), ("max_dispatch_tokens_per_rank", 4.0), ("max_dispatch_tokens_per_rank", True),
-    ("max_dispatch_tokens_per_rank", 0), ("ep_dispatcher", 3), ("ep_dispatcher", ""),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("dtype", 3),
+        ("dtype", None),
+        ("max_dispatch_tokens_per_rank", 4.0),
+        ("max_dispatch_tokens_per_rank", True),
+        ("max_dispatch_tokens_per_rank", 0),
+        ("ep_dispatcher", 3),
+        ("ep_dispatcher", ""),
+    ],
+)
 def test_dispatch_config_refuses_wrong_fields(argument, value):
     with raises(argument):
         DispatchConfig(**{argument: value})
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("config", "bf16"), ("capabilities", "cpu"), ("scheme", 3), ("runner_dtype", "bogus"), ("runner_dtype", 2),
-    ("hidden_size", 16.0), ("hidden_size", True),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("config", "bf16"),
+        ("capabilities", "cpu"),
+        ("scheme", 3),
+        ("runner_dtype", "bogus"),
+        ("runner_dtype", 2),
+        ("hidden_size", 16.0),
+        ("hidden_size", True),
+    ],
+)
 def test_resolve_dispatch_plan_refuses_wrong_arguments(cpu, argument, value):
     given = dict(config=None, scheme=None, runner_dtype=None, environ={}, capabilities=None)
     hidden = value if argument == "hidden_size" else H
@@ -231,20 +277,23 @@ def test_weights_without_data_are_refused_before_anything_is_copied(cpu, layer):
         shared.load_shared_experts(w13[0], w2[0], torch.zeros(H, device="meta"))
 
 
-@pytest.mark.parametrize("argument, call", [
-    ("scheme", lambda: moe.make_scheme(None)),
-    ("scheme", lambda: moe.make_scheme(3)),
-    ("amax", lambda: moe.nvfp4_global_scale(math.inf)),
-    ("amax", lambda: moe.nvfp4_global_scale(True)),
-    ("input_global_scale", lambda: moe.NvFp4(math.nan, 1.0)),
-    ("input_scale", lambda: moe.W8A8Fp8(input_scale=0.0)),
-    ("dtype", lambda: moe.Unquantized(torch.int8)),
-    ("shared_experts.gated", lambda: moe.SharedExperts(8, gated="yes")),
-    ("shared_experts.intermediate_size", lambda: moe.SharedExperts(8.0)),
-    ("rank", lambda: moe.TensorShard(2, 2)),
-    ("size", lambda: moe.TensorShard(0, 0)),
-    ("layer", lambda: register_layer(object())),
-])
+@pytest.mark.parametrize(
+    "argument, call",
+    [
+        ("scheme", lambda: moe.make_scheme(None)),
+        ("scheme", lambda: moe.make_scheme(3)),
+        ("amax", lambda: moe.nvfp4_global_scale(math.inf)),
+        ("amax", lambda: moe.nvfp4_global_scale(True)),
+        ("input_global_scale", lambda: moe.NvFp4(math.nan, 1.0)),
+        ("input_scale", lambda: moe.W8A8Fp8(input_scale=0.0)),
+        ("dtype", lambda: moe.Unquantized(torch.int8)),
+        ("shared_experts.gated", lambda: moe.SharedExperts(8, gated="yes")),
+        ("shared_experts.intermediate_size", lambda: moe.SharedExperts(8.0)),
+        ("rank", lambda: moe.TensorShard(2, 2)),
+        ("size", lambda: moe.TensorShard(0, 0)),
+        ("layer", lambda: register_layer(object())),
+    ],
+)
 def test_schemes_shared_experts_shards_and_the_op_registry_check_their_arguments(argument, call):
     with raises(argument):
         call()
@@ -274,10 +323,20 @@ def test_dispatcher_constructors_check_their_arguments(cpu):
 # -- checkpoints ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("bias", "no"), ("gate_up_interleaved", "no"), ("activation_gated", "yes"), ("static_input_scale", "yes"),
-    ("fused_layout", 3), ("fused_layout", "sideways"), ("prefix", 3), ("local_experts", [0, 1]), ("tp_rank", 1.0),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("bias", "no"),
+        ("gate_up_interleaved", "no"),
+        ("activation_gated", "yes"),
+        ("static_input_scale", "yes"),
+        ("fused_layout", 3),
+        ("fused_layout", "sideways"),
+        ("prefix", 3),
+        ("local_experts", [0, 1]),
+        ("tp_rank", 1.0),
+    ],
+)
 def test_the_checkpoint_loader_refuses_wrong_settings(argument, value):
     fmt = "fp8" if argument == "static_input_scale" else "bf16"
     with raises(argument):

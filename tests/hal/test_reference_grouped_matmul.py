@@ -7,8 +7,28 @@ import dataclasses
 import pytest
 import torch
 
-from hal import DispatchDtype, Groups, InvalidInput, KernelLimits, QuantizedTensor, QuantizedWeight, ScaleLayout, UnsupportedCapability
-from tests.support.gemm_helpers import Bf16OnlyVendor, row_scale, gen, make_groups, reference, assert_within, dequant_x, dequant_w, FORMS, COUNTS
+from hal import (
+    DispatchDtype,
+    Groups,
+    InvalidInput,
+    KernelLimits,
+    QuantizedTensor,
+    QuantizedWeight,
+    ScaleLayout,
+    UnsupportedCapability,
+)
+from tests.support.gemm_helpers import (
+    Bf16OnlyVendor,
+    row_scale,
+    gen,
+    make_groups,
+    reference,
+    assert_within,
+    dequant_x,
+    dequant_w,
+    FORMS,
+    COUNTS,
+)
 from vendors.cpu import CpuVendor
 
 
@@ -44,7 +64,6 @@ def test_int8_exact_with_power_of_two_scales(vendor: CpuVendor, form: str) -> No
     # |integer sums| <= 96 * 127^2 < 2^24 and the scales are powers of two: exact in fp32
     assert torch.equal(y.double(), reference(xd, wd, COUNTS) * xs.double()[:, None] * row_scale(ws, COUNTS))
     assert vendor.grouped_matmul(x, w, make_groups(COUNTS, form)).dtype == torch.bfloat16
-
 
 
 # -- random inputs within tolerance ----------------------------------------------------------------
@@ -85,8 +104,13 @@ QUANT_KINDS = [
 @pytest.mark.parametrize(("xdtype", "xlayout", "wlayout", "wdtype"), QUANT_KINDS)
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 def test_quantized_kinds(
-    vendor: CpuVendor, form: str, xdtype: DispatchDtype, xlayout: ScaleLayout,
-    wlayout: ScaleLayout, wdtype: torch.dtype, out_dtype: torch.dtype | None,
+    vendor: CpuVendor,
+    form: str,
+    xdtype: DispatchDtype,
+    xlayout: ScaleLayout,
+    wlayout: ScaleLayout,
+    wdtype: torch.dtype,
+    out_dtype: torch.dtype | None,
 ) -> None:
     g = gen(5)
     k, n = 200, 300  # partial 128-tiles in K and N
@@ -110,15 +134,15 @@ def test_quantized_kinds(
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("xdtype", "xlayout", "wlayout", "wdtype"), QUANT_KINDS)
 def test_zero_rows(
-    vendor: CpuVendor, form: str, xdtype: DispatchDtype, xlayout: ScaleLayout,
-    wlayout: ScaleLayout, wdtype: torch.dtype,
+    vendor: CpuVendor, form: str, xdtype: DispatchDtype, xlayout: ScaleLayout, wlayout: ScaleLayout, wdtype: torch.dtype
 ) -> None:
     qx = vendor.quantize(torch.zeros(0, 130), xdtype, layout=xlayout)
     qw = vendor.quantize_weight(torch.randn(3, 130, 20, generator=gen(6)), wlayout, wdtype)
     y = vendor.grouped_matmul(qx, qw, make_groups([0, 0, 0], form))
     assert y.shape == (0, 20) and y.dtype == torch.bfloat16
-    yf = vendor.grouped_matmul(torch.zeros(0, 130), QuantizedWeight(torch.randn(3, 130, 20)),
-                               make_groups([0, 0, 0], form))
+    yf = vendor.grouped_matmul(
+        torch.zeros(0, 130), QuantizedWeight(torch.randn(3, 130, 20)), make_groups([0, 0, 0], form)
+    )
     assert yf.shape == (0, 20) and yf.dtype == torch.float32
 
 
@@ -169,8 +193,7 @@ def _valid_call(vendor: CpuVendor) -> None:
         (Groups.from_counts(torch.tensor([5, -1, 5])), (9, 16), (3, 16, 4), r"non-negative"),
         (Groups.from_offsets(torch.tensor([5, 3, 9])), (9, 16), (3, 16, 4), r"non-decreasing"),
         (Groups.from_offsets(torch.tensor([3, 9])), (9, 16), (3, 16, 4), r"groups: expected 3 groups"),
-        (Groups.from_counts(torch.tensor([3, 3, 3])), (9, 16), (3, 15, 4),
-         r"x \(9, 16\).*weight \(3, 15, 4\)"),
+        (Groups.from_counts(torch.tensor([3, 3, 3])), (9, 16), (3, 15, 4), r"x \(9, 16\).*weight \(3, 15, 4\)"),
         (Groups.from_counts(torch.tensor([3, 3, 3])), (9, 16, 1), (3, 16, 4), r"x: expected a 2-D"),
     ],
 )
@@ -201,7 +224,6 @@ def test_bad_operand_types_and_pairings(vendor: CpuVendor) -> None:
     with pytest.raises(InvalidInput, match=r"x: expected a tensor on device cpu, got 'meta'"):
         vendor.grouped_matmul(torch.empty(4, 16, device="meta"), w, groups)
     _valid_call(vendor)
-
 
 
 class _LimitedVendor(CpuVendor):

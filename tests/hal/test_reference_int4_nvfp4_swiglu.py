@@ -6,8 +6,29 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hal import DispatchDtype, GemmKind, InvalidInput, PackedInt4Tensor, QuantizedTensor, QuantizedWeight, ScaleLayout, UnsupportedCapability, gemm_kind_of
-from tests.support.gemm_helpers import Bf16OnlyVendor, row_scale, gen, make_groups, reference, assert_within, SWIGLU_RTOL, SWIGLU_ATOL, FORMS, COUNTS
+from hal import (
+    DispatchDtype,
+    GemmKind,
+    InvalidInput,
+    PackedInt4Tensor,
+    QuantizedTensor,
+    QuantizedWeight,
+    ScaleLayout,
+    UnsupportedCapability,
+    gemm_kind_of,
+)
+from tests.support.gemm_helpers import (
+    Bf16OnlyVendor,
+    row_scale,
+    gen,
+    make_groups,
+    reference,
+    assert_within,
+    SWIGLU_RTOL,
+    SWIGLU_ATOL,
+    FORMS,
+    COUNTS,
+)
 from vendors.cpu import CpuVendor
 
 
@@ -28,7 +49,7 @@ def pack_int4_here(values: torch.Tensor) -> torch.Tensor:
     for row in rows:
         out = []
         for i in range(0, len(row), 8):
-            word = sum((v & 0xF) << (4 * j) for j, v in enumerate(row[i:i + 8]))
+            word = sum((v & 0xF) << (4 * j) for j, v in enumerate(row[i : i + 8]))
             out.append(word - (1 << 32) if word >= 1 << 31 else word)
         words.append(out)
     return torch.tensor(words, dtype=torch.int32).reshape(*values.shape[:-1], values.shape[-1] // 8)
@@ -75,10 +96,12 @@ def test_helpers_here_agree_with_the_format() -> None:
     """The test's own decoders against hand-written words and bytes."""
     assert pack_int4_here(torch.tensor([[1, -1, 0, 0, 0, 0, 0, 0]])).tolist() == [[0xF1]]
     assert unpack_int4_here(torch.tensor([[0xF1, -0x10000000]], dtype=torch.int32)).tolist() == [
-        [1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1]]
+        [1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1]
+    ]
     assert decode_e2m1_here(torch.tensor([[0x7F, 0x09]], dtype=torch.uint8), -1).tolist() == [[-6, 6, -0.5, 0]]
     assert decode_e2m1_here(torch.tensor([[[0x7F], [0x09]]], dtype=torch.uint8), 1).tolist() == [
-        [[-6], [6], [-0.5], [0]]]
+        [[-6], [6], [-0.5], [0]]
+    ]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -145,8 +168,9 @@ def test_nvfp4_kind(vendor: CpuVendor, form: str, out_dtype: torch.dtype | None)
 def test_int4_and_nvfp4_zero_rows(vendor: CpuVendor, form: str) -> None:
     w = torch.randn(3, 32, 16, generator=gen(23))
     qx4 = vendor.quantize_int4(torch.zeros(0, 32))
-    y = vendor.grouped_matmul(qx4, vendor.quantize_weight(w, ScaleLayout.PER_CHANNEL, torch.quint4x2),
-                              make_groups([0, 0, 0], form))
+    y = vendor.grouped_matmul(
+        qx4, vendor.quantize_weight(w, ScaleLayout.PER_CHANNEL, torch.quint4x2), make_groups([0, 0, 0], form)
+    )
     assert y.shape == (0, 16) and y.dtype == torch.bfloat16
     qxf = vendor.quantize(torch.zeros(0, 32), DispatchDtype.NVFP4)
     y = vendor.grouped_matmul(qxf, vendor.quantize_weight(w, ScaleLayout.BLOCK_16), make_groups([0, 0, 0], form))
@@ -204,20 +228,26 @@ def test_int4_and_nvfp4_pairing_errors(vendor: CpuVendor) -> None:
 
 def test_int4_and_nvfp4_wrong_device_rejected(vendor: CpuVendor) -> None:
     groups = make_groups([1, 1], "counts")
-    meta4 = PackedInt4Tensor(torch.empty(2, 2, dtype=torch.int32, device="meta"),
-                             torch.empty(2, device="meta"))
+    meta4 = PackedInt4Tensor(torch.empty(2, 2, dtype=torch.int32, device="meta"), torch.empty(2, device="meta"))
     w4 = vendor.quantize_weight(torch.randn(2, 16, 8, generator=gen(31)), ScaleLayout.PER_CHANNEL, torch.quint4x2)
     with pytest.raises(InvalidInput, match=r"x.data: expected a tensor on device cpu, got 'meta'"):
         vendor.grouped_matmul(meta4, w4, groups)
-    metaf = QuantizedTensor(torch.empty(2, 8, dtype=torch.uint8, device="meta"), DispatchDtype.NVFP4,
-                            ScaleLayout.BLOCK_16, torch.empty(2, 1, dtype=torch.float8_e4m3fn, device="meta"),
-                            torch.empty(1, device="meta"))
+    metaf = QuantizedTensor(
+        torch.empty(2, 8, dtype=torch.uint8, device="meta"),
+        DispatchDtype.NVFP4,
+        ScaleLayout.BLOCK_16,
+        torch.empty(2, 1, dtype=torch.float8_e4m3fn, device="meta"),
+        torch.empty(1, device="meta"),
+    )
     wf = vendor.quantize_weight(torch.randn(2, 16, 8, generator=gen(32)), ScaleLayout.BLOCK_16)
     with pytest.raises(InvalidInput, match=r"x.data: expected a tensor on device cpu, got 'meta'"):
         vendor.grouped_matmul(metaf, wf, groups)
-    meta_w = QuantizedWeight(torch.empty(2, 8, 8, dtype=torch.uint8, device="meta"), ScaleLayout.BLOCK_16,
-                             torch.empty(2, 1, 8, dtype=torch.float8_e4m3fn, device="meta"),
-                             torch.empty(2, device="meta"))
+    meta_w = QuantizedWeight(
+        torch.empty(2, 8, 8, dtype=torch.uint8, device="meta"),
+        ScaleLayout.BLOCK_16,
+        torch.empty(2, 1, 8, dtype=torch.float8_e4m3fn, device="meta"),
+        torch.empty(2, device="meta"),
+    )
     qxf = vendor.quantize(torch.randn(2, 16, generator=gen(33)), DispatchDtype.NVFP4)
     with pytest.raises(InvalidInput, match=r"weight.data: expected a tensor on device cpu, got 'meta'"):
         vendor.grouped_matmul(qxf, meta_w, groups)
@@ -228,11 +258,17 @@ def test_int4_and_nvfp4_undeclared_kinds_rejected(cuda) -> None:  # type: ignore
     x = torch.randn(4, 32, generator=gen(34))
     w = torch.randn(2, 32, 16, generator=gen(35))
     with pytest.raises(UnsupportedCapability, match=r"'cpu'.*int4"):
-        vendor.grouped_matmul(vendor.quantize_int4(x), vendor.quantize_weight(w, ScaleLayout.PER_CHANNEL,
-                              torch.quint4x2), make_groups([1, 3], "counts"))
+        vendor.grouped_matmul(
+            vendor.quantize_int4(x),
+            vendor.quantize_weight(w, ScaleLayout.PER_CHANNEL, torch.quint4x2),
+            make_groups([1, 3], "counts"),
+        )
     with pytest.raises(UnsupportedCapability, match=r"'cpu'.*nvfp4"):
-        vendor.grouped_matmul(vendor.quantize(x, DispatchDtype.NVFP4),
-                              vendor.quantize_weight(w, ScaleLayout.BLOCK_16), make_groups([1, 3], "counts"))
+        vendor.grouped_matmul(
+            vendor.quantize(x, DispatchDtype.NVFP4),
+            vendor.quantize_weight(w, ScaleLayout.BLOCK_16),
+            make_groups([1, 3], "counts"),
+        )
     assert GemmKind.INT4 in CpuVendor().capabilities().grouped_matmul
     for model in cuda.declared_models():  # the CUDA tables do not claim the new kinds (yet)
         caps = cuda.declared_capabilities(model)

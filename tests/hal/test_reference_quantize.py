@@ -17,7 +17,6 @@ def vendor() -> CpuVendor:
     return CpuVendor()
 
 
-
 # -- int8 ------------------------------------------------------------------------------------------
 
 
@@ -52,7 +51,6 @@ def test_int8_rounds_half_to_even(vendor: CpuVendor) -> None:
 # -- fp8 -------------------------------------------------------------------------------------------
 
 
-
 def test_fp8_per_token_round_trip(vendor: CpuVendor) -> None:
     x = randn(33, 256, seed=2, scale=5.0)
     x[4, 7] = 1e-6  # a value far below the row's scale: subnormal in e4m3
@@ -77,12 +75,10 @@ def test_fp8_group128_round_trip(vendor: CpuVendor, hidden: int) -> None:
     assert q.layout is ScaleLayout.GROUP_128 and q.scale.shape == (2, 9, groups)
     xd = x.double()
     for gi in range(groups):
-        chunk = xd[..., gi * 128:(gi + 1) * 128]
+        chunk = xd[..., gi * 128 : (gi + 1) * 128]
         want = chunk.abs().amax(dim=-1) / 448
         torch.testing.assert_close(q.scale[..., gi].double(), want, rtol=1e-6, atol=0)
-    step = torch.stack(
-        [q.scale[..., c // 128].double() for c in range(hidden)], dim=-1
-    )
+    step = torch.stack([q.scale[..., c // 128].double() for c in range(hidden)], dim=-1)
     deq = vendor.dequantize(q, torch.float32).double()
     assert deq.shape == x.shape
     assert ((xd - deq).abs() <= fp8_bound(xd, step)).all()
@@ -208,8 +204,10 @@ def test_non_contiguous_input(vendor: CpuVendor, dtype: DispatchDtype, layout: S
     assert not x.is_contiguous()
     a = vendor.quantize(x, dtype, layout=layout)
     b = vendor.quantize(x.contiguous(), dtype, layout=layout)
-    assert torch.equal(a.data.view(torch.uint8) if a.data.dtype != torch.bfloat16 else a.data,
-                       b.data.view(torch.uint8) if b.data.dtype != torch.bfloat16 else b.data)
+    assert torch.equal(
+        a.data.view(torch.uint8) if a.data.dtype != torch.bfloat16 else a.data,
+        b.data.view(torch.uint8) if b.data.dtype != torch.bfloat16 else b.data,
+    )
     if a.scale is not None:
         assert torch.equal(a.scale.float(), b.scale.float())
     sliced = randn(6, 320, seed=8)[:, ::2]
@@ -255,17 +253,20 @@ def test_non_finite_rejected(vendor: CpuVendor, bad: float, dtype: DispatchDtype
         (torch.ones(2, 0), "int8", None, "x"),
     ],
 )
-def test_bad_arguments_rejected(
-    vendor: CpuVendor, x: torch.Tensor, dtype: str, layout: object, match: str
-) -> None:
+def test_bad_arguments_rejected(vendor: CpuVendor, x: torch.Tensor, dtype: str, layout: object, match: str) -> None:
     with pytest.raises(InvalidInput, match=match):
         vendor.quantize(x, dtype, layout=layout)
 
 
 @pytest.mark.parametrize(
     "global_scale",
-    [torch.tensor([0.0]), torch.tensor([-1.0]), torch.tensor([float("inf")]),
-     torch.tensor([1.0, 2.0]), torch.tensor([1.0], dtype=torch.float64)],
+    [
+        torch.tensor([0.0]),
+        torch.tensor([-1.0]),
+        torch.tensor([float("inf")]),
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([1.0], dtype=torch.float64),
+    ],
 )
 def test_bad_global_scale_rejected(vendor: CpuVendor, global_scale: torch.Tensor) -> None:
     with pytest.raises(InvalidInput, match="global_scale"):

@@ -41,8 +41,12 @@ def make_world(seed: int, ranks: int, top_k: int) -> World:
     experts = ranks * local
     tokens = [int(torch.randint(0, 7, (1,), generator=g)) for _ in range(ranks)]
     x = [torch.randn(t, HIDDEN, generator=g, dtype=torch.float64) for t in tokens]
-    ids = [torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(t)]) if t
-           else torch.empty(0, top_k, dtype=torch.int64) for t in tokens]
+    ids = [
+        torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(t)])
+        if t
+        else torch.empty(0, top_k, dtype=torch.int64)
+        for t in tokens
+    ]
     weights = [torch.rand(t, top_k, generator=g, dtype=torch.float64) + 0.1 for t in tokens]
     return World(x, ids, weights, torch.randn(experts, HIDDEN, HIDDEN, generator=g, dtype=torch.float64), local)
 
@@ -72,13 +76,18 @@ def received_by(world: World, rank: int) -> tuple[list[tuple[int, int]], torch.T
                 weights.append(world.weights[s][t])
     k = world.ids[0].shape[1]
     if not sources:
-        return [], torch.zeros(0, HIDDEN, dtype=torch.float64), torch.zeros(0, k, dtype=torch.int64), \
-            torch.zeros(0, k, dtype=torch.float64)
+        return (
+            [],
+            torch.zeros(0, HIDDEN, dtype=torch.float64),
+            torch.zeros(0, k, dtype=torch.int64),
+            torch.zeros(0, k, dtype=torch.float64),
+        )
     return sources, torch.stack(rows), torch.stack(local_ids), torch.stack(weights)
 
 
-def expert_rows(world: World, rank: int, recv_x: torch.Tensor, received: ReceivedTokens, mode: str,
-                slots: int | None) -> torch.Tensor:
+def expert_rows(
+    world: World, rank: int, recv_x: torch.Tensor, received: ReceivedTokens, mode: str, slots: int | None
+) -> torch.Tensor:
     """The experts' output for the row index: valid rows computed, every other row NaN."""
     counts = received.expert_counts
     first = rank * world.local
@@ -97,8 +106,14 @@ def expert_rows(world: World, rank: int, recv_x: torch.Tensor, received: Receive
     return out
 
 
-def round_trip(world: World, mode: str, *, corrupt: Callable[[ReceivedTokens], ReceivedTokens] | None = None,
-               sort: SortFn | None = None, combine: CombineFn | None = None) -> float:
+def round_trip(
+    world: World,
+    mode: str,
+    *,
+    corrupt: Callable[[ReceivedTokens], ReceivedTokens] | None = None,
+    sort: SortFn | None = None,
+    combine: CombineFn | None = None,
+) -> float:
     """Max |ep - dense| / max |dense| over all ranks' tokens, after sorting, the experts and reducing."""
     out = [torch.zeros_like(x) for x in world.x]
     slots = max(1, max(x.shape[0] for x in world.x)) * world.ranks if mode == "masked" else None
@@ -106,13 +121,15 @@ def round_trip(world: World, mode: str, *, corrupt: Callable[[ReceivedTokens], R
         sources, recv_x, local_ids, weights = received_by(world, rank)
         here = (local_ids >= 0).sum(dim=0)
         pairs = int(here.sum())
-        received = sort_received(local_ids, weights, world.local, rows=pairs if mode == "normal" else None,
-                                 slots=slots, sort=sort)
+        received = sort_received(
+            local_ids, weights, world.local, rows=pairs if mode == "normal" else None, slots=slots, sort=sort
+        )
         check_sorted(world, rank, local_ids, received, mode, slots)
         if corrupt is not None:
             received = corrupt(received)
-        partial = reduce_received(expert_rows(world, rank, recv_x, received, mode, slots), received, torch.float64,
-                                  combine=combine)
+        partial = reduce_received(
+            expert_rows(world, rank, recv_x, received, mode, slots), received, torch.float64, combine=combine
+        )
         assert partial.shape == (len(sources), HIDDEN)
         for j, (s, t) in enumerate(sources):
             out[s][t] += partial[j]
@@ -121,18 +138,25 @@ def round_trip(world: World, mode: str, *, corrupt: Callable[[ReceivedTokens], R
     return max(((o - r).abs().max().item() for o, r in zip(out, ref) if r.numel()), default=0.0) / scale
 
 
-def check_sorted(world: World, rank: int, local_ids: torch.Tensor, received: ReceivedTokens, mode: str,
-                 slots: int | None) -> None:
+def check_sorted(
+    world: World, rank: int, local_ids: torch.Tensor, received: ReceivedTokens, mode: str, slots: int | None
+) -> None:
     """Counts per local expert, and each expert's rows in received-token order."""
-    expected = torch.stack([(local_ids == e).sum() for e in range(world.local)]) if local_ids.numel() \
+    expected = (
+        torch.stack([(local_ids == e).sum() for e in range(world.local)])
+        if local_ids.numel()
         else torch.zeros(world.local, dtype=torch.int64)
+    )
     assert torch.equal(received.expert_counts, expected)
     assert received.combine_weights.dtype == torch.float32
     starts = torch.cumsum(expected, 0) - expected
     for e in range(world.local):
         n = int(expected[e])
-        rows = (received.row_index.view(world.local, slots)[e, :n] if mode == "masked"
-                else received.row_index[int(starts[e]):int(starts[e]) + n])
+        rows = (
+            received.row_index.view(world.local, slots)[e, :n]
+            if mode == "masked"
+            else received.row_index[int(starts[e]) : int(starts[e]) + n]
+        )
         want = torch.nonzero((local_ids == e).any(dim=1)).flatten() if n else rows
         assert torch.equal(rows, want), (e, rows, want)
 

@@ -51,7 +51,7 @@ def test_weight_per_channel_defaults_to_int8(vendor: CpuVendor) -> None:
 @pytest.mark.parametrize(("k", "n"), [(200, 72), (128, 256), (200, 300)])
 def test_weight_block128(vendor: CpuVendor, k: int, n: int) -> None:
     w = randn(2, k, n, seed=13)
-    w[0, :128, :min(n, 128)] *= 100  # tiles must not share scales
+    w[0, :128, : min(n, 128)] *= 100  # tiles must not share scales
     w[1, 128:, :] = 0 if k > 128 else w[1, 128:, :]  # zero partial tiles when K is partial
     qw = vendor.quantize_weight(w, ScaleLayout.BLOCK_128X128)
     kb, nb = math.ceil(k / 128), math.ceil(n / 128)
@@ -61,10 +61,10 @@ def test_weight_block128(vendor: CpuVendor, k: int, n: int) -> None:
     for e in range(2):
         for i in range(kb):
             for j in range(nb):
-                tile = wd[e, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+                tile = wd[e, i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]
                 want = tile.abs().max() / 448
                 assert math.isclose(qw.scale[e, i, j].item(), want.item(), rel_tol=1e-6, abs_tol=0)
-                step[e, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = qw.scale[e, i, j].double()
+                step[e, i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = qw.scale[e, i, j].double()
     if k > 128:
         assert (qw.scale[1, 1] == 0).all() and (qw.data[1, 128:].float() == 0).all()
     deq = qw.data.double() * step
@@ -94,9 +94,7 @@ def test_weight_none_casts(vendor: CpuVendor) -> None:
         (torch.full((2, 8, 4), float("nan")), ScaleLayout.PER_CHANNEL, None, "weight: .*64 non-finite"),
     ],
 )
-def test_bad_weights_rejected(
-    vendor: CpuVendor, w: torch.Tensor, layout: object, dtype: object, match: str
-) -> None:
+def test_bad_weights_rejected(vendor: CpuVendor, w: torch.Tensor, layout: object, dtype: object, match: str) -> None:
     with pytest.raises(InvalidInput, match=match):
         vendor.quantize_weight(w, layout, dtype)
 
@@ -149,8 +147,9 @@ def test_pack_unpack_int4_round_trip() -> None:
     for dtype in (torch.int8, torch.int32, torch.int64):
         packed = quant.pack_int4(values.to(dtype))
         assert packed.dtype == torch.int32 and packed.shape == (3, 5, 4)
-        want = [[[pack_word_here(row[8 * i:8 * i + 8]) for i in range(4)] for row in plane]
-                for plane in values.tolist()]
+        want = [
+            [[pack_word_here(row[8 * i : 8 * i + 8]) for i in range(4)] for row in plane] for plane in values.tolist()
+        ]
         assert packed.tolist() == want
         assert torch.equal(unpack_int4_here(packed), values)
         assert torch.equal(quant.unpack_int4(packed).to(torch.int64), values)
@@ -310,8 +309,14 @@ def test_weight_nvfp4_exact_codes_and_packing(vendor: CpuVendor) -> None:
     assert (qw.in_features, qw.out_features) == (16, 3)
     codes = [0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 0]
     neg = [c ^ 8 if c & 7 else 0 for c in codes]
-    packed = [[codes[2 * i] | (codes[2 * i + 1] << 4), neg[2 * i] | (neg[2 * i + 1] << 4),
-               codes[2 * i] | (codes[2 * i + 1] << 4)] for i in range(8)]
+    packed = [
+        [
+            codes[2 * i] | (codes[2 * i + 1] << 4),
+            neg[2 * i] | (neg[2 * i + 1] << 4),
+            codes[2 * i] | (codes[2 * i + 1] << 4),
+        ]
+        for i in range(8)
+    ]
     assert qw.data[0].tolist() == packed
     assert torch.equal(decode_nvfp4_weight_here(qw).float(), w)
     assert torch.equal(quant.dequantize_weight(qw), w)
@@ -347,7 +352,7 @@ def test_weight_nvfp4_matches_the_activation_path(vendor: CpuVendor) -> None:
     w = randn(2, 48, 10, seed=26)
     qw = vendor.quantize_weight(w, ScaleLayout.BLOCK_16)
     for e in range(2):
-        qx = vendor.quantize(w[e].t(), DispatchDtype.NVFP4, global_scale=qw.global_scale[e:e + 1])
+        qx = vendor.quantize(w[e].t(), DispatchDtype.NVFP4, global_scale=qw.global_scale[e : e + 1])
         assert torch.equal(qx.data, qw.data[e].t())
         assert torch.equal(qx.scale.view(torch.uint8), qw.scale[e].t().view(torch.uint8))
         assert torch.equal(vendor.dequantize(qx), quant.dequantize_weight(qw)[e].t())
@@ -355,8 +360,12 @@ def test_weight_nvfp4_matches_the_activation_path(vendor: CpuVendor) -> None:
 
 @pytest.mark.parametrize(
     ("wdtype", "layout"),
-    [(None, ScaleLayout.NONE), (torch.int8, ScaleLayout.PER_CHANNEL),
-     (torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL), (None, ScaleLayout.BLOCK_128X128)],
+    [
+        (None, ScaleLayout.NONE),
+        (torch.int8, ScaleLayout.PER_CHANNEL),
+        (torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL),
+        (None, ScaleLayout.BLOCK_128X128),
+    ],
 )
 def test_dequantize_weight_other_layouts(vendor: CpuVendor, wdtype: torch.dtype | None, layout: ScaleLayout) -> None:
     w = randn(2, 200, 136, seed=27)

@@ -28,8 +28,15 @@ H = 4096
 
 def plan(vendor, caps=None, *, dtype="auto", env=EMPTY, scheme=None, runner=None, hidden=H):
     """Resolve with an explicit, read-only environment so tests never depend on the process's."""
-    return resolve_dispatch_plan(vendor, hidden, config=DispatchConfig(dtype=dtype), scheme=scheme,
-                                 runner_dtype=runner, environ=env, capabilities=caps)
+    return resolve_dispatch_plan(
+        vendor,
+        hidden,
+        config=DispatchConfig(dtype=dtype),
+        scheme=scheme,
+        runner_dtype=runner,
+        environ=env,
+        capabilities=caps,
+    )
 
 
 # -- one test per precedence level -------------------------------------------------------------
@@ -164,7 +171,9 @@ def test_int8_scheme_on_cuda_dispatches_fp8_per_token(cuda):
 
 
 def test_ascend_rejects_nvfp4_naming_vendor_and_supported_dtypes(ascend):
-    with pytest.raises(UnsupportedDispatchDtype, match=r"'ascend'.*nvfp4.*supported dispatch dtypes: bf16, fp16, fp32, int8"):
+    with pytest.raises(
+        UnsupportedDispatchDtype, match=r"'ascend'.*nvfp4.*supported dispatch dtypes: bf16, fp16, fp32, int8"
+    ):
         plan(ascend, ascend.declared_capabilities("A3"), dtype="nvfp4")
 
 

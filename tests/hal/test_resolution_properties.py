@@ -32,7 +32,8 @@ def capability_tables(draw: st.DrawFn) -> Capabilities:
     supported = draw(st.sets(st.sampled_from(CONCRETE), min_size=1))
     fallbacks = {
         d: draw(st.one_of(st.none(), st.sampled_from(CONCRETE)))
-        for d in CONCRETE if d not in supported and draw(st.booleans())
+        for d in CONCRETE
+        if d not in supported and draw(st.booleans())
     }
     return Capabilities(
         device_name="random",
@@ -61,8 +62,15 @@ def test_resolved_dtype_is_supported_or_the_call_raises(caps, explicit, env, sch
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            p = resolve_dispatch_plan(vendor, hidden, config=DispatchConfig(dtype=explicit), scheme=scheme,
-                                      runner_dtype=runner, environ=environ, capabilities=caps)
+            p = resolve_dispatch_plan(
+                vendor,
+                hidden,
+                config=DispatchConfig(dtype=explicit),
+                scheme=scheme,
+                runner_dtype=runner,
+                environ=environ,
+                capabilities=caps,
+            )
     except UnsupportedDispatchDtype as exc:
         assert "random" in str(exc)
         return

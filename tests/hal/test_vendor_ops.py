@@ -28,9 +28,13 @@ from hal.cli import main
 from vendors.ascend.emulation.vendor import EmulatedAscendVendor
 from vendors.cpu import CpuVendor
 
-TABLE = Capabilities(device_name="platform-only", dispatch_dtypes={"bf16", "int8"},
-                     int8_quant_mode="per-token-dynamic", grouped_matmul={GemmKind.BF16, GemmKind.INT8},
-                     limits=KernelLimits(max_groups=4))
+TABLE = Capabilities(
+    device_name="platform-only",
+    dispatch_dtypes={"bf16", "int8"},
+    int8_quant_mode="per-token-dynamic",
+    grouped_matmul={GemmKind.BF16, GemmKind.INT8},
+    limits=KernelLimits(max_groups=4),
+)
 
 
 class PlatformOnly(Vendor):
@@ -104,31 +108,49 @@ def test_a_platform_only_vendor_computes_with_the_reference():
     assert y.shape == (6, 32) and y.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("call, argument", [
-    (lambda v: v.quantize(torch.ones(2, 8), "fp8"), "fp8"),  # not carried, no declared kind consumes it
-    (lambda v: v.quantize(torch.ones(2, 8), "auto"), "dtype"),
-    (lambda v: v.quantize(torch.ones(2, 8, dtype=torch.int32), "int8"), "x"),
-    (lambda v: v.quantize(torch.ones(2, 8, device="meta"), "int8"), "x"),
-    (lambda v: v.quantize(torch.ones(2, 8), "bf16", layout="per-token"), "layout"),
-    (lambda v: v.quantize(torch.ones(2, 8), "int8", global_scale=torch.ones(1)), "global_scale"),
-    (lambda v: v.dequantize(torch.ones(2, 8)), "q"),
-    (lambda v: v.quantize_int4(torch.ones(2, 8)), "int4"),
-    (lambda v: v.quantize_weight(torch.ones(8, 4), ScaleLayout.NONE), "weight"),
-    (lambda v: v.quantize_weight(torch.ones(2, 8, 4), ScaleLayout.PER_TOKEN), "layout"),
-    (lambda v: v.quantize_weight(torch.ones(2, 8, 4), ScaleLayout.PER_CHANNEL, torch.float16), "dtype"),
-    (lambda v: v.grouped_matmul(torch.ones(3, 8).to(torch.float16), PlatformOnly().quantize_weight(
-        torch.ones(2, 8, 4), ScaleLayout.NONE, torch.float16), Groups.from_counts(torch.tensor([1, 2]))), "fp16"),
-    (lambda v: v.grouped_matmul(torch.ones(3, 8).to(torch.bfloat16), PlatformOnly().quantize_weight(
-        torch.ones(5, 8, 4), ScaleLayout.NONE, torch.bfloat16), Groups.from_counts(torch.tensor([1, 2, 0, 0, 0]))),
-     "max_groups"),
-    (lambda v: v.swiglu(torch.ones(2, 7)), "x"),
-    (lambda v: v.sort_by_expert(torch.ones(2, 2), 4), "topk_ids"),
-    (lambda v: v.sort_by_expert(torch.ones(2, 2, dtype=torch.int64), 0), "num_experts"),
-    (lambda v: v.weighted_combine(torch.ones(5, 8), None, torch.ones(2, 2), torch.float32), "rows"),
-    (lambda v: v.weighted_combine(torch.ones(4, 8), None, torch.ones(2, 2), torch.int8), "out_dtype"),
-    (lambda v: v.fused_deep_moe(torch.ones(2, 8), torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1),
-                                None, None, scheme="w8a8-int8"), "w8a8-int8"),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "call, argument",
+    [
+        (lambda v: v.quantize(torch.ones(2, 8), "fp8"), "fp8"),  # not carried, no declared kind consumes it
+        (lambda v: v.quantize(torch.ones(2, 8), "auto"), "dtype"),
+        (lambda v: v.quantize(torch.ones(2, 8, dtype=torch.int32), "int8"), "x"),
+        (lambda v: v.quantize(torch.ones(2, 8, device="meta"), "int8"), "x"),
+        (lambda v: v.quantize(torch.ones(2, 8), "bf16", layout="per-token"), "layout"),
+        (lambda v: v.quantize(torch.ones(2, 8), "int8", global_scale=torch.ones(1)), "global_scale"),
+        (lambda v: v.dequantize(torch.ones(2, 8)), "q"),
+        (lambda v: v.quantize_int4(torch.ones(2, 8)), "int4"),
+        (lambda v: v.quantize_weight(torch.ones(8, 4), ScaleLayout.NONE), "weight"),
+        (lambda v: v.quantize_weight(torch.ones(2, 8, 4), ScaleLayout.PER_TOKEN), "layout"),
+        (lambda v: v.quantize_weight(torch.ones(2, 8, 4), ScaleLayout.PER_CHANNEL, torch.float16), "dtype"),
+        (
+            lambda v: v.grouped_matmul(
+                torch.ones(3, 8).to(torch.float16),
+                PlatformOnly().quantize_weight(torch.ones(2, 8, 4), ScaleLayout.NONE, torch.float16),
+                Groups.from_counts(torch.tensor([1, 2])),
+            ),
+            "fp16",
+        ),
+        (
+            lambda v: v.grouped_matmul(
+                torch.ones(3, 8).to(torch.bfloat16),
+                PlatformOnly().quantize_weight(torch.ones(5, 8, 4), ScaleLayout.NONE, torch.bfloat16),
+                Groups.from_counts(torch.tensor([1, 2, 0, 0, 0])),
+            ),
+            "max_groups",
+        ),
+        (lambda v: v.swiglu(torch.ones(2, 7)), "x"),
+        (lambda v: v.sort_by_expert(torch.ones(2, 2), 4), "topk_ids"),
+        (lambda v: v.sort_by_expert(torch.ones(2, 2, dtype=torch.int64), 0), "num_experts"),
+        (lambda v: v.weighted_combine(torch.ones(5, 8), None, torch.ones(2, 2), torch.float32), "rows"),
+        (lambda v: v.weighted_combine(torch.ones(4, 8), None, torch.ones(2, 2), torch.int8), "out_dtype"),
+        (
+            lambda v: v.fused_deep_moe(
+                torch.ones(2, 8), torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1), None, None, scheme="w8a8-int8"
+            ),
+            "w8a8-int8",
+        ),  # type: ignore[arg-type]
+    ],
+)
 def test_bad_calls_are_refused_before_they_reach_the_ops(call, argument):
     """The vendor's ops raise on any call: each bad call must be refused by hal first, naming what is wrong."""
     with pytest.raises((InvalidInput, UnsupportedCapability)) as raised:
@@ -140,8 +162,17 @@ def test_op_sources_tell_native_ops_from_the_reference():
     sources = {s.op: s for s in EmulatedAscendVendor().op_sources()}
     assert set(sources) == set(OP_NAMES)
     native = {op for op, s in sources.items() if s.native}
-    assert native == {"quantize", "quantize_int4", "grouped_matmul", "swiglu", "fused_deep_moe", "prepare_fused", "prepare_ep",
-                      "ep_dispatch", "ep_combine"}
+    assert native == {
+        "quantize",
+        "quantize_int4",
+        "grouped_matmul",
+        "swiglu",
+        "fused_deep_moe",
+        "prepare_fused",
+        "prepare_ep",
+        "ep_dispatch",
+        "ep_combine",
+    }
     assert "npu_grouped_matmul" in sources["grouped_matmul"].detail
     assert sources["dequantize"].detail == "hal.reference"
 

@@ -64,19 +64,26 @@ def test_ascend_without_torch_npu_says_it_is_not_installed():
 
 
 def test_ascend_without_cann_reports_the_import_error(tmp_path, monkeypatch, restore_torch_npu):
-    _fake_torch_npu(tmp_path, monkeypatch,
-                    'raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")')
+    _fake_torch_npu(
+        tmp_path,
+        monkeypatch,
+        'raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")',
+    )
     result = AscendVendor().probe()
     assert not result.available
     assert "libhccl.so" in result.reason and "CANN" in result.reason
 
 
 def test_ascend_without_a_device_says_so(tmp_path, monkeypatch, restore_torch_npu):
-    _fake_torch_npu(tmp_path, monkeypatch, """
+    _fake_torch_npu(
+        tmp_path,
+        monkeypatch,
+        """
         class npu:
             is_available = staticmethod(lambda: False)
             device_count = staticmethod(lambda: 0)
-    """)
+    """,
+    )
     result = AscendVendor().probe()
     assert not result.available and "sees no NPU" in result.reason
 
@@ -97,12 +104,12 @@ print(json.dumps({"available": vendor.probe().available, "reason": vendor.probe(
 """
 
 
-@pytest.mark.parametrize("soc, generation", [("Ascend910_9392", "A3"), ("Ascend910B3", "A2"),
-                                             ("Ascend910X", "A2")])
+@pytest.mark.parametrize("soc, generation", [("Ascend910_9392", "A3"), ("Ascend910B3", "A2"), ("Ascend910X", "A2")])
 def test_ascend_capabilities_follow_the_soc(tmp_path, soc, generation):
     package = tmp_path / "torch_npu"
     package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent(f"""
+    (package / "__init__.py").write_text(
+        textwrap.dedent(f"""
         import torch
         torch.utils.rename_privateuse1_backend("npu")  # as torch_npu does on import
 
@@ -111,7 +118,8 @@ def test_ascend_capabilities_follow_the_soc(tmp_path, soc, generation):
             device_count = staticmethod(lambda: 8)
             current_device = staticmethod(lambda: 0)
             get_device_name = staticmethod(lambda index: {soc!r})
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("HAL_VENDOR", None)
     done = subprocess.run([sys.executable, "-c", SOC_PROBE], env=env, capture_output=True, text=True)
@@ -138,5 +146,11 @@ def test_importing_vendor_packages_needs_no_runtime():
 def test_fused_deep_moe_is_refused_where_not_declared(cpu):
     weight = cpu.quantize_weight(torch.zeros(2, 8, 8), "per-channel")
     with pytest.raises(UnsupportedCapability, match="'cpu' does not declare fused_deep_moe.*'w8a8-int8'"):
-        cpu.fused_deep_moe(torch.zeros(1, 8), torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1),
-                           weight, weight, scheme="w8a8-int8")
+        cpu.fused_deep_moe(
+            torch.zeros(1, 8),
+            torch.zeros(1, 1, dtype=torch.int64),
+            torch.ones(1, 1),
+            weight,
+            weight,
+            scheme="w8a8-int8",
+        )

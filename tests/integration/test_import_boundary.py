@@ -67,28 +67,34 @@ def test_the_scanner_catches_every_import_form():
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_forbidden_imports(package):
-    offences = [f"{path.relative_to(ROOT)} imports {name}"
-                for path in python_files(package)
-                for name in sorted(imported_modules(path.read_text()) & FORBIDDEN[package])]
+    offences = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in python_files(package)
+        for name in sorted(imported_modules(path.read_text()) & FORBIDDEN[package])
+    ]
     assert offences == []
 
 
 @pytest.mark.parametrize("package", ["moe", "vendors", "conformance", "bench", "examples"])
 def test_only_the_hal_api_is_imported_outside_hal(package):
-    offences = [f"{path.relative_to(ROOT)} imports {name}"
-                for path in python_files(package)
-                for name in sorted(imported_names(path.read_text()))
-                if name.split(".")[0] == "hal" and name not in HAL_PUBLIC]
+    offences = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in python_files(package)
+        for name in sorted(imported_names(path.read_text()))
+        if name.split(".")[0] == "hal" and name not in HAL_PUBLIC
+    ]
     assert offences == []
 
 
 @pytest.mark.parametrize("vendor", VENDOR_PACKAGES)
 def test_no_vendor_imports_another(vendor):
     others = {f"vendors.{v}" for v in VENDOR_PACKAGES if v != vendor}
-    offences = [f"{path.relative_to(ROOT)} imports {name}"
-                for path in python_files(f"vendors/{vendor}")
-                for name in sorted(imported_names(path.read_text()))
-                if name in others or any(name.startswith(o + ".") for o in others)]
+    offences = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in python_files(f"vendors/{vendor}")
+        for name in sorted(imported_names(path.read_text()))
+        if name in others or any(name.startswith(o + ".") for o in others)
+    ]
     assert offences == []
 
 
@@ -99,9 +105,12 @@ def test_the_name_scanner_sees_submodules():
 
 @pytest.mark.parametrize("package", ["hal", "moe", "conformance"])
 def test_no_device_branches(package):
-    hits = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-            for path in python_files(package)
-            for n, line in enumerate(path.read_text().splitlines(), 1) if DEVICE_BRANCH.search(line)]
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in python_files(package)
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if DEVICE_BRANCH.search(line)
+    ]
     assert hits == []
 
 
@@ -142,15 +151,22 @@ def test_the_device_question_scanner_catches_branches():
 @pytest.mark.parametrize("package", ["moe", "conformance"])
 def test_no_device_questions(package):
     """moe computes the same on every vendor; the suite tests every vendor the same way."""
-    hits = [f"{path.relative_to(ROOT)} {hit}" for path in python_files(package)
-            for hit in device_questions(path.read_text())]
+    hits = [
+        f"{path.relative_to(ROOT)} {hit}"
+        for path in python_files(package)
+        for hit in device_questions(path.read_text())
+    ]
     assert hits == []
 
 
 @pytest.mark.parametrize("package", ["hal", "moe", "conformance", "vendors"])
 def test_no_environment_writes(package):
-    hits = [f"{path.relative_to(ROOT)}:{n}" for path in python_files(package)
-            for n, line in enumerate(path.read_text().splitlines(), 1) if ENV_WRITE.search(line)]
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in python_files(package)
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if ENV_WRITE.search(line)
+    ]
     assert hits == []
 
 
@@ -183,8 +199,10 @@ MAX_MODULE_LINES = 420
 
 
 def test_no_module_is_long():
-    long = [f"{path.relative_to(ROOT)}: {n} lines"
-            for package in ("hal", "moe", "vendors", "conformance", "bench", "tests", "examples")
-            for path in python_files(package)
-            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for package in ("hal", "moe", "vendors", "conformance", "bench", "tests", "examples")
+        for path in python_files(package)
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
     assert long == []

@@ -111,8 +111,9 @@ def test_restore_puts_back_the_original_modules(family, cpu):
     assert torch.equal(_logits(model, ids), want)
 
 
-@pytest.mark.parametrize(("family", "dense"), [("deepseek_v3", "model.layers.0.mlp"),
-                                               ("qwen3_moe", "model.layers.0.mlp")])
+@pytest.mark.parametrize(
+    ("family", "dense"), [("deepseek_v3", "model.layers.0.mlp"), ("qwen3_moe", "model.layers.0.mlp")]
+)
 def test_dense_layers_are_left_alone(family, dense, cpu):
     model = build_model(family)
     mlp = model.get_submodule(dense)
@@ -123,11 +124,20 @@ def test_dense_layers_are_left_alone(family, dense, cpu):
 def test_an_unknown_architecture_is_refused_clearly(cpu):
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96,
-                                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(hal.InvalidInput, match=r"model: expected a model type with an MoE adapter .*qwen3_moe.*"
-                                               r"got 'llama'"):
+    with pytest.raises(
+        hal.InvalidInput,
+        match=r"model: expected a model type with an MoE adapter .*qwen3_moe.*"
+        r"got 'llama'",
+    ):
         moe_hf.replace_moe_blocks(model, vendor=cpu)
     with pytest.raises(hal.InvalidInput, match="model: expected a transformers model"):
         moe_hf.replace_moe_blocks(torch.nn.Linear(2, 2), vendor=cpu)
@@ -219,8 +229,9 @@ def test_per_expert_modules_read_like_the_fused_layout():
         mlps.append(mlp)
     read = moe_hf.read_experts(mlps, moe_hf.ExpertLayout.PER_EXPERT)
     fused = torch.nn.Module()
-    fused.gate_up_proj = torch.nn.Parameter(torch.stack(
-        [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mlps]))
+    fused.gate_up_proj = torch.nn.Parameter(
+        torch.stack([torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mlps])
+    )
     fused.down_proj = torch.nn.Parameter(torch.stack([m.down_proj.weight for m in mlps]))
     want = moe_hf.read_experts(fused, moe_hf.ExpertLayout.FUSED_OUT_IN)
     assert read.w13.shape == (experts, hidden, 2 * inter) and read.w2.shape == (experts, inter, hidden)

@@ -15,10 +15,25 @@ from tests.support.transformers_models import CONFIGS, VOCAB, build_model  # noq
 
 #: A real model's MoE sizes (DeepSeek-V3: 32 of its 256 experts, one expert-parallel rank's share of 8).
 REAL_SIZES = {
-    "qwen3_moe": dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
-                      num_hidden_layers=2, mlp_only_layers=[]),
-    "deepseek_v3": dict(hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=32, num_experts_per_tok=8,
-                        n_group=8, topk_group=4, n_shared_experts=1, num_hidden_layers=2, first_k_dense_replace=1),
+    "qwen3_moe": dict(
+        hidden_size=2048,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        num_hidden_layers=2,
+        mlp_only_layers=[],
+    ),
+    "deepseek_v3": dict(
+        hidden_size=7168,
+        moe_intermediate_size=2048,
+        n_routed_experts=32,
+        num_experts_per_tok=8,
+        n_group=8,
+        topk_group=4,
+        n_shared_experts=1,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+    ),
 }
 
 

@@ -10,21 +10,35 @@ import hal
 from hal import Activation, ActivationKind, Groups, InvalidInput, QuantizedWeight
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("silu-glu", ActivationKind.SILU_GLU), ("SwiGLU", ActivationKind.SILU_GLU),
-    ("silu_and_mul", ActivationKind.SILU_GLU), ("geglu", ActivationKind.GELU_GLU),
-    ("gelu_and_mul", ActivationKind.GELU_GLU), ("gelu_pytorch_tanh_glu", ActivationKind.GELU_TANH_GLU),
-    ("gelu_tanh_and_mul", ActivationKind.GELU_TANH_GLU), ("swigluoai", ActivationKind.SWIGLU_OAI),
-    ("swiglu_oai", ActivationKind.SWIGLU_OAI), ("gelu", ActivationKind.GELU), ("RELU", ActivationKind.RELU),
-    ("gelu_pytorch_tanh", ActivationKind.GELU_TANH), (ActivationKind.SILU, ActivationKind.SILU),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("silu-glu", ActivationKind.SILU_GLU),
+        ("SwiGLU", ActivationKind.SILU_GLU),
+        ("silu_and_mul", ActivationKind.SILU_GLU),
+        ("geglu", ActivationKind.GELU_GLU),
+        ("gelu_and_mul", ActivationKind.GELU_GLU),
+        ("gelu_pytorch_tanh_glu", ActivationKind.GELU_TANH_GLU),
+        ("gelu_tanh_and_mul", ActivationKind.GELU_TANH_GLU),
+        ("swigluoai", ActivationKind.SWIGLU_OAI),
+        ("swiglu_oai", ActivationKind.SWIGLU_OAI),
+        ("gelu", ActivationKind.GELU),
+        ("RELU", ActivationKind.RELU),
+        ("gelu_pytorch_tanh", ActivationKind.GELU_TANH),
+        (ActivationKind.SILU, ActivationKind.SILU),
+    ],
+)
 def test_names_and_aliases(name, kind):
     assert Activation.parse(name).kind is kind
 
 
 def test_gated_kinds_and_widths():
-    assert {k for k in ActivationKind if k.gated} == {ActivationKind.SILU_GLU, ActivationKind.GELU_GLU,
-                                                      ActivationKind.GELU_TANH_GLU, ActivationKind.SWIGLU_OAI}
+    assert {k for k in ActivationKind if k.gated} == {
+        ActivationKind.SILU_GLU,
+        ActivationKind.GELU_GLU,
+        ActivationKind.GELU_TANH_GLU,
+        ActivationKind.SWIGLU_OAI,
+    }
     assert Activation.parse("gelu-glu").input_width(96) == 192 and Activation.parse("relu").input_width(96) == 96
     assert str(Activation("swiglu-oai", alpha=1.5, limit=3.0)) == "swiglu-oai(alpha=1.5, limit=3)"
 
@@ -35,8 +49,9 @@ def test_unknown_names_are_refused_listing_the_kinds(bad):
         Activation.parse(bad)
 
 
-@pytest.mark.parametrize("field, value", [("alpha", 0), ("alpha", float("inf")), ("limit", -1.0), ("limit", True),
-                                          ("alpha", "1.7")])
+@pytest.mark.parametrize(
+    "field, value", [("alpha", 0), ("alpha", float("inf")), ("limit", -1.0), ("limit", True), ("alpha", "1.7")]
+)
 def test_parameters_must_be_finite_and_positive(field, value):
     with pytest.raises(InvalidInput, match=field):
         Activation("swiglu-oai", **{field: value})

@@ -27,8 +27,9 @@ def test_masked_rows_equal_the_rows_computed_alone(scheme: str, dtype: str, coun
     scale = None if q.scale is None else q.scale.reshape(local, slots, *q.scale.shape[1:])
     masked = hal.QuantizedTensor(q.data.reshape(local, slots, hidden), q.dtype, q.layout, scale, q.global_scale)
     count = torch.tensor(counts, dtype=torch.int64)
-    out = run_grouped_experts(vendor, layer.scheme, layer.expert_weights,
-                              DispatchOutput(DispatchFormat.EP_LOW_LATENCY, masked, count))
+    out = run_grouped_experts(
+        vendor, layer.scheme, layer.expert_weights, DispatchOutput(DispatchFormat.EP_LOW_LATENCY, masked, count)
+    )
     assert tuple(out.shape) == (local, slots, hidden)
     for e, n in enumerate(counts):
         assert not out[e, n:].any(), f"expert {e}: empty slots are not zero"
@@ -36,7 +37,7 @@ def test_masked_rows_equal_the_rows_computed_alone(scheme: str, dtype: str, coun
             row = q.rows(torch.tensor([e * slots + j]))
             alone = torch.zeros(local, dtype=torch.int64)
             alone[e] = 1
-            want = run_grouped_experts(vendor, layer.scheme, layer.expert_weights,
-                                       DispatchOutput(DispatchFormat.STANDARD, row, alone))
+            want = run_grouped_experts(
+                vendor, layer.scheme, layer.expert_weights, DispatchOutput(DispatchFormat.STANDARD, row, alone)
+            )
             torch.testing.assert_close(out[e, j], want[0], rtol=0, atol=0)
-

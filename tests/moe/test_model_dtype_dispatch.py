@@ -43,8 +43,12 @@ FLOATS = {torch.float16: FP16, torch.float32: FP32}
 @pytest.mark.parametrize(("torch_dtype", "dtype"), list(FLOATS.items()), ids=str)
 def test_fp16_and_fp32_are_cast_rows(torch_dtype, dtype):
     spec = DTYPES[dtype]
-    assert (spec.storage, spec.codec, spec.layouts, spec.scale_dtype) == (torch_dtype, Codec.CAST,
-                                                                          (ScaleLayout.NONE,), None)
+    assert (spec.storage, spec.codec, spec.layouts, spec.scale_dtype) == (
+        torch_dtype,
+        Codec.CAST,
+        (ScaleLayout.NONE,),
+        None,
+    )
     assert DispatchDtype.cast_of(torch_dtype) is dtype and DispatchDtype.cast_of(torch.bfloat16) is BF16
     assert DispatchDtype.cast_of(torch.int8) is None
     for hidden in (1000, 7168, 200):
@@ -65,8 +69,10 @@ def test_the_suites_bounds_hold_for_the_reference_casts():
         assert bool((error <= dtype_facts.quantize_bound(dtype.value, "none", x.float().double())).all())
     exact = reference.quantize(x.float(), FP32)
     assert torch.equal(exact.data, x.float())  # fp32 rows of fp32 input are carried exactly
-    rounded = {d: (reference.activation_value(reference.quantize(x.float(), d)) - x.float().double()).abs().max()
-               for d in (BF16, FP16)}
+    rounded = {
+        d: (reference.activation_value(reference.quantize(x.float(), d)) - x.float().double()).abs().max()
+        for d in (BF16, FP16)
+    }
     assert float(rounded[FP16]) < float(rounded[BF16]) / 4  # fp16 rounds 8x finer than bf16
 
 
@@ -100,8 +106,15 @@ def test_only_float_model_dtypes_of_the_unquantized_scheme_are_accepted():
 
 
 def _plan(vendor, scheme, *, dtype="auto", env=None, runner=None, caps=None):
-    return resolve_dispatch_plan(vendor, 1000, config=DispatchConfig(dtype=dtype), scheme=scheme,
-                                 runner_dtype=runner, environ=env or {}, capabilities=caps)
+    return resolve_dispatch_plan(
+        vendor,
+        1000,
+        config=DispatchConfig(dtype=dtype),
+        scheme=scheme,
+        runner_dtype=runner,
+        environ=env or {},
+        capabilities=caps,
+    )
 
 
 def test_the_model_dtype_decides_and_the_trace_says_so(cpu):
@@ -132,8 +145,11 @@ def _caps_without_fp32(cpu, **fallback):
 
 
 def test_a_declared_fallback_applies_with_its_reason_and_warns_once(cpu):
-    caps = _caps_without_fp32(cpu, dispatch_fallbacks={FP32: BF16, DispatchDtype.NVFP4: None},
-                              fallback_reasons={FP32: "no fp32 path on this device"})
+    caps = _caps_without_fp32(
+        cpu,
+        dispatch_fallbacks={FP32: BF16, DispatchDtype.NVFP4: None},
+        fallback_reasons={FP32: "no fp32 path on this device"},
+    )
     assert caps.consistency_problems() == []
     with pytest.warns(DispatchFallbackWarning, match="no fp32 path"):
         plan = _plan(cpu, "fp32", caps=caps)
@@ -146,8 +162,11 @@ def test_a_declared_fallback_applies_with_its_reason_and_warns_once(cpu):
 
 @pytest.mark.parametrize("declared", ["absent", "rejected"])
 def test_a_model_dtype_the_vendor_cannot_carry_yields_to_the_schemes_dtype(cpu, declared):
-    extra = {"dispatch_fallbacks": {FP32: None}, "fallback_reasons": {FP32: "fp32 is rejected here"}} \
-        if declared == "rejected" else {}
+    extra = (
+        {"dispatch_fallbacks": {FP32: None}, "fallback_reasons": {FP32: "fp32 is rejected here"}}
+        if declared == "rejected"
+        else {}
+    )
     caps = _caps_without_fp32(cpu, **extra)
     with pytest.warns(DispatchFallbackWarning):
         plan = _plan(cpu, moe.Unquantized(torch.float32).traits, caps=caps)
@@ -163,17 +182,21 @@ class _NoFp32Cpu(CpuVendor):
 
     def _detect_capabilities(self) -> Capabilities:
         caps = super()._detect_capabilities()
-        return dataclasses.replace(caps, dispatch_dtypes=caps.dispatch_dtypes - {FP32},
-                                   dispatch_fallbacks={**caps.dispatch_fallbacks, FP32: BF16},
-                                   fallback_reasons={**caps.fallback_reasons, FP32: "test: fp32 travels as bf16"})
+        return dataclasses.replace(
+            caps,
+            dispatch_dtypes=caps.dispatch_dtypes - {FP32},
+            dispatch_fallbacks={**caps.dispatch_fallbacks, FP32: BF16},
+            fallback_reasons={**caps.fallback_reasons, FP32: "test: fp32 travels as bf16"},
+        )
 
 
 def test_a_layer_on_a_vendor_without_fp32_dispatch_carries_bf16_and_computes_fp32():
     gen = torch.Generator().manual_seed(5)
     w13, w2 = torch.randn(8, 256, 192, generator=gen) / 16, torch.randn(8, 96, 256, generator=gen) / 10
     with pytest.warns(DispatchFallbackWarning, match="fp32 travels as bf16"):
-        layer = moe.MoELayer.from_float(w13, w2, 2, scheme=moe.Unquantized(torch.float32), vendor=_NoFp32Cpu(),
-                                        environ={})
+        layer = moe.MoELayer.from_float(
+            w13, w2, 2, scheme=moe.Unquantized(torch.float32), vendor=_NoFp32Cpu(), environ={}
+        )
     assert (layer.plan.resolved, layer.plan.fallback.source) == (BF16, FP32)
     x, logits = torch.randn(40, 256, generator=gen), torch.randn(40, 8, generator=gen)
     routing = layer.router(logits)
@@ -196,14 +219,19 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_explain_shows_the_model_dtype_step(capsys, monkeypatch):
     monkeypatch.delenv("HAL_DISPATCH_DTYPE", raising=False)
-    status, out, _ = _run(capsys, "explain", "--vendor", "cpu", "--scheme", "unquantized", "--model-dtype", "fp32",
-                          "--hidden", "1000")
+    status, out, _ = _run(
+        capsys, "explain", "--vendor", "cpu", "--scheme", "unquantized", "--model-dtype", "fp32", "--hidden", "1000"
+    )
     assert status == 0 and "model-dtype" in out and "fp32 weights' dtype" in out
     assert "requested: fp32 (from model-dtype)" in out and "resolved:  fp32 (none), 4000 bytes per token" in out
     status, out, _ = _run(capsys, "explain", "--vendor", "cpu", "--scheme", "fp16", "--json")
     plan = json.loads(out)["plan"]
     assert (plan["source"], plan["resolved"], plan["model_dtype"], plan["scheme"]) == (
-        "model-dtype", "fp16", "fp16", "unquantized")
+        "model-dtype",
+        "fp16",
+        "fp16",
+        "unquantized",
+    )
     status, out, _ = _run(capsys, "explain", "--vendor", "cpu", "--model-dtype", "bf16", "--json")
     assert json.loads(out)["plan"]["source"] == "scheme"  # bf16 models: the scheme's own dtype
     status, _, err = _run(capsys, "explain", "--vendor", "cpu", "--scheme", "w8a8-int8", "--model-dtype", "fp32")
@@ -241,8 +269,9 @@ _REFERENCES: dict[torch.dtype, torch.Tensor] = {}  # float64 MoE of the weights 
 def _layer_error(realistic, dtype: torch.dtype, dispatch: str = "auto") -> tuple[float, moe.MoELayer]:
     w13, w2, x, logits = realistic
     w13, w2, x = w13.to(dtype), w2.to(dtype), x.to(dtype)  # the reference takes these same values
-    layer = moe.MoELayer.from_float(w13, w2, TOP_K, scheme=moe.Unquantized(dtype), vendor="cpu", environ={},
-                                    dispatch=DispatchConfig(dtype=dispatch))
+    layer = moe.MoELayer.from_float(
+        w13, w2, TOP_K, scheme=moe.Unquantized(dtype), vendor="cpu", environ={}, dispatch=DispatchConfig(dtype=dispatch)
+    )
     y = layer(x, logits)
     assert y.dtype == dtype and tuple(y.shape) == (TOKENS, HIDDEN)
     if dtype not in _REFERENCES:

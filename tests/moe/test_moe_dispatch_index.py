@@ -26,8 +26,9 @@ class RecordsRowIndex(CpuVendor):
 
     def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None, row_index=None):
         self.row_indices.append(row_index)
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation,
-                                      row_index=row_index)
+        return super().grouped_matmul(
+            x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation, row_index=row_index
+        )
 
 
 class PredatesRowIndex(CpuVendor):
@@ -80,12 +81,14 @@ def test_through_the_index_at_a_realistic_shape(top_k):
 def test_the_payload_is_the_rows_sorted_by_expert_gathered_once():
     """Runners that read `payload` get the `[T*k, H]` rows sorted by expert, token order within one."""
     vendor, tokens = CpuVendor(), 9
-    plan = resolve_dispatch_plan(vendor, H, config=DispatchConfig(dtype="fp8"), scheme=parse_scheme("w8a8-fp8-block"),
-                                 environ={})
+    plan = resolve_dispatch_plan(
+        vendor, H, config=DispatchConfig(dtype="fp8"), scheme=parse_scheme("w8a8-fp8-block"), environ={}
+    )
     x, logits = _inputs(tokens, 55)
     weights, ids = torch.softmax(logits, -1).topk(K)
     out = moe.LocalDispatcher(plan, E, vendor=vendor).dispatch(
-        x, moe.Routing(ids, weights), lambda rows: vendor.quantize(rows, plan.resolved, layout=plan.scale_layout))
+        x, moe.Routing(ids, weights), lambda rows: vendor.quantize(rows, plan.resolved, layout=plan.scale_layout)
+    )
     token_of_row = torch.div(torch.sort(ids.flatten(), stable=True).indices, K, rounding_mode="floor")
     assert torch.equal(out.row_index, token_of_row) and out.source.data.shape == (tokens, H)
     payload = out.payload

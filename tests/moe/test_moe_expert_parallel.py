@@ -36,7 +36,7 @@ import pytest
 import torch
 
 import hal
-from tests.support.ep_worker import (
+from tests.support.ep_cases import (
     EQUAL_CASES,
     FORMAT_CASES,
     HIDDEN,
@@ -48,9 +48,9 @@ from tests.support.ep_worker import (
     Case,
     capacity_for,
     dead_experts,
-    result_path,
     tokens_per_rank,
 )
+from tests.support.ep_worker import result_path
 from tests.support.paths import REPO, SUPPORT
 
 pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
@@ -86,11 +86,26 @@ def _launch_world(world: int, out: Path) -> None:
     try:
         for rank in range(world):
             with open(out / f"rank{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), "--rank", str(rank), "--world", str(world),
-                     "--rendezvous", str(rendezvous), "--out", str(out)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                ))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(WORKER),
+                            "--rank",
+                            str(rank),
+                            "--world",
+                            str(world),
+                            "--rendezvous",
+                            str(rendezvous),
+                            "--out",
+                            str(out),
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=REPO,
+                    )
+                )
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, started + WORLD_TIMEOUT_S - time.monotonic()))
@@ -102,8 +117,11 @@ def _launch_world(world: int, out: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    summary = {"returncodes": [p.returncode for p in procs], "timed_out": timed_out,
-               "seconds": round(time.monotonic() - started, 1)}
+    summary = {
+        "returncodes": [p.returncode for p in procs],
+        "timed_out": timed_out,
+        "seconds": round(time.monotonic() - started, 1),
+    }
     (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -241,7 +259,7 @@ def test_low_latency_payload_layout(request: pytest.FixtureRequest, world: int, 
     for res in ranks[1:]:  # every rank gathered the same routing
         assert torch.equal(res["gathered_ids"], ids) and torch.equal(res["gathered_rows"], rows)
     for s in range(world):
-        assert (ids[s, : sent[s]] >= 0).all() and (ids[s, sent[s]:] == -1).all()
+        assert (ids[s, : sent[s]] >= 0).all() and (ids[s, sent[s] :] == -1).all()
 
     # The true (token, expert) pairs of each expert, in source-rank then token order.
     def routed_to(expert: int) -> list[torch.Tensor]:
@@ -269,7 +287,7 @@ def test_low_latency_payload_layout(request: pytest.FixtureRequest, world: int, 
             where = f"rank {rank}, local expert {e} (global {rank * local + e})"
             assert counts[e].item() == n, f"{where}: count {counts[e].item()}, routed {n}"
             if n:
-                got, want = deq[start:start + n], torch.stack(expected)
+                got, want = deq[start : start + n], torch.stack(expected)
                 assert torch.equal(got, want), f"{where}: valid rows differ ({_diff(got, want)})"
             start += n
 

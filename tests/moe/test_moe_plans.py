@@ -26,18 +26,48 @@ SCHEMES = {
 
 #: (vendor fixture, declared model) -> scheme -> resolved dispatch dtype, or None when rejected.
 EXPECTED = {
-    ("cpu", "cpu"): {"unquantized": "bf16", "w8a8-int8": "int8", "w8a8-fp8-block": "fp8",
-                     "w4a4-int4": "bf16", "nvfp4": None},
-    ("cuda", "H100"): {"unquantized": "bf16", "w8a8-int8": "fp8", "w8a8-fp8-block": "fp8",
-                       "w4a4-int4": "bf16", "nvfp4": None},
-    ("cuda", "B200"): {"unquantized": "bf16", "w8a8-int8": "fp8", "w8a8-fp8-block": "fp8",
-                       "w4a4-int4": "bf16", "nvfp4": "nvfp4"},
-    ("cuda", "A100"): {"unquantized": "bf16", "w8a8-int8": "bf16", "w8a8-fp8-block": "bf16",
-                       "w4a4-int4": "bf16", "nvfp4": None},
-    ("ascend", "A2"): {"unquantized": "bf16", "w8a8-int8": "int8", "w8a8-fp8-block": "int8",
-                       "w4a4-int4": "bf16", "nvfp4": None},
-    ("ascend", "A3"): {"unquantized": "bf16", "w8a8-int8": "int8", "w8a8-fp8-block": "int8",
-                       "w4a4-int4": "bf16", "nvfp4": None},
+    ("cpu", "cpu"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "int8",
+        "w8a8-fp8-block": "fp8",
+        "w4a4-int4": "bf16",
+        "nvfp4": None,
+    },
+    ("cuda", "H100"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "fp8",
+        "w8a8-fp8-block": "fp8",
+        "w4a4-int4": "bf16",
+        "nvfp4": None,
+    },
+    ("cuda", "B200"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "fp8",
+        "w8a8-fp8-block": "fp8",
+        "w4a4-int4": "bf16",
+        "nvfp4": "nvfp4",
+    },
+    ("cuda", "A100"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "bf16",
+        "w8a8-fp8-block": "bf16",
+        "w4a4-int4": "bf16",
+        "nvfp4": None,
+    },
+    ("ascend", "A2"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "int8",
+        "w8a8-fp8-block": "int8",
+        "w4a4-int4": "bf16",
+        "nvfp4": None,
+    },
+    ("ascend", "A3"): {
+        "unquantized": "bf16",
+        "w8a8-int8": "int8",
+        "w8a8-fp8-block": "int8",
+        "w4a4-int4": "bf16",
+        "nvfp4": None,
+    },
 }
 
 CASES = [(vendor, model, scheme) for (vendor, model), table in EXPECTED.items() for scheme in table]
@@ -77,8 +107,16 @@ def test_the_layer_resolves_the_same_plan_as_hal(cpu):
 
 
 def test_explicit_and_environment_requests_beat_the_scheme(cpu):
-    explicit = moe.MoELayer(256, 64, 8, 2, scheme="w8a8-int8", vendor=cpu,
-                            dispatch=DispatchConfig(dtype="bf16"), environ={"HAL_DISPATCH_DTYPE": "fp8"})
+    explicit = moe.MoELayer(
+        256,
+        64,
+        8,
+        2,
+        scheme="w8a8-int8",
+        vendor=cpu,
+        dispatch=DispatchConfig(dtype="bf16"),
+        environ={"HAL_DISPATCH_DTYPE": "fp8"},
+    )
     assert (explicit.plan.resolved.value, explicit.plan.source.value) == ("bf16", "explicit")
     env = moe.MoELayer(256, 64, 8, 2, scheme="w8a8-int8", vendor=cpu, environ={"HAL_DISPATCH_DTYPE": "fp8"})
     assert (env.plan.resolved.value, env.plan.source.value) == ("fp8", "environment")
@@ -92,8 +130,9 @@ def test_fp16_and_fp32_models_dispatch_in_their_own_dtype_on_declared_tables(req
     traits = moe.Unquantized(weights).traits
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plan = resolve_dispatch_plan(vendor, H, scheme=traits, capabilities=vendor.declared_capabilities(model),
-                                     environ={})
+        plan = resolve_dispatch_plan(
+            vendor, H, scheme=traits, capabilities=vendor.declared_capabilities(model), environ={}
+        )
     wanted = DispatchDtype.cast_of(weights)
     assert (plan.source.value, plan.requested, plan.resolved, plan.fallback) == ("model-dtype", wanted, wanted, None)
     assert plan.scheme == "unquantized" and plan.model_dtype is wanted

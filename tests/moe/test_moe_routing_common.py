@@ -9,14 +9,7 @@ import pytest
 import torch
 
 from hal import InvalidInput
-from moe.routing import (
-    GroupedSigmoidTopK,
-    GroupedTopK,
-    Router,
-    Routing,
-    SigmoidTopK,
-    SoftmaxTopK,
-)
+from moe.routing import GroupedSigmoidTopK, GroupedTopK, Router, Routing, SigmoidTopK, SoftmaxTopK
 from tests.support.routing_reference import (
     assert_matches,
     distinct_logits,
@@ -37,20 +30,37 @@ def _grouped_ref(k, groups, keep, **kw):
 #: (id, router factory, float64 reference of logits, top_k)
 CASES = [
     ("softmax", lambda: SoftmaxTopK(E, 4), lambda x: ref_softmax_topk(x, 4, True), 4),
-    ("softmax-scaled", lambda: SoftmaxTopK(E, 3, renormalize=False, routed_scaling_factor=2.5),
-     lambda x: ref_softmax_topk(x, 3, False, 2.5), 3),
+    (
+        "softmax-scaled",
+        lambda: SoftmaxTopK(E, 3, renormalize=False, routed_scaling_factor=2.5),
+        lambda x: ref_softmax_topk(x, 3, False, 2.5),
+        3,
+    ),
     ("llama4", lambda: SigmoidTopK(E, 1, weights_on_input=True), lambda x: ref_sigmoid_topk(x, 1), 1),
-    ("sigmoid-bias", lambda: SigmoidTopK(E, 4, correction_bias=BIAS, renormalize=True, routed_scaling_factor=1.5),
-     lambda x: ref_sigmoid_topk(x, 4, BIAS, True, 1.5), 4),
-    ("deepseek-v2", lambda: GroupedTopK(E, 4, num_groups=4, topk_groups=2, renormalize=False,
-                                        routed_scaling_factor=16.0),
-     _grouped_ref(4, 4, 2, renormalize=False, scale=16.0), 4),
-    ("grouped-sigmoid-max", lambda: GroupedTopK(E, 3, num_groups=8, topk_groups=3, scoring="sigmoid",
-                                                correction_bias=BIAS),
-     _grouped_ref(3, 8, 3, scoring="sigmoid", bias=BIAS), 3),
-    ("deepseek-v3", lambda: GroupedSigmoidTopK(E, 4, num_groups=4, topk_groups=2, correction_bias=BIAS,
-                                               routed_scaling_factor=2.5),
-     _grouped_ref(4, 4, 2, scoring="sigmoid", group_score="top2-sum", bias=BIAS, scale=2.5), 4),
+    (
+        "sigmoid-bias",
+        lambda: SigmoidTopK(E, 4, correction_bias=BIAS, renormalize=True, routed_scaling_factor=1.5),
+        lambda x: ref_sigmoid_topk(x, 4, BIAS, True, 1.5),
+        4,
+    ),
+    (
+        "deepseek-v2",
+        lambda: GroupedTopK(E, 4, num_groups=4, topk_groups=2, renormalize=False, routed_scaling_factor=16.0),
+        _grouped_ref(4, 4, 2, renormalize=False, scale=16.0),
+        4,
+    ),
+    (
+        "grouped-sigmoid-max",
+        lambda: GroupedTopK(E, 3, num_groups=8, topk_groups=3, scoring="sigmoid", correction_bias=BIAS),
+        _grouped_ref(3, 8, 3, scoring="sigmoid", bias=BIAS),
+        3,
+    ),
+    (
+        "deepseek-v3",
+        lambda: GroupedSigmoidTopK(E, 4, num_groups=4, topk_groups=2, correction_bias=BIAS, routed_scaling_factor=2.5),
+        _grouped_ref(4, 4, 2, scoring="sigmoid", group_score="top2-sum", bias=BIAS, scale=2.5),
+        4,
+    ),
 ]
 ROUTERS = [pytest.param(make, id=name) for name, make, _, _ in CASES]
 WITH_REFERENCE = [pytest.param(make, ref, k, id=name) for name, make, ref, k in CASES]
@@ -142,10 +152,20 @@ def test_correction_bias_is_copied_not_aliased(cls):
 
 
 @pytest.mark.parametrize("make", ROUTERS)
-@pytest.mark.parametrize("logits", [torch.zeros(3, E - 1), torch.zeros(E), torch.zeros(2, 3, E),
-                                    torch.zeros(3, E, dtype=torch.int32), torch.zeros(3, E, dtype=torch.bool),
-                                    torch.zeros(3, E, dtype=torch.complex64), [[0.0] * E], None],
-                         ids=["experts", "1-D", "3-D", "int32", "bool", "complex", "list", "None"])
+@pytest.mark.parametrize(
+    "logits",
+    [
+        torch.zeros(3, E - 1),
+        torch.zeros(E),
+        torch.zeros(2, 3, E),
+        torch.zeros(3, E, dtype=torch.int32),
+        torch.zeros(3, E, dtype=torch.bool),
+        torch.zeros(3, E, dtype=torch.complex64),
+        [[0.0] * E],
+        None,
+    ],
+    ids=["experts", "1-D", "3-D", "int32", "bool", "complex", "list", "None"],
+)
 def test_every_router_rejects_bad_logits(make, logits):
     with pytest.raises(InvalidInput, match="router_logits"):
         make()(logits)
@@ -162,8 +182,11 @@ def test_renormalize_must_be_a_bool(cls, value):
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES)
-@pytest.mark.parametrize("value", [0, 0.0, -1.0, float("inf"), float("-inf"), float("nan"), True, False, "2", None,
-                                   torch.tensor(2.0), 1j], ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [0, 0.0, -1.0, float("inf"), float("-inf"), float("nan"), True, False, "2", None, torch.tensor(2.0), 1j],
+    ids=repr,
+)
 def test_routed_scaling_factor_must_be_finite_and_positive(cls, value):
     with pytest.raises(InvalidInput, match="routed_scaling_factor: expected a finite positive number"):
         cls(E, 2, routed_scaling_factor=value)
@@ -176,11 +199,19 @@ def test_routed_scaling_factor_int_accepted_as_float(cls):
 
 
 @pytest.mark.parametrize("cls", [SigmoidTopK, GroupedTopK, GroupedSigmoidTopK])
-@pytest.mark.parametrize("bias", [torch.zeros(E - 1), torch.zeros(1, E), torch.tensor(0.0), [0.0] * E,
-                                  torch.zeros(E, dtype=torch.int64),
-                                  torch.tensor([float("nan")] + [0.0] * (E - 1)),
-                                  torch.tensor([0.0] * (E - 1) + [float("inf")])],
-                         ids=["short", "2-D", "0-D", "list", "int64", "nan", "inf"])
+@pytest.mark.parametrize(
+    "bias",
+    [
+        torch.zeros(E - 1),
+        torch.zeros(1, E),
+        torch.tensor(0.0),
+        [0.0] * E,
+        torch.zeros(E, dtype=torch.int64),
+        torch.tensor([float("nan")] + [0.0] * (E - 1)),
+        torch.tensor([0.0] * (E - 1) + [float("inf")]),
+    ],
+    ids=["short", "2-D", "0-D", "list", "int64", "nan", "inf"],
+)
 def test_bad_correction_bias_rejected(cls, bias):
     with pytest.raises(InvalidInput, match="correction_bias"):
         cls(E, 2, correction_bias=bias)
@@ -232,16 +263,20 @@ def test_routing_weights_on_input_contract():
 
 def test_reprs_name_class_and_every_setting():
     assert repr(SoftmaxTopK(8, 2, renormalize=False, routed_scaling_factor=2.5)) == (
-        "SoftmaxTopK(num_experts=8, top_k=2, renormalize=False, routed_scaling_factor=2.5)")
+        "SoftmaxTopK(num_experts=8, top_k=2, renormalize=False, routed_scaling_factor=2.5)"
+    )
     assert repr(SigmoidTopK(8, 1, weights_on_input=True)) == (
         "SigmoidTopK(num_experts=8, top_k=1, correction_bias=None, renormalize=False, "
-        "routed_scaling_factor=1.0, weights_on_input=True)")
+        "routed_scaling_factor=1.0, weights_on_input=True)"
+    )
     assert repr(GroupedTopK(8, 2, num_groups=4, topk_groups=2, correction_bias=torch.zeros(8))) == (
         "GroupedTopK(num_experts=8, top_k=2, num_groups=4, topk_groups=2, scoring='softmax', group_score='max', "
-        "correction_bias=Tensor[8], renormalize=True, routed_scaling_factor=1.0)")
+        "correction_bias=Tensor[8], renormalize=True, routed_scaling_factor=1.0)"
+    )
     assert repr(GroupedSigmoidTopK(8, 2, num_groups=4, topk_groups=2, routed_scaling_factor=2.5)) == (
         "GroupedSigmoidTopK(num_experts=8, top_k=2, num_groups=4, topk_groups=2, correction_bias=None, "
-        "renormalize=True, routed_scaling_factor=2.5)")
+        "renormalize=True, routed_scaling_factor=2.5)"
+    )
 
 
 @pytest.mark.parametrize("make", ROUTERS)

@@ -34,8 +34,15 @@ def test_grouped_matches_reference(experts, k, groups, keep, use_bias, renormali
     seed = experts * 100 + k * 10 + groups
     x = randn_logits(25, experts, seed=seed)
     bias = randn_logits(1, experts, seed=seed + 1, scale=0.3)[0] if use_bias else None
-    router = GroupedSigmoidTopK(experts, k, num_groups=groups, topk_groups=keep, correction_bias=bias,
-                                renormalize=renormalize, routed_scaling_factor=2.5)
+    router = GroupedSigmoidTopK(
+        experts,
+        k,
+        num_groups=groups,
+        topk_groups=keep,
+        correction_bias=bias,
+        renormalize=renormalize,
+        routed_scaling_factor=2.5,
+    )
     r = router(x)
     assert_matches(r, ref_grouped(x, k, groups, keep, bias, renormalize, 2.5), k, tol=1e-5)
 
@@ -53,8 +60,10 @@ def test_grouped_chosen_experts_lie_in_kept_groups(use_bias):
         assert len(kept) == keep
         assert {i // per_group for i in ids} <= kept, f"token {t}: {ids} outside kept groups {kept}"
     # the restriction matters: in some token the best experts overall are not all in kept groups
-    plain = [set(_top([_sigmoid(v) + (0 if bias is None else bias[i].item()) for i, v in enumerate(row)], k))
-             for row in _rows(x)]
+    plain = [
+        set(_top([_sigmoid(v) + (0 if bias is None else bias[i].item()) for i, v in enumerate(row)], k))
+        for row in _rows(x)
+    ]
     assert any(set(ids) != p for ids, p in zip(r.topk_ids.tolist(), plain))
 
 
@@ -110,12 +119,14 @@ def test_grouped_bias_also_steers_group_selection():
     plain = as_dicts(GroupedSigmoidTopK(4, 2, num_groups=2, topk_groups=1, renormalize=False)(x))[0]
     assert set(plain) == {0, 1}
     bias = torch.tensor([0.0, 0.0, 0.5, 0.5])  # group 1 becomes 0.8+0.7 = 1.5 < 1.7: still group 0
-    still = as_dicts(GroupedSigmoidTopK(4, 2, num_groups=2, topk_groups=1, correction_bias=bias,
-                                        renormalize=False)(x))[0]
+    still = as_dicts(GroupedSigmoidTopK(4, 2, num_groups=2, topk_groups=1, correction_bias=bias, renormalize=False)(x))[
+        0
+    ]
     assert set(still) == {0, 1}
     bias = torch.tensor([0.0, 0.0, 1.0, 1.0])  # group 1: 1.3+1.2 = 2.5 > 1.7: group 1 wins
-    moved = as_dicts(GroupedSigmoidTopK(4, 2, num_groups=2, topk_groups=1, correction_bias=bias,
-                                        renormalize=False)(x))[0]
+    moved = as_dicts(GroupedSigmoidTopK(4, 2, num_groups=2, topk_groups=1, correction_bias=bias, renormalize=False)(x))[
+        0
+    ]
     assert set(moved) == {2, 3}
     assert moved[2] == pytest.approx(0.3, abs=1e-6) and moved[3] == pytest.approx(0.2, abs=1e-6)
 
@@ -132,8 +143,9 @@ def test_grouped_bias_dtypes_accepted(bias_dtype):
 def test_grouped_single_group_is_plain_topk_of_biased_scores(use_bias):
     x = randn_logits(30, 16, seed=15)
     bias = randn_logits(1, 16, seed=16, scale=0.4)[0] if use_bias else torch.zeros(16)
-    r = GroupedSigmoidTopK(16, 5, num_groups=1, topk_groups=1, correction_bias=bias if use_bias else None,
-                           renormalize=False)(x)
+    r = GroupedSigmoidTopK(
+        16, 5, num_groups=1, topk_groups=1, correction_bias=bias if use_bias else None, renormalize=False
+    )(x)
     choice = torch.sigmoid(x.double()) + bias.double()
     expected_ids = choice.topk(5, dim=-1).indices
     for t in range(30):
@@ -154,8 +166,9 @@ def test_grouped_keep_all_groups_is_plain_topk():
 def test_grouped_routed_scaling_factor_multiplies_weights(scale, renormalize):
     x = randn_logits(12, 16, seed=18)
     base = GroupedSigmoidTopK(16, 4, num_groups=4, topk_groups=2, renormalize=renormalize)(x)
-    scaled = GroupedSigmoidTopK(16, 4, num_groups=4, topk_groups=2, renormalize=renormalize,
-                                routed_scaling_factor=scale)(x)
+    scaled = GroupedSigmoidTopK(
+        16, 4, num_groups=4, topk_groups=2, renormalize=renormalize, routed_scaling_factor=scale
+    )(x)
     assert torch.equal(base.topk_ids, scaled.topk_ids)
     assert torch.allclose(scaled.topk_weights, base.topk_weights * scale, rtol=1e-6, atol=1e-7)
     if renormalize:
@@ -234,8 +247,9 @@ def test_grouped_tokens_are_routed_independently():
     renormalize=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_grouped_property_agrees_with_reference(tokens, per_group, groups, keep_frac, k_frac, use_bias,
-                                                renormalize, seed):
+def test_grouped_property_agrees_with_reference(
+    tokens, per_group, groups, keep_frac, k_frac, use_bias, renormalize, seed
+):
     experts = per_group * groups
     keep = max(1, min(groups, 1 + int(keep_frac * groups)))
     k = max(1, min(keep * per_group, 1 + int(k_frac * keep * per_group)))
@@ -247,10 +261,15 @@ def test_grouped_property_agrees_with_reference(tokens, per_group, groups, keep_
     group_scores = selection.view(tokens, groups, per_group).topk(min(2, per_group), dim=-1).values.sum(-1)
     # and scores a few ulps apart may order either way (the router and the reference sum in different orders:
     # group scores 1.0074999 and 1.0075001 were seen to flip), so every pair must stand clearly apart
-    assume(all(min((b - a for a, b in zip(sorted(row), sorted(row)[1:])), default=1.0) > 1e-5
-               for row in selection.tolist() + group_scores.tolist()))
-    r = GroupedSigmoidTopK(experts, k, num_groups=groups, topk_groups=keep, correction_bias=bias,
-                           renormalize=renormalize)(x)
+    assume(
+        all(
+            min((b - a for a, b in zip(sorted(row), sorted(row)[1:])), default=1.0) > 1e-5
+            for row in selection.tolist() + group_scores.tolist()
+        )
+    )
+    r = GroupedSigmoidTopK(
+        experts, k, num_groups=groups, topk_groups=keep, correction_bias=bias, renormalize=renormalize
+    )(x)
     detail = ref_grouped_detail(x, k, groups, keep, bias, renormalize)
     assert tuple(r.topk_ids.shape) == (tokens, k)
     for t, ids in enumerate(r.topk_ids.tolist()):

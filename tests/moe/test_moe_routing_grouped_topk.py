@@ -31,23 +31,39 @@ def _ref(x, k, groups, keep, **kw):
 @pytest.mark.parametrize(("scoring", "group_score"), COMBOS)
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("use_bias", [False, True])
-@pytest.mark.parametrize(("experts", "k", "groups", "keep"),
-                         [(8, 3, 4, 2), (16, 4, 4, 2), (64, 6, 8, 3), (12, 6, 3, 3), (16, 2, 1, 1), (64, 8, 8, 4)])
+@pytest.mark.parametrize(
+    ("experts", "k", "groups", "keep"),
+    [(8, 3, 4, 2), (16, 4, 4, 2), (64, 6, 8, 3), (12, 6, 3, 3), (16, 2, 1, 1), (64, 8, 8, 4)],
+)
 def test_grouped_topk_matches_reference(experts, k, groups, keep, use_bias, renormalize, scoring, group_score):
     seed = experts * 100 + k * 10 + groups
     x = randn_logits(25, experts, seed=seed)
     bias = randn_logits(1, experts, seed=seed + 1, scale=0.01 if scoring == "softmax" else 0.3)[0] if use_bias else None
-    router = GroupedTopK(experts, k, num_groups=groups, topk_groups=keep, scoring=scoring, group_score=group_score,
-                         correction_bias=bias, renormalize=renormalize, routed_scaling_factor=16.0)
-    expected = _ref(x, k, groups, keep, scoring=scoring, group_score=group_score, bias=bias,
-                    renormalize=renormalize, scale=16.0)
+    router = GroupedTopK(
+        experts,
+        k,
+        num_groups=groups,
+        topk_groups=keep,
+        scoring=scoring,
+        group_score=group_score,
+        correction_bias=bias,
+        renormalize=renormalize,
+        routed_scaling_factor=16.0,
+    )
+    expected = _ref(
+        x, k, groups, keep, scoring=scoring, group_score=group_score, bias=bias, renormalize=renormalize, scale=16.0
+    )
     assert_matches(router(x), expected, k, tol=1e-5)
 
 
 def test_defaults_are_deepseek_v2_with_renormalization():
     router = GroupedTopK(16, 4)
     assert (router.scoring, router.group_score, router.renormalize, router.routed_scaling_factor) == (
-        "softmax", "max", True, 1.0)
+        "softmax",
+        "max",
+        True,
+        1.0,
+    )
     assert (router.num_groups, router.topk_groups, router.correction_bias) == (1, 1, None)
 
 
@@ -99,8 +115,9 @@ def test_groups_of_one_expert_allowed_with_group_max():
 def test_keeping_every_group_is_ungrouped_topk(scoring, group_score):
     x = randn_logits(20, 32, seed=3)
     bias = randn_logits(1, 32, seed=4, scale=0.1)[0]
-    grouped = GroupedTopK(32, 5, num_groups=4, topk_groups=4, scoring=scoring, group_score=group_score,
-                          correction_bias=bias)(x)
+    grouped = GroupedTopK(
+        32, 5, num_groups=4, topk_groups=4, scoring=scoring, group_score=group_score, correction_bias=bias
+    )(x)
     plain = GroupedTopK(32, 5, scoring=scoring, correction_bias=bias)(x)
     assert torch.equal(grouped.topk_ids, plain.topk_ids) and torch.equal(grouped.topk_weights, plain.topk_weights)
 
@@ -109,8 +126,13 @@ def test_keeping_every_group_is_ungrouped_topk(scoring, group_score):
 def test_grouped_sigmoid_is_the_v3_preset(use_bias):
     x = randn_logits(40, 32, seed=5)
     bias = randn_logits(1, 32, seed=6, scale=0.3)[0] if use_bias else None
-    kwargs = {"num_groups": 8, "topk_groups": 3, "correction_bias": bias, "renormalize": True,
-              "routed_scaling_factor": 2.5}
+    kwargs = {
+        "num_groups": 8,
+        "topk_groups": 3,
+        "correction_bias": bias,
+        "renormalize": True,
+        "routed_scaling_factor": 2.5,
+    }
     preset = GroupedSigmoidTopK(32, 4, **kwargs)
     general = GroupedTopK(32, 4, scoring="sigmoid", group_score="top2-sum", **kwargs)
     assert isinstance(preset, GroupedTopK) and (preset.scoring, preset.group_score) == ("sigmoid", "top2-sum")
@@ -136,14 +158,25 @@ SCENARIOS = [
 
 @pytest.mark.parametrize(("scoring", "group_score", "bias_kind", "renormalize", "scale"), SCENARIOS)
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_realistic_shape_256_experts_8_groups_keep_4_2000_tokens(k, scoring, group_score, bias_kind, renormalize,
-                                                                  scale):
+def test_realistic_shape_256_experts_8_groups_keep_4_2000_tokens(
+    k, scoring, group_score, bias_kind, renormalize, scale
+):
     x = randn_logits(2000, 256, seed=10 + k)
     bias = randn_logits(1, 256, seed=9, scale=0.05)[0] if bias_kind else None
-    router = GroupedTopK(256, k, num_groups=8, topk_groups=4, scoring=scoring, group_score=group_score,
-                         correction_bias=bias, renormalize=renormalize, routed_scaling_factor=scale)
-    detail = ref_grouped_topk_detail(x, k, 8, 4, scoring=scoring, group_score=group_score, bias=bias,
-                                     renormalize=renormalize, scale=scale)
+    router = GroupedTopK(
+        256,
+        k,
+        num_groups=8,
+        topk_groups=4,
+        scoring=scoring,
+        group_score=group_score,
+        correction_bias=bias,
+        renormalize=renormalize,
+        routed_scaling_factor=scale,
+    )
+    detail = ref_grouped_topk_detail(
+        x, k, 8, 4, scoring=scoring, group_score=group_score, bias=bias, renormalize=renormalize, scale=scale
+    )
     r = router(x)
     assert_matches_where_decided(r, [d for d, _, _ in detail], [m for _, _, m in detail], k, tol=1e-5)
     groups = (r.topk_ids // 32).tolist()
@@ -162,19 +195,29 @@ def test_realistic_shape_256_experts_8_groups_keep_4_2000_tokens(k, scoring, gro
     renormalize=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_grouped_topk_property_agrees_with_reference(tokens, per_group, groups, keep_frac, k_frac, combo, use_bias,
-                                                     renormalize, seed):
+def test_grouped_topk_property_agrees_with_reference(
+    tokens, per_group, groups, keep_frac, k_frac, combo, use_bias, renormalize, seed
+):
     scoring, group_score = combo
     experts = per_group * groups
     keep = max(1, min(groups, 1 + int(keep_frac * groups)))
     k = max(1, min(keep * per_group, 1 + int(k_frac * keep * per_group)))
     x = distinct_logits(tokens, experts, seed)
     bias = distinct_logits(1, experts, seed + 1)[0] * 0.01 if use_bias else None
-    detail = ref_grouped_topk_detail(x, k, groups, keep, scoring=scoring, group_score=group_score, bias=bias,
-                                     renormalize=renormalize)
+    detail = ref_grouped_topk_detail(
+        x, k, groups, keep, scoring=scoring, group_score=group_score, bias=bias, renormalize=renormalize
+    )
     assume(all(margin > 1e-5 for _, _, margin in detail))  # no near-ties in experts or groups
-    r = GroupedTopK(experts, k, num_groups=groups, topk_groups=keep, scoring=scoring, group_score=group_score,
-                    correction_bias=bias, renormalize=renormalize)(x)
+    r = GroupedTopK(
+        experts,
+        k,
+        num_groups=groups,
+        topk_groups=keep,
+        scoring=scoring,
+        group_score=group_score,
+        correction_bias=bias,
+        renormalize=renormalize,
+    )(x)
     for t, ids in enumerate(r.topk_ids.tolist()):
         assert {i // per_group for i in ids} <= detail[t][1]
     assert_matches(r, [d for d, _, _ in detail], k, tol=1e-5)

@@ -137,8 +137,9 @@ def test_realistic_shape_128_experts_2000_tokens(k, use_bias):
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_sigmoid_topk_property_agrees_with_reference(tokens, experts, k_frac, use_bias, renormalize, scale, dtype,
-                                                     seed):
+def test_sigmoid_topk_property_agrees_with_reference(
+    tokens, experts, k_frac, use_bias, renormalize, scale, dtype, seed
+):
     k = max(1, min(experts, 1 + int(k_frac * experts)))
     x = distinct_logits(tokens, experts, seed, dtype=dtype) * 0.5  # |logit| <= 3: sigmoids far from saturation
     # a bias on a grid coarser than the score differences it could tie with

@@ -189,10 +189,9 @@ def test_softmax_topk_property_agrees_with_reference(tokens, experts, k_frac, re
 # -- validation ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda **kw: SoftmaxTopK(8, **kw),
-    lambda **kw: GroupedSigmoidTopK(8, **kw),
-], ids=["softmax", "grouped"])
+@pytest.mark.parametrize(
+    "make", [lambda **kw: SoftmaxTopK(8, **kw), lambda **kw: GroupedSigmoidTopK(8, **kw)], ids=["softmax", "grouped"]
+)
 @pytest.mark.parametrize("top_k", [9, 0, -1])
 def test_bad_top_k_rejected(make, top_k):
     with pytest.raises(InvalidInput, match="top_k"):
@@ -245,8 +244,11 @@ def test_top_k_above_experts_in_kept_groups_rejected():
     GroupedSigmoidTopK(8, 4, num_groups=4, topk_groups=2)  # the boundary itself is fine
 
 
-@pytest.mark.parametrize("bias", [torch.zeros(7), torch.zeros(9), torch.zeros(1, 8), torch.zeros(8, 1),
-                                  torch.tensor(0.0), [0.0] * 8], ids=["7", "9", "1x8", "8x1", "scalar", "list"])
+@pytest.mark.parametrize(
+    "bias",
+    [torch.zeros(7), torch.zeros(9), torch.zeros(1, 8), torch.zeros(8, 1), torch.tensor(0.0), [0.0] * 8],
+    ids=["7", "9", "1x8", "8x1", "scalar", "list"],
+)
 def test_correction_bias_wrong_shape_or_type_rejected(bias):
     with pytest.raises(InvalidInput, match="correction_bias"):
         GroupedSigmoidTopK(8, 2, num_groups=4, topk_groups=2, correction_bias=bias)
@@ -265,8 +267,9 @@ def test_bad_routed_scaling_factor_rejected(factor):
 
 ROUTERS = [
     pytest.param(lambda: SoftmaxTopK(8, 2), id="softmax"),
-    pytest.param(lambda: GroupedSigmoidTopK(8, 2, num_groups=4, topk_groups=2,
-                                            correction_bias=torch.zeros(8)), id="grouped"),
+    pytest.param(
+        lambda: GroupedSigmoidTopK(8, 2, num_groups=4, topk_groups=2, correction_bias=torch.zeros(8)), id="grouped"
+    ),
 ]
 
 BAD_LOGITS = [

@@ -58,12 +58,21 @@ print(json.dumps({"calls": runner_plugin.CALLS, "warnings": [str(w.message) for 
 
 
 def test_a_plugin_runner_is_used_and_a_broken_plugin_is_reported(tmp_path):
-    write_distribution(tmp_path, "runner-plugin", {"moe.expert_runners": {"traced": "runner_plugin:register"}},
-                       {"runner_plugin": PLUGIN})
-    write_distribution(tmp_path, "broken-runner-plugin", {"moe.expert_runners": {"broken": "broken_runner:register"}},
-                       {"broken_runner": BROKEN})
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=environment_with(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+    write_distribution(
+        tmp_path,
+        "runner-plugin",
+        {"moe.expert_runners": {"traced": "runner_plugin:register"}},
+        {"runner_plugin": PLUGIN},
+    )
+    write_distribution(
+        tmp_path,
+        "broken-runner-plugin",
+        {"moe.expert_runners": {"broken": "broken_runner:register"}},
+        {"broken_runner": BROKEN},
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=environment_with(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["calls"] == ["standard"]  # the plugin's runner served the unquantized layer only
@@ -109,24 +118,31 @@ GENERIC_KEY = "(format=standard, kernel=bf16, scheme=unquantized, vendor=*)"
 
 
 def test_replacing_a_generic_runner_needs_an_opt_in_and_is_logged_and_shown_by_hal_caps(tmp_path):
-    write_distribution(tmp_path, "fast-runner", {"moe.expert_runners": {"fast": "fast_runner:register"}},
-                       {"fast_runner": FAST})
+    write_distribution(
+        tmp_path, "fast-runner", {"moe.expert_runners": {"fast": "fast_runner:register"}}, {"fast_runner": FAST}
+    )
     env = environment_with(tmp_path)
     done = subprocess.run([sys.executable, "-c", REPLACE], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     refused = result["default"]  # refused: nothing of the plugin stays registered, and it is reported
     assert not refused["generic_key"] and not refused["own_key"] and refused["replacements"] == []
-    assert any("'fast'" in w and "needs an opt-in" in w and "replace_generic=['fast']" in w
-               for w in refused["warnings"]), refused["warnings"]
+    assert any(
+        "'fast'" in w and "needs an opt-in" in w and "replace_generic=['fast']" in w for w in refused["warnings"]
+    ), refused["warnings"]
     allowed = result["opted_in"]
     assert allowed["generic_key"] and allowed["own_key"] and allowed["warnings"] == []
     assert allowed["replacements"] == [[GENERIC_KEY, "fast", "generic"]]
     assert result["log"] == [f"expert runner {GENERIC_KEY}: plugin 'fast' replaced the generic runner"]
 
     def caps_rows(**extra: str) -> dict[str, str]:
-        shown = subprocess.run([sys.executable, "-m", "hal.cli", "caps", "--vendor", "cpu", "--json"],
-                               env=dict(env, **extra), capture_output=True, text=True, timeout=120)
+        shown = subprocess.run(
+            [sys.executable, "-m", "hal.cli", "caps", "--vendor", "cpu", "--json"],
+            env=dict(env, **extra),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert shown.returncode == 0, shown.stderr
         return dict(json.loads(shown.stdout)["sections"]["expert_runners"])
 
@@ -148,12 +164,15 @@ def test_the_callers_own_replacement_is_recorded_and_logged(caplog):
     assert registry.origin(key) == "caller" and "the caller replaced the generic runner" in caplog.text
 
 
-@pytest.mark.parametrize("call, argument", [
-    (lambda: moe.RunnerRegistry(replace_generic="fast"), "replace_generic"),
-    (lambda: moe.RunnerRegistry(replace_generic=[3]), "replace_generic"),
-    (lambda: moe.RunnerRegistry.with_defaults(plugins=False, environ=["x"]), "environ"),
-    (lambda: moe.RunnerRegistry().origin(moe.RunnerKey("standard", "bf16", "unquantized")), "key"),
-])
+@pytest.mark.parametrize(
+    "call, argument",
+    [
+        (lambda: moe.RunnerRegistry(replace_generic="fast"), "replace_generic"),
+        (lambda: moe.RunnerRegistry(replace_generic=[3]), "replace_generic"),
+        (lambda: moe.RunnerRegistry.with_defaults(plugins=False, environ=["x"]), "environ"),
+        (lambda: moe.RunnerRegistry().origin(moe.RunnerKey("standard", "bf16", "unquantized")), "key"),
+    ],
+)
 def test_bad_registry_arguments_name_the_argument(call, argument):
     with pytest.raises(InvalidInput, match=rf"^{argument}: expected"):
         call()

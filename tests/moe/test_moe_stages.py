@@ -22,7 +22,7 @@ import moe
 from hal import DispatchConfig, InvalidInput, UnsupportedCapability
 from tests.support.gloo_world import spawn_world
 from tests.support.stages_worker import cases
-from tests.moe.test_moe_layer import FusedInt8
+from tests.moe.test_moe_layer_paths import FusedInt8
 from tests.support.paths import REPO, SUPPORT
 
 pytestmark = pytest.mark.slow  # subprocesses / multi-process worlds
@@ -54,7 +54,7 @@ def test_each_case_took_the_mode_it_asks_for(world):
 
 def _weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(E, H, 2 * I, generator=g) / H ** 0.5, torch.randn(E, I, H, generator=g) / I ** 0.5
+    return torch.randn(E, H, 2 * I, generator=g) / H**0.5, torch.randn(E, I, H, generator=g) / I**0.5
 
 
 def _layer(top_k: int = K, **kwargs) -> moe.MoELayer:
@@ -63,8 +63,11 @@ def _layer(top_k: int = K, **kwargs) -> moe.MoELayer:
     shared = kwargs.get("shared_experts")
     if shared is not None:
         g = torch.Generator().manual_seed(1)
-        layer.load_shared_experts(torch.randn(H, 2 * 16, generator=g) / 8, torch.randn(16, H, generator=g) / 4,
-                                  torch.randn(H, generator=g) if shared.gated else None)
+        layer.load_shared_experts(
+            torch.randn(H, 2 * 16, generator=g) / 8,
+            torch.randn(16, H, generator=g) / 4,
+            torch.randn(H, generator=g) if shared.gated else None,
+        )
     return layer
 
 
@@ -82,8 +85,11 @@ SINGLE_RANK = {
     "low-latency": {"dispatch": DispatchConfig(max_dispatch_tokens_per_rank=16)},
     "int8": {"scheme": "w8a8-int8"},
     "shared": {"shared_experts": moe.SharedExperts(16, gated=True)},
-    "llama4": {"top_k": 1, "router": moe.SigmoidTopK(E, 1, weights_on_input=True),
-               "shared_experts": moe.SharedExperts(16)},
+    "llama4": {
+        "top_k": 1,
+        "router": moe.SigmoidTopK(E, 1, weights_on_input=True),
+        "shared_experts": moe.SharedExperts(16),
+    },
 }
 
 
@@ -92,8 +98,10 @@ SINGLE_RANK = {
 def test_one_rank_stages_equal_the_forward(name, dtype):
     layer = _layer(**SINGLE_RANK[name])
     g = torch.Generator().manual_seed(2)
-    batches = [((torch.randn(shape + (H,), generator=g).to(dtype), torch.randn(shape + (E,), generator=g)), {})
-               for shape in ((7,), (3, 3))]  # a [T, H] and a [B, S, H] micro-batch
+    batches = [
+        ((torch.randn(shape + (H,), generator=g).to(dtype), torch.randn(shape + (E,), generator=g)), {})
+        for shape in ((7,), (3, 3))
+    ]  # a [T, H] and a [B, S, H] micro-batch
     expected = [layer(*args) for args, _ in batches]
     for got, want, (args, _) in zip(_staged(layer, batches), expected, batches):
         assert got.shape == args[0].shape and got.dtype == dtype
@@ -155,14 +163,35 @@ def test_stages_without_weights_or_with_foreign_handles_raise():
 
 
 def test_the_overlap_example_runs_under_torchrun_and_reports_equal_results():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(OMP_NUM_THREADS="1", HAL_VENDOR="cpu")
     if Path("/sys/class/net/lo").exists():
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "examples/ep_overlap.py", "--tokens", "24", "--hidden", "64", "--experts", "8", "--top-k", "2",
-               "--intermediate", "32", "--repeats", "3"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/ep_overlap.py",
+        "--tokens",
+        "24",
+        "--hidden",
+        "64",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--intermediate",
+        "32",
+        "--repeats",
+        "3",
+    ]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
     assert "interleaved equals sequential bit for bit on every rank: True" in done.stdout

@@ -80,11 +80,15 @@ def test_layer_with_128_experts_and_unaligned_dims(scheme, top_k):
     assert error <= layer_tolerance(scheme, layer.plan.resolved.value), f"relative error {error:.4f}"
 
 
-@pytest.mark.parametrize("activation, top_k, bias, shared, scheme", [
-    ("swiglu-oai", 4, True, False, "fp32"),          # gpt-oss
-    ("silu-glu", 8, False, True, "fp32"),            # DeepSeek / Qwen2-MoE (gated shared expert)
-    ("gelu-tanh-glu", 1, True, True, "w8a8-fp8-block"),
-], ids=["swiglu-oai-top4-bias", "silu-top8-shared", "gelu-top1-bias-shared-fp8"])
+@pytest.mark.parametrize(
+    "activation, top_k, bias, shared, scheme",
+    [
+        ("swiglu-oai", 4, True, False, "fp32"),  # gpt-oss
+        ("silu-glu", 8, False, True, "fp32"),  # DeepSeek / Qwen2-MoE (gated shared expert)
+        ("gelu-tanh-glu", 1, True, True, "w8a8-fp8-block"),
+    ],
+    ids=["swiglu-oai-top4-bias", "silu-top8-shared", "gelu-top1-bias-shared-fp8"],
+)
 def test_model_features_with_128_experts_and_unaligned_dims(activation, top_k, bias, shared, scheme):
     """Activations, biases and gated shared experts at 128 experts, H 1000, I 352, 1500 tokens."""
     import moe
@@ -94,12 +98,28 @@ def test_model_features_with_128_experts_and_unaligned_dims(activation, top_k, b
     w13, w2 = torch.randn(e, h, 2 * i, generator=g) / h**0.5, torch.randn(e, i, h, generator=g) / i**0.5
     b13 = torch.randn(e, 2 * i, generator=g) * 0.3 if bias else None
     b2 = torch.randn(e, h, generator=g) * 0.3 if bias else None
-    parts = (torch.randn(h, 2 * s, generator=g) / h**0.5, torch.randn(s, h, generator=g) / s**0.5,
-             torch.randn(h, generator=g) / h**0.5) if shared else None
+    parts = (
+        (
+            torch.randn(h, 2 * s, generator=g) / h**0.5,
+            torch.randn(s, h, generator=g) / s**0.5,
+            torch.randn(h, generator=g) / h**0.5,
+        )
+        if shared
+        else None
+    )
     quant = moe.Unquantized(torch.float32) if scheme == "fp32" else scheme
-    layer = moe.MoELayer.from_float(w13, w2, top_k, w13_bias=b13, w2_bias=b2, scheme=quant, vendor=CpuVendor(),
-                                    activation=activation, environ={},
-                                    shared_experts=moe.SharedExperts(s, gated=True) if shared else None)
+    layer = moe.MoELayer.from_float(
+        w13,
+        w2,
+        top_k,
+        w13_bias=b13,
+        w2_bias=b2,
+        scheme=quant,
+        vendor=CpuVendor(),
+        activation=activation,
+        environ={},
+        shared_experts=moe.SharedExperts(s, gated=True) if shared else None,
+    )
     if parts is not None:
         layer.load_shared_experts(*parts)
     x = torch.randn(tokens, h, generator=g)
@@ -130,13 +150,16 @@ def test_the_sorted_rows_tokens_at_realistic_sizes(tokens, top_k, experts):
     ids = torch.rand(tokens, experts, generator=gen).argsort(dim=-1)[:, :top_k]
     order = torch.sort(ids.reshape(-1), stable=True).indices
     want = (order, torch.argsort(order), torch.bincount(ids.reshape(-1), minlength=experts), order // top_k)
-    for got in (CpuVendor().sort_by_expert(ids, experts, tokens=True),
-                moe.LocalDispatcher(_plan(), experts, vendor=_SortPredatesTokens()).sort_pairs(ids, tokens=True)):
+    for got in (
+        CpuVendor().sort_by_expert(ids, experts, tokens=True),
+        moe.LocalDispatcher(_plan(), experts, vendor=_SortPredatesTokens()).sort_pairs(ids, tokens=True),
+    ):
         assert len(got) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def _plan():
     from hal import DispatchConfig, parse_scheme, resolve_dispatch_plan
 
-    return resolve_dispatch_plan(CpuVendor(), 1000, config=DispatchConfig(dtype="bf16"),
-                                 scheme=parse_scheme("unquantized"), environ={})
+    return resolve_dispatch_plan(
+        CpuVendor(), 1000, config=DispatchConfig(dtype="bf16"), scheme=parse_scheme("unquantized"), environ={}
+    )

@@ -60,12 +60,17 @@ def test_one_layer_called_from_eight_threads_gives_each_the_single_threaded_resu
     layer = moe.MoELayer.from_float(w13, w2, K, vendor=cpu, environ={}, **LAYERS[build])
     if layer.shared_experts is not None:
         gen = torch.Generator().manual_seed(1)
-        layer.load_shared_experts(torch.randn(H, 2 * I, generator=gen) / 8, torch.randn(I, H, generator=gen) / 8,
-                                  torch.randn(H, generator=gen))
+        layer.load_shared_experts(
+            torch.randn(H, 2 * I, generator=gen) / 8,
+            torch.randn(I, H, generator=gen) / 8,
+            torch.randn(H, generator=gen),
+        )
     gen = torch.Generator().manual_seed(2)
     # every thread its own token count, so that rows written by one call would land in another's result
-    inputs = [(torch.randn(1 + (3 * i) % 16, H, generator=gen), torch.randn(1 + (3 * i) % 16, E, generator=gen))
-              for i in range(THREADS)]
+    inputs = [
+        (torch.randn(1 + (3 * i) % 16, H, generator=gen), torch.randn(1 + (3 * i) % 16, E, generator=gen))
+        for i in range(THREADS)
+    ]
     with torch.no_grad():
         expected = [layer(x, logits) for x, logits in inputs]
 

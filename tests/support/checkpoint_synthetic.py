@@ -22,6 +22,7 @@ PROJECTIONS = ("gate", "up", "down")
 
 # -- encoders: float64 [N, K] -> the stored tensors of one projection, and their float64 value ----------------
 
+
 def encode_float(w: torch.Tensor, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     stored = w.to(dtype)
     return {"weight": stored}, stored.double()
@@ -34,15 +35,16 @@ def encode_fp8_block(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Te
     scale = torch.ones(nb, kb, dtype=torch.float32)
     for i in range(nb):
         for j in range(kb):
-            amax = float(w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].abs().max())
+            amax = float(w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].abs().max())
             scale[i, j] = amax / FP8_MAX if amax > 0 else 1.0
     full = scale.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return {"weight": q, "weight_scale_inv": scale}, q.double() * full
 
 
-def encode_fp8(w: torch.Tensor, per_channel: bool, scale_shape: tuple[int, ...] | None = None,
-               input_scale: float | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def encode_fp8(
+    w: torch.Tensor, per_channel: bool, scale_shape: tuple[int, ...] | None = None, input_scale: float | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """compressed-tensors / AutoFP8: `weight_scale` per tensor (`[]`) or per channel (`[N]` / `[N, 1]`)."""
     amax = w.abs().amax(dim=1) if per_channel else w.abs().max().reshape(())
     scale = torch.where(amax > 0, amax / FP8_MAX, 1.0).to(torch.float32)
@@ -54,8 +56,9 @@ def encode_fp8(w: torch.Tensor, per_channel: bool, scale_shape: tuple[int, ...] 
     return stored, q.double() * step
 
 
-def encode_int8(w: torch.Tensor,
-                scale_dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def encode_int8(
+    w: torch.Tensor, scale_dtype: torch.dtype = torch.float32
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """W8A8-INT8 (compressed-tensors): per-channel `weight_scale` `[N, 1]`, `q = round(w / scale)`."""
     scale = torch.where(w.abs().amax(dim=1) > 0, w.abs().amax(dim=1) / INT8_MAX, 1.0).to(scale_dtype)
     step = scale.double().reshape(-1, 1)
@@ -63,8 +66,9 @@ def encode_int8(w: torch.Tensor,
     return {"weight": q, "weight_scale": scale.reshape(-1, 1)}, q.double() * step
 
 
-def encode_nvfp4(w: torch.Tensor, input_scale: float, weight_scale_2: float | None = None
-                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def encode_nvfp4(
+    w: torch.Tensor, input_scale: float, weight_scale_2: float | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """NVIDIA ModelOpt NVFP4: `weight_scale_2 = amax / (448 * 6)`, e4m3 `weight_scale` per 16 values
     along K (`block_amax / 6 / weight_scale_2`), e2m1 codes two per byte along K, the even k in the
     low nibble; `w = e2m1 * weight_scale * weight_scale_2`."""
@@ -78,8 +82,12 @@ def encode_nvfp4(w: torch.Tensor, input_scale: float, weight_scale_2: float | No
     codes = (ratio.unsqueeze(-1) - SIGNED_E2M1).abs().argmin(dim=-1).reshape(n, k)  # nearest e2m1 code
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     value = (SIGNED_E2M1[codes].reshape(n, k // 16, 16) * step).reshape(n, k)
-    stored = {"weight": packed, "weight_scale": block_scale, "weight_scale_2": torch.tensor(ws2, dtype=torch.float32),
-              "input_scale": torch.tensor(input_scale, dtype=torch.float32)}
+    stored = {
+        "weight": packed,
+        "weight_scale": block_scale,
+        "weight_scale_2": torch.tensor(ws2, dtype=torch.float32),
+        "input_scale": torch.tensor(input_scale, dtype=torch.float32),
+    }
     return stored, value
 
 
@@ -93,6 +101,7 @@ def decode_nvfp4(stored: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # -- a layer's checkpoint ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Synthetic:
     """A layer's stored tensors (`tensors`) and the float64 value of each (expert, projection) `[N, K]`."""
@@ -105,8 +114,9 @@ class Synthetic:
     biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     input_scales: dict[tuple[int, str], float] = field(default_factory=dict)
 
-    def expected(self, experts: range, tp_rank: int = 0, tp_size: int = 1, gated: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def expected(
+        self, experts: range, tp_rank: int = 0, tp_size: int = 1, gated: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """float64 `w13` `[E, H, 2I/tp]` (`[gate | up]`) and `w2` `[E, I/tp, H]` of a rank."""
         size = self.intermediate // tp_size
         rows = slice(tp_rank * size, (tp_rank + 1) * size)
@@ -134,8 +144,18 @@ HF = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 MIXTRAL = {"gate": "w1", "up": "w3", "down": "w2"}
 
 
-def per_expert(encode, hidden: int, intermediate: int, num_experts: int, prefix: str, *, seed: int = 0,
-               names: dict[str, str] = HF, bias: bool = False, gated: bool = True) -> Synthetic:
+def per_expert(
+    encode,
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    prefix: str,
+    *,
+    seed: int = 0,
+    names: dict[str, str] = HF,
+    bias: bool = False,
+    gated: bool = True,
+) -> Synthetic:
     """A checkpoint with one tensor per (expert, projection, kind); `encode(w, expert, projection)`
     returns the stored tensors of one projection and their float64 value."""
     out = Synthetic(hidden, intermediate, num_experts)
@@ -155,14 +175,21 @@ def per_expert(encode, hidden: int, intermediate: int, num_experts: int, prefix:
     return out
 
 
-def fused_checkpoint(num_experts: int, hidden: int, intermediate: int, layout: str = "out-in",
-                     bias: bool = False, prefix: str = "model.layers.0.mlp", dtype: torch.dtype = torch.bfloat16
-                     ) -> tuple[Synthetic, dict[str, torch.Tensor]]:
+def fused_checkpoint(
+    num_experts: int,
+    hidden: int,
+    intermediate: int,
+    layout: str = "out-in",
+    bias: bool = False,
+    prefix: str = "model.layers.0.mlp",
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[Synthetic, dict[str, torch.Tensor]]:
     """Float experts stored as transformers' fused all-experts tensors: `out-in` (Qwen3-MoE, Mixtral:
     `gate_up_proj` `[E, 2I, H]`, `down_proj` `[E, H, I]`), `in-out` (Llama-4: `[E, H, 2I]`, `[E, I, H]`)
     or `gpt-oss` (in-out with gate and up interleaved: column 2j is gate j, 2j + 1 is up j)."""
-    ckpt = per_expert(lambda w, e, p: encode_float(w, dtype), hidden, intermediate, num_experts, prefix,
-                      bias=bias, seed=17)
+    ckpt = per_expert(
+        lambda w, e, p: encode_float(w, dtype), hidden, intermediate, num_experts, prefix, bias=bias, seed=17
+    )
     gate = torch.stack([ckpt.values[(e, "gate")] for e in range(num_experts)]).to(dtype)  # [E, I, H]
     up = torch.stack([ckpt.values[(e, "up")] for e in range(num_experts)]).to(dtype)
     down = torch.stack([ckpt.values[(e, "down")] for e in range(num_experts)]).to(dtype)  # [E, H, I]
@@ -173,13 +200,16 @@ def fused_checkpoint(num_experts: int, hidden: int, intermediate: int, layout: s
     if layout == "out-in":
         tensors = {f"{prefix}.experts.gate_up_proj": gate_up, f"{prefix}.experts.down_proj": down}
     else:
-        tensors = {f"{prefix}.experts.gate_up_proj": gate_up.transpose(1, 2).contiguous(),
-                   f"{prefix}.experts.down_proj": down.transpose(1, 2).contiguous()}
+        tensors = {
+            f"{prefix}.experts.gate_up_proj": gate_up.transpose(1, 2).contiguous(),
+            f"{prefix}.experts.down_proj": down.transpose(1, 2).contiguous(),
+        }
     if bias:
         bg = torch.stack([ckpt.biases[(e, "gate")] for e in range(num_experts)])
         bu = torch.stack([ckpt.biases[(e, "up")] for e in range(num_experts)])
         pair = torch.stack([bg, bu], dim=2).reshape(num_experts, -1) if layout == "gpt-oss" else torch.cat([bg, bu], 1)
         tensors[f"{prefix}.experts.gate_up_proj_bias"] = pair
-        tensors[f"{prefix}.experts.down_proj_bias"] = torch.stack([ckpt.biases[(e, "down")]
-                                                                   for e in range(num_experts)])
+        tensors[f"{prefix}.experts.down_proj_bias"] = torch.stack(
+            [ckpt.biases[(e, "down")] for e in range(num_experts)]
+        )
     return ckpt, tensors

@@ -101,7 +101,8 @@ VENDORS = {
 def write_contract_vendors(root: Path) -> Path:
     """A distribution registering every vendor of `VENDORS` in `hal.vendors`."""
     return write_distribution(
-        root, "hal-contract-faulty-vendors",
+        root,
+        "hal-contract-faulty-vendors",
         {"hal.vendors": {name: f"contract_faulty_vendors:{cls}" for name, cls in VENDORS.items()}},
         {"contract_faulty_vendors": SOURCE},
     )

@@ -203,14 +203,20 @@ VENDORS = {
     "transposed-block-scales": "TransposedBlockScales",
 }
 #: The faults above that only realistic shapes and magnitudes show, one per fault.
-SHAPE_FAULTS = ("sixteen-groups", "tail-columns-unwritten", "combine-wraps-256", "top1-unweighted",
-                "transposed-block-scales")
+SHAPE_FAULTS = (
+    "sixteen-groups",
+    "tail-columns-unwritten",
+    "combine-wraps-256",
+    "top1-unweighted",
+    "transposed-block-scales",
+)
 
 
 def write_faulty_vendors(root: Path) -> Path:
     """A distribution registering every vendor of `VENDORS` in `hal.vendors`."""
     return write_distribution(
-        root, "hal-faulty-vendors",
+        root,
+        "hal-faulty-vendors",
         {"hal.vendors": {name: f"faulty_vendors:{cls}" for name, cls in VENDORS.items()}},
         {"faulty_vendors": SOURCE},
     )

@@ -51,10 +51,20 @@ CASES = [
     Case("low-latency-unaligned-scales", (Layer("w8a8-int8", "int8", 130, 2, "low-latency", 8),), (7, 1, 5)),
     Case("normal-unaligned-scales", (Layer("w8a8-int8", "int8", 130, 2, "normal"),), (1, 0, 6)),
     Case("auto-switches-modes", (Layer("unquantized", "bf16", 64, 2, "auto", 8),), (3, 12, 0, 8, 20, 1)),
-    Case("low-latency-top-k-changes", (Layer("unquantized", "bf16", 64, 2, "low-latency", 8),), (5, 6, 4, 7),
-         top_ks=(2, 3, 2, 3)),
-    Case("two-layers-alternate", (Layer("unquantized", "bf16", 64, 2, "low-latency", 8),
-                                  Layer("w8a8-fp8-block", "fp8", 128, 3, "low-latency", 10)), (7, 2, 6)),
+    Case(
+        "low-latency-top-k-changes",
+        (Layer("unquantized", "bf16", 64, 2, "low-latency", 8),),
+        (5, 6, 4, 7),
+        top_ks=(2, 3, 2, 3),
+    ),
+    Case(
+        "two-layers-alternate",
+        (
+            Layer("unquantized", "bf16", 64, 2, "low-latency", 8),
+            Layer("w8a8-fp8-block", "fp8", 128, 3, "low-latency", 10),
+        ),
+        (7, 2, 6),
+    ),
     Case("two-normal-layers-alternate", (BF16, Layer("w8a8-fp8-block", "fp8", 128, 3, "normal")), (9, 40, 3)),
 ]
 
@@ -67,24 +77,40 @@ def build(layer: Layer, vendor: Any) -> tuple[Any, Any]:
     g = torch.Generator().manual_seed(layer.hidden)
     w13 = torch.randn(EXPERTS, layer.hidden, 32, generator=g) / layer.hidden**0.5
     w2 = torch.randn(EXPERTS, 16, layer.hidden, generator=g) / 4
-    config = hal.DispatchConfig(dtype=layer.dtype, max_dispatch_tokens_per_rank=layer.capacity,
-                                ep_mode="auto" if layer.mode == "auto" else None)
-    built = moe.MoELayer.from_float(w13, w2, layer.top_k, scheme=layer.scheme, vendor=vendor, dispatch=config,
-                                    process_group=dist.group.WORLD, environ={})
+    config = hal.DispatchConfig(
+        dtype=layer.dtype, max_dispatch_tokens_per_rank=layer.capacity, ep_mode="auto" if layer.mode == "auto" else None
+    )
+    built = moe.MoELayer.from_float(
+        w13,
+        w2,
+        layer.top_k,
+        scheme=layer.scheme,
+        vendor=vendor,
+        dispatch=config,
+        process_group=dist.group.WORLD,
+        environ={},
+    )
     return built.dispatcher, built.scheme.dispatch_quantizer(built.vendor, built.plan, built.expert_weights)
 
 
-def call_once(dispatcher: Any, quantize: Any, x: torch.Tensor, routing: Any, expert_output: Any,
-              asynchronous: bool) -> dict[str, torch.Tensor]:
+def call_once(
+    dispatcher: Any, quantize: Any, x: torch.Tensor, routing: Any, expert_output: Any, asynchronous: bool
+) -> dict[str, torch.Tensor]:
     """One dispatch and combine: what the experts got and what came back."""
-    out = (dispatcher.dispatch_async(x, routing, quantize).wait() if asynchronous
-           else dispatcher.dispatch(x, routing, quantize))
+    out = (
+        dispatcher.dispatch_async(x, routing, quantize).wait()
+        if asynchronous
+        else dispatcher.dispatch(x, routing, quantize)
+    )
     payload = out.payload
     y = expert_output(payload.data)
-    res = (dispatcher.combine_async(y, out, x.dtype).wait() if asynchronous else dispatcher.combine(y, out, x.dtype))
-    return {"counts": out.expert_counts, "res": res,
-            "payload": payload.data.contiguous().view(torch.uint8),
-            "scale": torch.zeros(0) if payload.scale is None else payload.scale.contiguous()}
+    res = dispatcher.combine_async(y, out, x.dtype).wait() if asynchronous else dispatcher.combine(y, out, x.dtype)
+    return {
+        "counts": out.expert_counts,
+        "res": res,
+        "payload": payload.data.contiguous().view(torch.uint8),
+        "scale": torch.zeros(0) if payload.scale is None else payload.scale.contiguous(),
+    }
 
 
 def expert_output(rows: torch.Tensor) -> torch.Tensor:
@@ -106,15 +132,17 @@ def run(case: Case, rank: int, world: int) -> list[str]:
             tokens, top_k = base + rank, case.top_ks[call] if case.top_ks else layer.top_k
             g = torch.Generator().manual_seed(100 * call + 10 * which + rank)
             x = torch.randn(tokens, layer.hidden, generator=g)
-            ids = torch.stack([torch.randperm(EXPERTS, generator=g)[:top_k] for _ in range(tokens)]) if tokens \
+            ids = (
+                torch.stack([torch.randperm(EXPERTS, generator=g)[:top_k] for _ in range(tokens)])
+                if tokens
                 else torch.zeros((0, top_k), dtype=torch.int64)
+            )
             routing = Routing(ids, torch.rand(tokens, top_k, generator=g))
 
             got = call_once(*kept[which], x, routing, expert_output, asynchronous=call % 2 == 1)
             fresh = build(replace(layer, mode="normal", capacity=None), vendor)
             want = call_once(*fresh, x, routing, expert_output, asynchronous=False)
-            differ += [f"call {call}, layer {which}: {name}" for name in want
-                       if not torch.equal(got[name], want[name])]
+            differ += [f"call {call}, layer {which}: {name}" for name in want if not torch.equal(got[name], want[name])]
     return differ
 
 

@@ -38,9 +38,12 @@ def _inputs(experts: int, hidden: int, inter: int, tokens: int, world: int, devi
 def _configs(vendor: hal.Vendor, tokens: int) -> list[tuple[str, hal.DispatchConfig]]:
     caps = vendor.capabilities()
     big = tokens + 37 * dist.get_world_size()
-    out = [("torch normal", dict()), ("torch low-latency", dict(max_dispatch_tokens_per_rank=big)),
-           ("torch auto (fits)", dict(max_dispatch_tokens_per_rank=big, ep_mode="auto")),
-           ("torch auto (over)", dict(max_dispatch_tokens_per_rank=tokens, ep_mode="auto"))]
+    out = [
+        ("torch normal", dict()),
+        ("torch low-latency", dict(max_dispatch_tokens_per_rank=big)),
+        ("torch auto (fits)", dict(max_dispatch_tokens_per_rank=big, ep_mode="auto")),
+        ("torch auto (over)", dict(max_dispatch_tokens_per_rank=tokens, ep_mode="auto")),
+    ]
     for name in sorted(caps.ep_dispatchers):
         out.append((f"{name} normal", dict(ep_dispatcher=name)))
         if name in caps.ep_low_latency:
@@ -60,12 +63,23 @@ def run_case(vendor: hal.Vendor, shape: tuple, scheme: str, dtype: str) -> list[
     for label, extra in _configs(vendor, tokens):
         row: dict[str, Any] = {"case": label, "shape": list(shape), "scheme": scheme, "dtype": dtype}
         try:
-            layer = moe.MoELayer.from_float(w13, w2, k, scheme=scheme, vendor=vendor, process_group=dist.group.WORLD,
-                                            dispatch=hal.DispatchConfig(dtype=dtype, **extra))
+            layer = moe.MoELayer.from_float(
+                w13,
+                w2,
+                k,
+                scheme=scheme,
+                vendor=vendor,
+                process_group=dist.group.WORLD,
+                dispatch=hal.DispatchConfig(dtype=dtype, **extra),
+            )
             out = layer(x[mine], logits[mine]).float()
             err = ((out - ref).abs().max() / ref.abs().max()).item()
-            row.update(mode=layer.dispatcher.last_mode, rel_err=err, ok=err <= TOLERANCE[dtype],
-                       resolved=str(layer.plan.resolved))
+            row.update(
+                mode=layer.dispatcher.last_mode,
+                rel_err=err,
+                ok=err <= TOLERANCE[dtype],
+                resolved=str(layer.plan.resolved),
+            )
         except hal.HalError as exc:
             row.update(skipped=f"{type(exc).__name__}: {exc}")
         except Exception:  # noqa: BLE001 - reported, the other ranks go on with the same cases
@@ -82,8 +96,14 @@ def graph_case(vendor: hal.Vendor) -> dict[str, Any]:
     """A low-latency forward captured in a CUDA graph, replayed on new inputs, equals the eager call."""
     experts, hidden, inter, k, tokens = 64, 2048, 768, 8, 64
     w13, w2, x, logits, counts = _inputs(experts, hidden, inter, tokens, 1, vendor.device)
-    layer = moe.MoELayer.from_float(w13, w2, k, vendor=vendor, process_group=dist.group.WORLD,
-                                    dispatch=hal.DispatchConfig(dtype="bf16", max_dispatch_tokens_per_rank=tokens))
+    layer = moe.MoELayer.from_float(
+        w13,
+        w2,
+        k,
+        vendor=vendor,
+        process_group=dist.group.WORLD,
+        dispatch=hal.DispatchConfig(dtype="bf16", max_dispatch_tokens_per_rank=tokens),
+    )
     static_x, static_l = x[:tokens].clone(), logits[:tokens].clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -88,6 +88,9 @@ class RaisesOnRankZero(CpuVendor):
 
 def write_ep_vendors(root: Path) -> Path:
     """A distribution registering the three vendors in `hal.vendors`."""
-    entries = {FAULTY: "ep_test_vendors:ShortCombineVendor", FALLBACK: "ep_test_vendors:Int8ToFp8Vendor",
-               ONE_SIDED: "ep_test_vendors:RaisesOnRankZero"}
+    entries = {
+        FAULTY: "ep_test_vendors:ShortCombineVendor",
+        FALLBACK: "ep_test_vendors:Int8ToFp8Vendor",
+        ONE_SIDED: "ep_test_vendors:RaisesOnRankZero",
+    }
     return write_distribution(root, "hal-ep-test-vendors", {"hal.vendors": entries}, {"ep_test_vendors": SOURCE})

@@ -7,7 +7,7 @@ rank joins the world (gloo, `file://` rendezvous in the first folder), runs ever
 compares. A case that raises records its traceback; the ranks then start the next case
 in a fresh process group (see `Membership`), and collectives time out rather than hang.
 
-The case table lives here so that the test module parametrizes over the same cases.
+The case table (`tests.support.ep_cases`) is shared with the test module, which parametrizes over it.
 """
 
 from __future__ import annotations
@@ -18,119 +18,30 @@ import sys
 import time
 import traceback
 import zlib
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
-NUM_EXPERTS = 8
-HIDDEN = 256
-INTERMEDIATE = 64
-TOP_K = 2
-EVEN_TOKENS = 12  #: tokens per rank of the "even" pattern; also its low-latency capacity (full)
-CAPACITY = 16  #: low-latency capacity of the other patterns (above their largest rank)
-OVERFLOW_CAPACITY = 4
-AUTO_SMALL_CAPACITY = 3  #: below the largest rank's tokens of the "uneven" pattern (4 or 10), above rank 0's (1)
-COLLECTIVE_TIMEOUT_S = 30
+if __package__ in (None, ""):  # run as a script: the repository root makes `tests.support` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-SCHEMES = ("unquantized", "w8a8-int8", "w8a8-fp8-block")
-DTYPES = ("bf16", "fp8", "int8")  # the CPU vendor's dispatch dtypes every scheme here accepts
-#: One (scheme, dispatch dtype) pair per wire format family, for the variant cases.
-NATIVE = (("unquantized", "bf16"), ("w8a8-int8", "int8"), ("w8a8-fp8-block", "fp8"))
-
-
-@dataclass(frozen=True)
-class Case:
-    """One expert-parallel scenario; `kind` picks what the worker runs and records."""
-
-    id: str
-    kind: str  #: "equal" | "format" | "overflow" | "indivisible"
-    scheme: str = "unquantized"
-    dtype: str = "bf16"
-    low_latency: bool = False
-    tokens: str = "even"  #: "even" | "uneven" | "zero-rank" (see `tokens_per_rank`)
-    hidden: int = HIDDEN
-    x_dtype: str = "fp32"
-    router: str = "softmax"  #: "softmax" | "grouped-sigmoid"
-    dead_experts: bool = False  #: logits that never pick `dead_experts(world)`
-    auto_capacity: int | None = None  #: ep_mode "auto" with this capacity (low_latency is then ignored)
-
-
-def _equal_cases() -> list[Case]:
-    cases = []
-    for ll in (False, True):
-        mode = "ll" if ll else "normal"
-        for scheme in SCHEMES:
-            for dt in DTYPES:
-                cases.append(Case(f"{mode}-{scheme}-{dt}", "equal", scheme, dt, ll))
-        for scheme, dt in NATIVE:
-            cases.append(Case(f"{mode}-{scheme}-{dt}-uneven", "equal", scheme, dt, ll, tokens="uneven"))
-            cases.append(Case(f"{mode}-{scheme}-{dt}-zero-rank", "equal", scheme, dt, ll, tokens="zero-rank"))
-            cases.append(Case(f"{mode}-{scheme}-{dt}-dead-experts", "equal", scheme, dt, ll,
-                              tokens="uneven", dead_experts=True))
-        cases.append(Case(f"{mode}-w8a8-fp8-block-fp8-grouped-sigmoid", "equal", "w8a8-fp8-block", "fp8", ll,
-                          tokens="uneven", router="grouped-sigmoid"))
-        for scheme, dt in (("unquantized", "bf16"), ("w8a8-fp8-block", "fp8")):
-            cases.append(Case(f"{mode}-{scheme}-{dt}-bf16-input", "equal", scheme, dt, ll, x_dtype="bf16"))
-        for scheme in ("unquantized", "w8a8-fp8-block"):
-            cases.append(Case(f"{mode}-{scheme}-fp8-h200", "equal", scheme, "fp8", ll, tokens="uneven", hidden=200))
-        for model in ("fp16", "fp32"):  # unquantized models, dispatched in their own dtype (2H / 4H records)
-            cases.append(Case(f"{mode}-{model}-model", "equal", model, "auto", ll, tokens="uneven"))
-    for scheme, dt in NATIVE:  # auto: every rank's batch fits (low-latency), or one rank's does not (normal)
-        cases.append(Case(f"auto-fits-{scheme}-{dt}", "equal", scheme, dt, tokens="uneven", auto_capacity=CAPACITY))
-        cases.append(Case(f"auto-over-{scheme}-{dt}", "equal", scheme, dt, tokens="uneven",
-                          auto_capacity=AUTO_SMALL_CAPACITY))
-    return cases
-
-
-EQUAL_CASES = _equal_cases()
-FORMAT_CASES = [
-    Case(f"format-{scheme}-{dt}" + ("" if h == HIDDEN else f"-h{h}"), "format", scheme, dt, True,
-         tokens="uneven", hidden=h, dead_experts=True)
-    for scheme, dt, h in (
-        ("unquantized", "bf16", HIDDEN),
-        ("w8a8-int8", "int8", HIDDEN),
-        ("w8a8-int8", "fp8", HIDDEN),  # fp8 with per-token scales
-        ("w8a8-fp8-block", "fp8", HIDDEN),  # fp8 with 128-channel group scales
-        ("w8a8-fp8-block", "fp8", 200),  # ... and a partial last group
-    )
-]
-OVERFLOW_CASE = Case("overflow", "overflow", "w8a8-fp8-block", "fp8", True)
-INDIVISIBLE_CASES = [Case(f"indivisible-{m}", "indivisible", low_latency=(m == "ll")) for m in ("normal", "ll")]
-CASES = [*INDIVISIBLE_CASES, OVERFLOW_CASE, *FORMAT_CASES, *EQUAL_CASES]
-
-
-def tokens_per_rank(pattern: str, world: int) -> list[int]:
-    """Tokens each rank routes: even (12 each), uneven (3r + 1), zero-rank (rank 1 has none)."""
-    if pattern == "even":
-        return [EVEN_TOKENS] * world
-    if pattern == "uneven":
-        return [3 * r + 1 for r in range(world)]
-    if pattern == "zero-rank":
-        return [0 if r == 1 else 5 + 2 * r for r in range(world)]
-    raise ValueError(pattern)
-
-
-def capacity_for(case: Case) -> int | None:
-    """The low-latency capacity of a case (exactly full for the even pattern); None for normal mode."""
-    if case.auto_capacity is not None:
-        return case.auto_capacity
-    if not case.low_latency:
-        return None
-    return EVEN_TOKENS if case.tokens == "even" else CAPACITY
-
-
-def dead_experts(world: int) -> list[int]:
-    """Experts no token picks in dead-expert cases: expert 1 and every expert of the last rank."""
-    local = NUM_EXPERTS // world
-    return sorted({1, *range(NUM_EXPERTS - local, NUM_EXPERTS)})
-
-
-def indivisible_experts(world: int) -> int:
-    """An expert count the world size does not divide (6 on 4 ranks, 3 on 2)."""
-    return 3 * world // 2
+from tests.support.ep_cases import (  # noqa: E402
+    CAPACITY,
+    capacity_for,
+    Case,
+    CASES,
+    COLLECTIVE_TIMEOUT_S,
+    dead_experts,
+    HIDDEN,
+    indivisible_experts,
+    INTERMEDIATE,
+    NUM_EXPERTS,
+    OVERFLOW_CAPACITY,
+    tokens_per_rank,
+    TOP_K,
+)
 
 
 # -- inputs and layers -----------------------------------------------------------------------------
@@ -167,8 +78,9 @@ def make_router(case: Case) -> Any:
     if case.router == "softmax":
         return None  # the layer's default SoftmaxTopK
     bias = 0.5 * torch.randn(NUM_EXPERTS, generator=torch.Generator().manual_seed(7))
-    return moe.GroupedSigmoidTopK(NUM_EXPERTS, TOP_K, num_groups=4, topk_groups=2, correction_bias=bias,
-                                  routed_scaling_factor=2.5)
+    return moe.GroupedSigmoidTopK(
+        NUM_EXPERTS, TOP_K, num_groups=4, topk_groups=2, correction_bias=bias, routed_scaling_factor=2.5
+    )
 
 
 def build_layer(case: Case, vendor: Any, *, process_group: Any, capacity: int | None) -> Any:
@@ -177,24 +89,38 @@ def build_layer(case: Case, vendor: Any, *, process_group: Any, capacity: int | 
 
     w13, w2 = float_weights(NUM_EXPERTS, case.hidden)
     auto = case.auto_capacity is not None and process_group is not None
-    config = hal.DispatchConfig(dtype=case.dtype, max_dispatch_tokens_per_rank=capacity,
-                                ep_mode="auto" if auto else None)
-    return moe.MoELayer.from_float(w13, w2, TOP_K, scheme=case.scheme, vendor=vendor, dispatch=config,
-                                   process_group=process_group, router=make_router(case))
+    config = hal.DispatchConfig(
+        dtype=case.dtype, max_dispatch_tokens_per_rank=capacity, ep_mode="auto" if auto else None
+    )
+    return moe.MoELayer.from_float(
+        w13,
+        w2,
+        TOP_K,
+        scheme=case.scheme,
+        vendor=vendor,
+        dispatch=config,
+        process_group=process_group,
+        router=make_router(case),
+    )
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
     import hal
 
-    return {"raised": True, "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "is_invalid_input": isinstance(exc, hal.InvalidInput), "message": str(exc)}
+    return {
+        "raised": True,
+        "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "is_invalid_input": isinstance(exc, hal.InvalidInput),
+        "message": str(exc),
+    }
 
 
 # -- the cases -------------------------------------------------------------------------------------
 
 
-def references(case: Case, vendor: Any, world: int, x: torch.Tensor, logits: torch.Tensor,
-               mine: slice, capacity: int | None) -> dict[str, Any]:
+def references(
+    case: Case, vendor: Any, world: int, x: torch.Tensor, logits: torch.Tensor, mine: slice, capacity: int | None
+) -> dict[str, Any]:
     """What one rank with every expert computes for `mine` of the concatenated tokens (`ref`: the plain
     single-rank layer, local dispatcher)."""
     single = build_layer(case, vendor, process_group=None, capacity=None)
@@ -300,10 +226,12 @@ def run_indivisible(case: Case, rank: int, world: int, vendor: Any) -> dict[str,
     w13 = torch.randn(experts, HIDDEN, 2 * INTERMEDIATE, generator=g)
     w2 = torch.randn(experts, INTERMEDIATE, HIDDEN, generator=g)
     builds = {
-        "constructor": lambda: moe.MoELayer(HIDDEN, INTERMEDIATE, experts, TOP_K, vendor=vendor, dispatch=config,
-                                            process_group=dist.group.WORLD),
-        "from_float": lambda: moe.MoELayer.from_float(w13, w2, TOP_K, vendor=vendor, dispatch=config,
-                                                      process_group=dist.group.WORLD),
+        "constructor": lambda: moe.MoELayer(
+            HIDDEN, INTERMEDIATE, experts, TOP_K, vendor=vendor, dispatch=config, process_group=dist.group.WORLD
+        ),
+        "from_float": lambda: moe.MoELayer.from_float(
+            w13, w2, TOP_K, vendor=vendor, dispatch=config, process_group=dist.group.WORLD
+        ),
     }
     result: dict[str, Any] = {"num_experts": experts}
     for name, build in builds.items():
@@ -350,9 +278,13 @@ class Membership:
     def _join(self) -> None:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=(self.rendezvous / f"group{self.epoch}").as_uri(),
-                                rank=self.rank, world_size=self.world,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        dist.init_process_group(
+            "gloo",
+            init_method=(self.rendezvous / f"group{self.epoch}").as_uri(),
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
 
     def leave(self) -> None:
         import torch.distributed as dist
@@ -399,8 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         save(result, result_path(args.out, case.id, rank))
         outcomes = membership.settle(case.id, "error" not in result)
         failures += any(o != "ok" for o in outcomes)
-        print(f"[rank {rank}] {case.id}: {'/'.join(outcomes)} in {time.monotonic() - started:.2f}s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank}] {case.id}: {'/'.join(outcomes)} in {time.monotonic() - started:.2f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     membership.leave()
     print(f"[rank {rank}] {len(CASES)} cases, {failures} failed on some rank", file=sys.stderr)
     return 1 if failures else 0

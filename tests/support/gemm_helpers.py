@@ -34,7 +34,7 @@ def reference(a: torch.Tensor, b: torch.Tensor, counts: list[int]) -> torch.Tens
     out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64)
     start = 0
     for g, c in enumerate(counts):
-        out[start:start + c] = a[start:start + c].double() @ b[g].double()
+        out[start : start + c] = a[start : start + c].double() @ b[g].double()
         start += c
     return out
 

@@ -32,8 +32,9 @@ def worker_main(cases: Callable[[int], Sequence[Any]], run: Callable[[Any, int, 
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=args.init, rank=args.rank, world_size=args.world, timeout=timedelta(seconds=60)
+    )
     results: dict[str, object] = {}
     for case in cases(args.world):
         try:
@@ -49,9 +50,16 @@ def worker_main(cases: Callable[[int], Sequence[Any]], run: Callable[[Any, int, 
 def spawn_world(worker: Path, world: int, out: Path, timeout_s: int = 300) -> list[dict[str, Any]]:
     """Run `worker` on `world` ranks; every rank's results, in rank order (asserts they all exited 0)."""
     init = f"file://{out / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(worker), "--rank", str(r), "--world", str(world), "--init", init,
-                               "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), "--rank", str(r), "--world", str(world), "--init", init, "--out", str(out)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]

@@ -30,8 +30,11 @@ class Case:
     intermediate: int = 96
 
 
-CASES = [Case("a2-bf16", "unquantized", "bf16"), Case("a2-int8", "w8a8-int8", "int8"),
-         Case("a3-bf16-h7168", "unquantized", "bf16", "Ascend910_9392", 7168, 128)]
+CASES = [
+    Case("a2-bf16", "unquantized", "bf16"),
+    Case("a2-int8", "w8a8-int8", "int8"),
+    Case("a3-bf16-h7168", "unquantized", "bf16", "Ascend910_9392", 7168, 128),
+]
 
 
 def run(case: Case, rank: int, world: int) -> float:
@@ -43,14 +46,20 @@ def run(case: Case, rank: int, world: int) -> float:
     vendor = EmulatedAscendVendor(case.soc, deep_ep=False, environ={})
     g = torch.Generator().manual_seed(5)
     h, i = case.hidden, case.intermediate
-    w13 = torch.randn(EXPERTS, h, 2 * i, generator=g) / h ** 0.5
-    w2 = torch.randn(EXPERTS, i, h, generator=g) / i ** 0.5
+    w13 = torch.randn(EXPERTS, h, 2 * i, generator=g) / h**0.5
+    w2 = torch.randn(EXPERTS, i, h, generator=g) / i**0.5
     x = torch.randn(world * TOKENS, h, generator=g).to(torch.bfloat16)
     logits = torch.randn(world * TOKENS, EXPERTS, generator=g)
     mine = slice(rank * TOKENS, (rank + 1) * TOKENS)
     build = dict(scheme=case.scheme, vendor=vendor, environ={}, fused=False)
-    layer = moe.MoELayer.from_float(w13, w2, TOP_K, process_group=dist.group.WORLD,
-                                    dispatch=DispatchConfig(dtype=case.dtype, ep_dispatcher="mc2"), **build)
+    layer = moe.MoELayer.from_float(
+        w13,
+        w2,
+        TOP_K,
+        process_group=dist.group.WORLD,
+        dispatch=DispatchConfig(dtype=case.dtype, ep_dispatcher="mc2"),
+        **build,
+    )
     single = moe.MoELayer.from_float(w13, w2, TOP_K, dispatch=DispatchConfig(dtype=case.dtype), **build)
     assert type(layer.dispatcher).__name__ == "VendorEpDispatcher", layer.dispatcher
     got, want = layer(x[mine], logits[mine]).double(), single(x[mine], logits[mine]).double()

@@ -7,8 +7,7 @@ import textwrap
 from pathlib import Path
 
 
-def write_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]],
-                       modules: dict[str, str]) -> Path:
+def write_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str]) -> Path:
     """Write `modules` and a `<name>-0.1.dist-info` with `entry_points` under `root`; return root.
 
     Putting `root` on `sys.path` (or PYTHONPATH) makes `importlib.metadata`, and so
@@ -66,11 +65,16 @@ BROKEN = """
 def write_test_plugins(root: Path) -> Path:
     """A distribution with one good vendor and three broken entry points."""
     return write_distribution(
-        root, "hal-test-plugins",
-        {"hal.vendors": {"fake": "fake_vendor_pkg:FakeVendor",
-                         "broken": "broken_vendor_pkg:Anything",
-                         "misnamed": "fake_vendor_pkg:MisnamedVendor",
-                         "notvendor": "fake_vendor_pkg:not_a_vendor"}},
+        root,
+        "hal-test-plugins",
+        {
+            "hal.vendors": {
+                "fake": "fake_vendor_pkg:FakeVendor",
+                "broken": "broken_vendor_pkg:Anything",
+                "misnamed": "fake_vendor_pkg:MisnamedVendor",
+                "notvendor": "fake_vendor_pkg:not_a_vendor",
+            }
+        },
         {"fake_vendor_pkg": FAKE_VENDOR, "broken_vendor_pkg": BROKEN},
     )
 
@@ -133,16 +137,28 @@ MISBEHAVING_VENDORS = """
             raise RuntimeError("cannot read the device registers")
 """
 
-MISBEHAVING = {"none-probe": "NoneProbe", "exiting-probe": "ExitingProbe", "hanging-probe": "HangingProbe",
-               "bool-priority": "BoolPriority", "str-priority": "StrPriority", "nameless": "Nameless",
-               "broken-caps": "BrokenCapabilities"}
+MISBEHAVING = {
+    "none-probe": "NoneProbe",
+    "exiting-probe": "ExitingProbe",
+    "hanging-probe": "HangingProbe",
+    "bool-priority": "BoolPriority",
+    "str-priority": "StrPriority",
+    "nameless": "Nameless",
+    "broken-caps": "BrokenCapabilities",
+}
 
 
 def write_misbehaving_plugins(root: Path, *names: str) -> Path:
     """A distribution registering the vendors of `MISBEHAVING` named in `names` (default: all of them and
     `exits-on-import`, a plugin whose import calls `sys.exit(3)`)."""
     chosen = names or (*MISBEHAVING, "exits-on-import")
-    entries = {n: "exiting_plugin:Anything" if n == "exits-on-import" else f"misbehaving_vendors:{MISBEHAVING[n]}"
-               for n in chosen}
-    return write_distribution(root, "hal-misbehaving-plugins", {"hal.vendors": entries},
-                              {"misbehaving_vendors": MISBEHAVING_VENDORS, "exiting_plugin": EXITS_ON_IMPORT})
+    entries = {
+        n: "exiting_plugin:Anything" if n == "exits-on-import" else f"misbehaving_vendors:{MISBEHAVING[n]}"
+        for n in chosen
+    }
+    return write_distribution(
+        root,
+        "hal-misbehaving-plugins",
+        {"hal.vendors": entries},
+        {"misbehaving_vendors": MISBEHAVING_VENDORS, "exiting_plugin": EXITS_ON_IMPORT},
+    )

@@ -55,6 +55,7 @@ def decode_nvfp4_here(q: QuantizedTensor) -> torch.Tensor:
     s = q.scale.to(torch.float64).repeat_interleave(16, dim=-1)
     return v * s / float(q.global_scale.reshape(()).double())
 
+
 def fp8_bound(xd: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """Per-element |error| bound for e4m3 with per-element step (scale broadcast)."""
     bound = torch.maximum(xd.abs() * TOL["fp8_rel"], step * TOL["fp8_subnormal_steps"])

@@ -90,8 +90,9 @@ def ref_sigmoid_topk(logits, k, bias=None, renormalize=False, scale=1.0) -> list
     return [d for d, _ in ref_sigmoid_topk_detail(logits, k, bias, renormalize, scale)]
 
 
-def ref_grouped_topk_detail(logits, k, num_groups, topk_groups, *, scoring="softmax", group_score="max",
-                            bias=None, renormalize=True, scale=1.0):
+def ref_grouped_topk_detail(
+    logits, k, num_groups, topk_groups, *, scoring="softmax", group_score="max", bias=None, renormalize=True, scale=1.0
+):
     """Per token: ({expert id: weight}, set of kept group indices, decision margin)."""
     out = []
     for row in _rows(logits):
@@ -113,8 +114,17 @@ def ref_grouped_topk_detail(logits, k, num_groups, topk_groups, *, scoring="soft
 
 def ref_grouped_detail(logits, k, num_groups, topk_groups, bias=None, renormalize=True, scale=1.0):
     """DeepSeek-V3 (sigmoid, top2-sum) per token: ({expert id: weight}, set of kept group indices)."""
-    details = ref_grouped_topk_detail(logits, k, num_groups, topk_groups, scoring="sigmoid", group_score="top2-sum",
-                                      bias=bias, renormalize=renormalize, scale=scale)
+    details = ref_grouped_topk_detail(
+        logits,
+        k,
+        num_groups,
+        topk_groups,
+        scoring="sigmoid",
+        group_score="top2-sum",
+        bias=bias,
+        renormalize=renormalize,
+        scale=scale,
+    )
     return [(d, kept) for d, kept, _ in details]
 
 
@@ -145,8 +155,16 @@ def assert_matches(r: Routing, expected: list[dict[int, float]], k: int, *, tol:
             assert g[i] == pytest.approx(e[i], rel=tol, abs=tol), f"token {t}, expert {i}"
 
 
-def assert_matches_where_decided(r: Routing, expected: list[dict[int, float]], margins: list[float], k: int, *,
-                                 tol: float = 2e-6, min_margin: float = 1e-6, max_undecided: float = 0.01) -> None:
+def assert_matches_where_decided(
+    r: Routing,
+    expected: list[dict[int, float]],
+    margins: list[float],
+    k: int,
+    *,
+    tol: float = 2e-6,
+    min_margin: float = 1e-6,
+    max_undecided: float = 0.01,
+) -> None:
     """`assert_matches` on the tokens whose reference choice is decided by more than `min_margin`
     (a near-tie can go either way in fp32); at most `max_undecided` of the tokens may be left out."""
     keep = [t for t, m in enumerate(margins) if m > min_margin]

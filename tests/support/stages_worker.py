@@ -38,12 +38,17 @@ class Case:
 
 def cases(world: int) -> list[Case]:
     """The cases every world runs."""
-    return [Case("normal"), Case("low-latency", "low-latency", 11), Case("low-latency-int8", "low-latency", 12,
-                                                                         scheme="w8a8-int8"),
-            Case("auto-mixed", "auto", 8),  # micro-batch 0 fits the capacity on every rank, micro-batch 1 does not
-            Case("auto-low-latency", "auto", 16), Case("normal-fp8-shared", scheme="w8a8-fp8-block", shared=True),
-            Case("tp-shared", tp=True, shared=True), Case("llama4-shared", llama4=True, shared=True),
-            Case("precomputed-low-latency", "low-latency", 12, precomputed=True)]
+    return [
+        Case("normal"),
+        Case("low-latency", "low-latency", 11),
+        Case("low-latency-int8", "low-latency", 12, scheme="w8a8-int8"),
+        Case("auto-mixed", "auto", 8),  # micro-batch 0 fits the capacity on every rank, micro-batch 1 does not
+        Case("auto-low-latency", "auto", 16),
+        Case("normal-fp8-shared", scheme="w8a8-fp8-block", shared=True),
+        Case("tp-shared", tp=True, shared=True),
+        Case("llama4-shared", llama4=True, shared=True),
+        Case("precomputed-low-latency", "low-latency", 12, precomputed=True),
+    ]
 
 
 def build(case: Case):
@@ -53,18 +58,28 @@ def build(case: Case):
 
     g = torch.Generator().manual_seed(5)
     top_k = 1 if case.llama4 else TOP_K
-    w13 = torch.randn(EXPERTS, HIDDEN, 2 * INTERMEDIATE, generator=g) / HIDDEN ** 0.5
-    w2 = torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=g) / INTERMEDIATE ** 0.5
+    w13 = torch.randn(EXPERTS, HIDDEN, 2 * INTERMEDIATE, generator=g) / HIDDEN**0.5
+    w2 = torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=g) / INTERMEDIATE**0.5
     dispatch = hal.DispatchConfig(max_dispatch_tokens_per_rank=case.capacity, ep_mode=case.mode)
     router = moe.SigmoidTopK(EXPERTS, 1, weights_on_input=True) if case.llama4 else None
     group = {"tp_group" if case.tp else "process_group": dist.group.WORLD}
-    layer = moe.MoELayer.from_float(w13, w2, top_k, scheme=case.scheme, vendor="cpu", dispatch=dispatch,
-                                    router=router, **group,
-                                    shared_experts=moe.SharedExperts(SHARED, gated=True) if case.shared else None)
+    layer = moe.MoELayer.from_float(
+        w13,
+        w2,
+        top_k,
+        scheme=case.scheme,
+        vendor="cpu",
+        dispatch=dispatch,
+        router=router,
+        **group,
+        shared_experts=moe.SharedExperts(SHARED, gated=True) if case.shared else None,
+    )
     if case.shared:
-        layer.load_shared_experts(torch.randn(HIDDEN, 2 * SHARED, generator=g) / HIDDEN ** 0.5,
-                                  torch.randn(SHARED, HIDDEN, generator=g) / SHARED ** 0.5,
-                                  torch.randn(HIDDEN, generator=g))
+        layer.load_shared_experts(
+            torch.randn(HIDDEN, 2 * SHARED, generator=g) / HIDDEN**0.5,
+            torch.randn(SHARED, HIDDEN, generator=g) / SHARED**0.5,
+            torch.randn(HIDDEN, generator=g),
+        )
     return layer
 
 
@@ -113,8 +128,9 @@ def compare(case: Case, rank: int) -> dict:
     one_by_one = staged_one_by_one(layer, batches)
     interleaved, modes = staged_interleaved(layer, batches)
     again, _ = staged_interleaved(layer, batches)  # the low-latency buffer sets are reused
-    equal = all(torch.equal(e, got) for results in (one_by_one, interleaved, again)
-                for e, got in zip(expected, results))
+    equal = all(
+        torch.equal(e, got) for results in (one_by_one, interleaved, again) for e, got in zip(expected, results)
+    )
     shapes = all(e.shape == b[0][0].shape and e.dtype == b[0][0].dtype for e, b in zip(expected, batches))
     return {"equal": equal, "shapes": shapes, "modes": modes}
 

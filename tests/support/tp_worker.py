@@ -38,16 +38,20 @@ class Case:
 
 def cases(world: int) -> list[Case]:
     """The cases a world of `world` ranks runs."""
-    found = [Case("tp-fp32", 1, world), Case("tp-fp32-bias-gelu-shared", 1, world, activation="gelu-tanh-glu",
-                                             bias=True, shared=True),
-             Case("tp-oai-bias", 1, world, activation="swiglu-oai", bias=True),
-             Case("tp-fp8-block", 1, world, scheme="w8a8-fp8-block", shared=True, sizes=(512, 512)),
-             Case("tp-bf16", 1, world, scheme="bf16", bias=True)]
+    found = [
+        Case("tp-fp32", 1, world),
+        Case("tp-fp32-bias-gelu-shared", 1, world, activation="gelu-tanh-glu", bias=True, shared=True),
+        Case("tp-oai-bias", 1, world, activation="swiglu-oai", bias=True),
+        Case("tp-fp8-block", 1, world, scheme="w8a8-fp8-block", shared=True, sizes=(512, 512)),
+        Case("tp-bf16", 1, world, scheme="bf16", bias=True),
+    ]
     found.append(Case("ckpt-tp-fp8-block", 1, world, scheme="w8a8-fp8-block", sizes=(512, SHARED), checkpoint=True))
     if world == 4:
-        found += [Case("ep2xtp2-fp32", 2, 2, bias=True, shared=True),
-                  Case("ep2xtp2-int8", 2, 2, scheme="w8a8-int8"),
-                  Case("ckpt-ep2xtp2-fp8-block", 2, 2, scheme="w8a8-fp8-block", sizes=(512, SHARED), checkpoint=True)]
+        found += [
+            Case("ep2xtp2-fp32", 2, 2, bias=True, shared=True),
+            Case("ep2xtp2-int8", 2, 2, scheme="w8a8-int8"),
+            Case("ckpt-ep2xtp2-fp8-block", 2, 2, scheme="w8a8-fp8-block", sizes=(512, SHARED), checkpoint=True),
+        ]
     return found
 
 
@@ -60,10 +64,19 @@ def build_from_checkpoint(case: Case, ep_group: object, tp_group: object, tp: tu
 
     inter = case.sizes[0]
     stored = per_expert(lambda w, e, p: encode_fp8_block(w), HIDDEN, inter, EXPERTS, "layers.0.mlp", seed=3)
-    layer = moe.MoELayer(HIDDEN, inter, EXPERTS, TOP_K, scheme="w8a8-fp8-block", vendor="cpu",
-                         process_group=ep_group, tp_group=tp_group)
-    loader = moe.ExpertCheckpointLoader("fp8-block128", EXPERTS, HIDDEN, inter, local_experts=layer.local_experts,
-                                        tp_rank=tp[0], tp_size=tp[1], prefix="layers.0.mlp")
+    layer = moe.MoELayer(
+        HIDDEN, inter, EXPERTS, TOP_K, scheme="w8a8-fp8-block", vendor="cpu", process_group=ep_group, tp_group=tp_group
+    )
+    loader = moe.ExpertCheckpointLoader(
+        "fp8-block128",
+        EXPERTS,
+        HIDDEN,
+        inter,
+        local_experts=layer.local_experts,
+        tp_rank=tp[0],
+        tp_size=tp[1],
+        prefix="layers.0.mlp",
+    )
     for name, tensor in stored.tensors.items():
         loader.add(name, tensor)
     return layer.load_expert_weights(loader.build())
@@ -79,20 +92,31 @@ def build(case: Case, ep_group: object, tp_group: object, tp: tuple[int, int] = 
     g = torch.Generator().manual_seed(7)
     inter, shared = case.sizes
     width = 2 * inter
-    w13 = torch.randn(EXPERTS, HIDDEN, width, generator=g) / HIDDEN ** 0.5
-    w2 = torch.randn(EXPERTS, inter, HIDDEN, generator=g) / inter ** 0.5
+    w13 = torch.randn(EXPERTS, HIDDEN, width, generator=g) / HIDDEN**0.5
+    w2 = torch.randn(EXPERTS, inter, HIDDEN, generator=g) / inter**0.5
     b13 = torch.randn(EXPERTS, width, generator=g) * 0.1 if case.bias else None
     b2 = torch.randn(EXPERTS, HIDDEN, generator=g) * 0.1 if case.bias else None
-    scheme = {"fp32": moe.Unquantized(torch.float32), "bf16": moe.Unquantized(torch.bfloat16)}.get(case.scheme,
-                                                                                                    case.scheme)
-    layer = moe.MoELayer(HIDDEN, inter, EXPERTS, TOP_K, scheme=scheme, vendor="cpu", activation=case.activation,
-                         bias=case.bias, process_group=ep_group, tp_group=tp_group,
-                         shared_experts=moe.SharedExperts(shared, gated=True) if case.shared else None)
+    scheme = {"fp32": moe.Unquantized(torch.float32), "bf16": moe.Unquantized(torch.bfloat16)}.get(
+        case.scheme, case.scheme
+    )
+    layer = moe.MoELayer(
+        HIDDEN,
+        inter,
+        EXPERTS,
+        TOP_K,
+        scheme=scheme,
+        vendor="cpu",
+        activation=case.activation,
+        bias=case.bias,
+        process_group=ep_group,
+        tp_group=tp_group,
+        shared_experts=moe.SharedExperts(shared, gated=True) if case.shared else None,
+    )
     layer.load_weights(w13, w2, w13_bias=b13, w2_bias=b2)
     if case.shared:
-        s13 = torch.randn(HIDDEN, 2 * shared, generator=g) / HIDDEN ** 0.5
-        s2 = torch.randn(shared, HIDDEN, generator=g) / shared ** 0.5
-        layer.load_shared_experts(s13, s2, torch.randn(HIDDEN, generator=g) / HIDDEN ** 0.5)
+        s13 = torch.randn(HIDDEN, 2 * shared, generator=g) / HIDDEN**0.5
+        s2 = torch.randn(shared, HIDDEN, generator=g) / shared**0.5
+        layer.load_shared_experts(s13, s2, torch.randn(HIDDEN, generator=g) / HIDDEN**0.5)
     return layer
 
 
@@ -101,8 +125,12 @@ def run(case: Case, rank: int, world: int) -> float:
     ep_rank, tp_rank = divmod(rank, case.tp)
     tp_groups = [dist.new_group([e * case.tp + t for t in range(case.tp)]) for e in range(case.ep)]
     ep_groups = [dist.new_group([e * case.tp + t for e in range(case.ep)]) for t in range(case.tp)]
-    layer = build(case, ep_groups[tp_rank] if case.ep > 1 else None, tp_groups[ep_rank] if case.tp > 1 else None,
-                  (tp_rank, case.tp))
+    layer = build(
+        case,
+        ep_groups[tp_rank] if case.ep > 1 else None,
+        tp_groups[ep_rank] if case.tp > 1 else None,
+        (tp_rank, case.tp),
+    )
     single = build(case, None, None)
     g = torch.Generator().manual_seed(11)
     dtype = torch.bfloat16 if case.scheme == "bf16" else torch.float32

@@ -16,63 +16,128 @@ import torch
 
 VOCAB = 128
 HIDDEN = 64
-_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2,
-               max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
 
 
 def _qwen3_moe(t: Any) -> Any:
-    return t.Qwen3MoeConfig(**_COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=40,
-                            num_hidden_layers=3, mlp_only_layers=[0], num_experts=8, num_experts_per_tok=2,
-                            norm_topk_prob=True)
+    return t.Qwen3MoeConfig(
+        **_COMMON,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=40,
+        num_hidden_layers=3,
+        mlp_only_layers=[0],
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+    )
 
 
 def _mixtral(t: Any) -> Any:
-    return t.MixtralConfig(**_COMMON, head_dim=16, intermediate_size=48, num_hidden_layers=2,
-                           num_local_experts=8, num_experts_per_tok=2)
+    return t.MixtralConfig(
+        **_COMMON, head_dim=16, intermediate_size=48, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2
+    )
 
 
 def _olmoe(t: Any) -> Any:
-    return t.OlmoeConfig(**{**_COMMON, "num_key_value_heads": 4}, intermediate_size=24, num_hidden_layers=2,
-                         num_experts=16, num_experts_per_tok=4, norm_topk_prob=False)
+    return t.OlmoeConfig(
+        **{**_COMMON, "num_key_value_heads": 4},
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=False,
+    )
 
 
 def _qwen2_moe(t: Any) -> Any:
-    return t.Qwen2MoeConfig(**_COMMON, intermediate_size=96, moe_intermediate_size=40,
-                            shared_expert_intermediate_size=72, num_hidden_layers=2, num_experts=8,
-                            num_experts_per_tok=3, norm_topk_prob=False)
+    return t.Qwen2MoeConfig(
+        **_COMMON,
+        intermediate_size=96,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=72,
+        num_hidden_layers=2,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+    )
 
 
 def _deepseek_v3(t: Any) -> Any:
-    return t.DeepseekV3Config(**{**_COMMON, "num_key_value_heads": 4}, intermediate_size=96,
-                              moe_intermediate_size=24, num_hidden_layers=3,
-                              first_k_dense_replace=1, n_routed_experts=16, n_shared_experts=2,
-                              num_experts_per_tok=4, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                              norm_topk_prob=True, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
-                              qk_nope_head_dim=16, v_head_dim=16,
-                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return t.DeepseekV3Config(
+        **{**_COMMON, "num_key_value_heads": 4},
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        n_routed_experts=16,
+        n_shared_experts=2,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
 
 
 def _gpt_oss(t: Any) -> Any:
-    return t.GptOssConfig(**_COMMON, head_dim=16, intermediate_size=40, num_hidden_layers=2,
-                          num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
-                          layer_types=["sliding_attention", "full_attention"])
+    return t.GptOssConfig(
+        **_COMMON,
+        head_dim=16,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
 
 
 def _llama4_text(t: Any) -> Any:
-    return t.Llama4TextConfig(**_COMMON, head_dim=16, intermediate_size=40, intermediate_size_mlp=96,
-                              num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=1,
-                              interleave_moe_layer_step=1, attention_chunk_size=64)
+    return t.Llama4TextConfig(
+        **_COMMON,
+        head_dim=16,
+        intermediate_size=40,
+        intermediate_size_mlp=96,
+        num_hidden_layers=2,
+        num_local_experts=8,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=1,
+        attention_chunk_size=64,
+    )
 
 
 #: family (its transformers model type) -> its config builder
 CONFIGS: dict[str, Callable[[Any], Any]] = {
-    "qwen3_moe": _qwen3_moe, "mixtral": _mixtral, "olmoe": _olmoe, "qwen2_moe": _qwen2_moe,
-    "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss, "llama4_text": _llama4_text,
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
+    "qwen2_moe": _qwen2_moe,
+    "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss,
+    "llama4_text": _llama4_text,
 }
 
 
-def build_model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str = "cpu",
-                **overrides: Any) -> torch.nn.Module:
+def build_model(
+    family: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str = "cpu", **overrides: Any
+) -> torch.nn.Module:
     """A small causal LM of `family` with random nonzero weights, in eval mode, eager attention;
     `overrides` set config fields (e.g. a real model's MoE sizes)."""
     import transformers

@@ -21,20 +21,28 @@ import torch
 class NpuOps(Protocol):
     """The torch_npu ops the vendor calls (the signatures are torch_npu's)."""
 
-    def npu_dynamic_quant(self, x: torch.Tensor, *, smooth_scales: torch.Tensor | None = None,
-                          group_index: torch.Tensor | None = None,
-                          dst_type: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def npu_dynamic_quant(
+        self,
+        x: torch.Tensor,
+        *,
+        smooth_scales: torch.Tensor | None = None,
+        group_index: torch.Tensor | None = None,
+        dst_type: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def npu_grouped_matmul(self, x: list[torch.Tensor], weight: list[torch.Tensor],
-                           **kwargs: Any) -> list[torch.Tensor]: ...
+    def npu_grouped_matmul(
+        self, x: list[torch.Tensor], weight: list[torch.Tensor], **kwargs: Any
+    ) -> list[torch.Tensor]: ...
 
     def npu_swiglu(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
 
-    def npu_moe_init_routing_v2(self, x: torch.Tensor, expert_idx: torch.Tensor,
-                                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def npu_moe_init_routing_v2(
+        self, x: torch.Tensor, expert_idx: torch.Tensor, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
-    def npu_moe_finalize_routing(self, expanded_permuted_rows: torch.Tensor, *args: Any,
-                                 **kwargs: Any) -> torch.Tensor: ...
+    def npu_moe_finalize_routing(
+        self, expanded_permuted_rows: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> torch.Tensor: ...
 
 
 class BindingUnavailable(Exception):

@@ -27,8 +27,9 @@ _FP8_GENERATIONS = frozenset({"A5"})
 FUSED_GENERATIONS = frozenset({"A3", "A5"})
 
 
-def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...] = (),
-                        *, fused: bool = True, mc2: bool = True) -> Capabilities:
+def ascend_capabilities(
+    device_name: str, generation: str, notes: tuple[str, ...] = (), *, fused: bool = True, mc2: bool = True
+) -> Capabilities:
     """The table of one generation: bf16, fp16, fp32 and int8 dispatch everywhere; fp8 only where
     the chip computes it (A5), otherwise fp8 falls back to int8; nvfp4 is rejected.
 
@@ -43,13 +44,21 @@ def ascend_capabilities(device_name: str, generation: str, notes: tuple[str, ...
         fallbacks[DispatchDtype.FP8] = DispatchDtype.INT8
         reasons[DispatchDtype.FP8] = (
             f"Atlas {generation} has no fp8 matmul; activations are carried as int8 with per-token "
-            "dynamic scales (npu_dynamic_quant)")
+            "dynamic scales (npu_dynamic_quant)"
+        )
     fused = fused and generation in FUSED_GENERATIONS
-    fused_note = (f"fused_deep_moe (W8A8-INT8, Ascend DeepEP port): the one-kernel low-latency op takes "
-                  f"{fused_limits_text(generation)}; other shapes run the port's normal mode",) if fused else (
-        f"fused_deep_moe: not on {generation} (the port's fused kernel is built for A3 and A5)"
-        if generation not in FUSED_GENERATIONS else
-        "fused_deep_moe needs the Ascend DeepEP port (module deep_ep), which is not installed",)
+    fused_note = (
+        (
+            f"fused_deep_moe (W8A8-INT8, Ascend DeepEP port): the one-kernel low-latency op takes "
+            f"{fused_limits_text(generation)}; other shapes run the port's normal mode",
+        )
+        if fused
+        else (
+            f"fused_deep_moe: not on {generation} (the port's fused kernel is built for A3 and A5)"
+            if generation not in FUSED_GENERATIONS
+            else "fused_deep_moe needs the Ascend DeepEP port (module deep_ep), which is not installed",
+        )
+    )
     return Capabilities(
         device_name=device_name,
         dispatch_dtypes=frozenset(dispatch),
@@ -74,16 +83,14 @@ MC2 = "mc2"
 def fused_limits_text(generation: str) -> str:
     """The documented limits of the port's `fused_deep_moe` (FUSED_DEEP_MOE.md), in words."""
     extra = ", 2I a multiple of 1024" if generation == "A5" else ""
-    return ("1..256 tokens per rank, hidden 512..7168, gmm1 width 2I 1024..6144 (a multiple of 128"
-            f"{extra}), top-k 1..12, at most 512 experts")
+    return (
+        "1..256 tokens per rank, hidden 512..7168, gmm1 width 2I 1024..6144 (a multiple of 128"
+        f"{extra}), top-k 1..12, at most 512 experts"
+    )
 
 
 #: SoC name prefixes reported by torch_npu.npu.get_device_name, and their generation.
-SOC_GENERATIONS: tuple[tuple[str, str], ...] = (
-    ("Ascend910_93", "A3"),
-    ("Ascend910B", "A2"),
-    ("Ascend950", "A5"),
-)
+SOC_GENERATIONS: tuple[tuple[str, str], ...] = (("Ascend910_93", "A3"), ("Ascend910B", "A2"), ("Ascend950", "A5"))
 
 #: Declared tables for named device models, usable without the hardware (fused_deep_moe as
 #: declared with the Ascend DeepEP port installed).

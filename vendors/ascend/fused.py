@@ -48,8 +48,9 @@ class FusedMoeError(HalError):
     """The DeepEP library returned something other than what the call asked for."""
 
 
-def fused_kernel_problems(generation: str | None, tokens: int, hidden: int, width: int, top_k: int,
-                          experts: int, capacity: int) -> list[str]:
+def fused_kernel_problems(
+    generation: str | None, tokens: int, hidden: int, width: int, top_k: int, experts: int, capacity: int
+) -> list[str]:
     """Why the port's one-kernel `fused_deep_moe` cannot take this call (empty: it can).
 
     Limits of FUSED_DEEP_MOE.md (FuseMode 1): tokens per rank 1..256 and at most the capacity,
@@ -58,43 +59,69 @@ def fused_kernel_problems(generation: str | None, tokens: int, hidden: int, widt
     """
     if generation not in FUSED_GENERATIONS:
         return [f"the fused kernel is built for A3 and A5, not {generation}"]
-    found = [f"{name} {value} outside {low}..{high}" for name, value, low, high in (
-        ("tokens", tokens, 1, min(256, capacity)), ("hidden", hidden, 512, 7168), ("2I", width, 1024, 6144),
-        ("top-k", top_k, 1, 12), ("experts", experts, 1, 512)) if not low <= value <= high]
+    found = [
+        f"{name} {value} outside {low}..{high}"
+        for name, value, low, high in (
+            ("tokens", tokens, 1, min(256, capacity)),
+            ("hidden", hidden, 512, 7168),
+            ("2I", width, 1024, 6144),
+            ("top-k", top_k, 1, 12),
+            ("experts", experts, 1, 512),
+        )
+        if not low <= value <= high
+    ]
     if width % (2 * TILE_N) or (generation == "A5" and width % 1024):
         found.append(f"2I {width} not a multiple of {1024 if generation == 'A5' else 2 * TILE_N}")
     return found
 
 
-def check_fused_operands(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                         w13: QuantizedWeight, w2: QuantizedWeight, num_experts: int | None = None) -> None:
+def check_fused_operands(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    num_experts: int | None = None,
+) -> None:
     """Validate the fused op's operands (types, shapes, dtypes, expert ids) with the house messages."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16,
-                                                                           torch.float32):
-        raise invalid("hidden_states", "a bf16, fp16 or fp32 tensor [T, H]",
-                      tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise invalid(
+            "hidden_states",
+            "a bf16, fp16 or fp32 tensor [T, H]",
+            tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__,
+        )
     t, h = x.shape
     for name, value in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[0] != t:
-            raise invalid(name, f"a tensor [{t}, top_k]",
-                          tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__)
+            raise invalid(
+                name,
+                f"a tensor [{t}, top_k]",
+                tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__,
+            )
     if topk_ids.shape != topk_weights.shape:
         raise invalid("topk_weights", f"the shape of topk_ids {tuple(topk_ids.shape)}", tuple(topk_weights.shape))
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise invalid("topk_ids", "int32 or int64 expert ids", topk_ids.dtype)
     for name, w in (("w13", w13), ("w2", w2)):
         if not isinstance(w, QuantizedWeight) or w.data.dtype != torch.int8:
-            raise invalid(name, "int8 per-channel QuantizedWeight (scheme w8a8-int8)",
-                          getattr(getattr(w, "data", None), "dtype", type(w).__name__))
+            raise invalid(
+                name,
+                "int8 per-channel QuantizedWeight (scheme w8a8-int8)",
+                getattr(getattr(w, "data", None), "dtype", type(w).__name__),
+            )
     e, wh, two_i = w13.data.shape
     if wh != h or two_i % 2 or tuple(w2.data.shape) != (e, two_i // 2, h):
-        raise invalid("w13, w2", f"w13 [E, {h}, 2I] and w2 [E, I, {h}]",
-                      f"{tuple(w13.data.shape)} and {tuple(w2.data.shape)}")
+        raise invalid(
+            "w13, w2", f"w13 [E, {h}, 2I] and w2 [E, I, {h}]", f"{tuple(w13.data.shape)} and {tuple(w2.data.shape)}"
+        )
     if num_experts is not None and topk_ids.numel():
         low, high = int(topk_ids.min()), int(topk_ids.max())  # one host read (normal mode reads counts anyway)
         if low < 0 or high >= num_experts:
-            raise invalid("topk_ids", f"expert ids in [0, {num_experts}) (the port would skip -1 silently)",
-                          f"ids in [{low}, {high}]")
+            raise invalid(
+                "topk_ids",
+                f"expert ids in [0, {num_experts}) (the port would skip -1 silently)",
+                f"ids in [{low}, {high}]",
+            )
 
 
 class FusedWeights:
@@ -120,10 +147,12 @@ class FusedWeights:
 
     def _prepare(self, w13: QuantizedWeight, w2: QuantizedWeight) -> tuple[torch.Tensor, ...]:
         cast = self._npu.npu_format_cast
-        return (cast(permute_tiles(w13.data).contiguous(), ACL_FORMAT_FRACTAL_NZ),
-                permute_tiles(w13.scale.to(torch.float32)).contiguous(),  # type: ignore[union-attr]
-                cast(w2.data.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ),
-                w2.scale.to(torch.float32).contiguous())  # type: ignore[union-attr]
+        return (
+            cast(permute_tiles(w13.data).contiguous(), ACL_FORMAT_FRACTAL_NZ),
+            permute_tiles(w13.scale.to(torch.float32)).contiguous(),  # type: ignore[union-attr]
+            cast(w2.data.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ),
+            w2.scale.to(torch.float32).contiguous(),
+        )  # type: ignore[union-attr]
 
 
 def permute_tiles(w: torch.Tensor) -> torch.Tensor:
@@ -143,9 +172,18 @@ class DeepEpFusedMoe:
         self._weights: dict[int, FusedWeights] = {}
         self._own_group: Any = None
 
-    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 w13: QuantizedWeight, w2: QuantizedWeight, *, process_group: object | None,
-                 dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        process_group: object | None,
+        dispatch_dtype: DispatchDtype,
+        max_tokens_per_rank: int | None,
+    ) -> torch.Tensor:
         """The layer's output `[T, H]` in bf16."""
         group = self._group(process_group)
         num_experts = w13.num_experts * group.size()
@@ -153,12 +191,21 @@ class DeepEpFusedMoe:
         ids, weights, xb = topk_ids.to(torch.int64), topk_weights.to(torch.float32), x.to(torch.bfloat16)
         buffer = self._buffer(group)
         int8 = dispatch_dtype is DispatchDtype.INT8
-        if max_tokens_per_rank is not None and int8 and not fused_kernel_problems(
-                self._generation, x.shape[0], x.shape[1], w13.out_features, ids.shape[1], num_experts,
-                max_tokens_per_rank):
+        if (
+            max_tokens_per_rank is not None
+            and int8
+            and not fused_kernel_problems(
+                self._generation,
+                x.shape[0],
+                x.shape[1],
+                w13.out_features,
+                ids.shape[1],
+                num_experts,
+                max_tokens_per_rank,
+            )
+        ):
             prepared = self._weights.setdefault(id(buffer), FusedWeights(self._npu)).get(w13, w2)
-            out, _ = buffer.fused_deep_moe(xb, ids, weights, *prepared, max_tokens_per_rank, num_experts,
-                                           quant_mode=1)
+            out, _ = buffer.fused_deep_moe(xb, ids, weights, *prepared, max_tokens_per_rank, num_experts, quant_mode=1)
             return out
         return self._normal(buffer, xb, ids, weights, w13, w2, num_experts, int8)
 
@@ -170,11 +217,25 @@ class DeepEpFusedMoe:
         buffer = self._buffer(self._group(process_group))
         self._weights.setdefault(id(buffer), FusedWeights(self._npu)).get(w13, w2)
 
-    def _normal(self, buffer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                w13: QuantizedWeight, w2: QuantizedWeight, num_experts: int, int8: bool) -> torch.Tensor:
+    def _normal(
+        self,
+        buffer: Any,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        num_experts: int,
+        int8: bool,
+    ) -> torch.Tensor:
         per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, num_experts)
-        args = {"num_tokens_per_rank": per_rank, "is_token_in_rank": in_rank, "num_tokens_per_expert": per_expert,
-                "topk_idx": ids, "topk_weights": weights}
+        args = {
+            "num_tokens_per_rank": per_rank,
+            "is_token_in_rank": in_rank,
+            "num_tokens_per_expert": per_expert,
+            "topk_idx": ids,
+            "topk_weights": weights,
+        }
         if _takes_quant_mode(buffer):
             args["quant_mode"] = "int8" if int8 else "bf16"
         recv_x, _unfilled_idx, _unfilled_weights, counts, handle, _ = buffer.dispatch(x, **args)
@@ -184,8 +245,7 @@ class DeepEpFusedMoe:
         combined, _, _ = buffer.combine(y, handle)  # the port applies the routing weights
         return combined
 
-    def _local_experts(self, recv_x: Any, counts: list[int], w13: QuantizedWeight,
-                       w2: QuantizedWeight) -> torch.Tensor:
+    def _local_experts(self, recv_x: Any, counts: list[int], w13: QuantizedWeight, w2: QuantizedWeight) -> torch.Tensor:
         """`[R, H]` bf16: each received (token, expert) row through its expert, unweighted."""
         ops = self._ops
         int8 = (DispatchDtype.INT8, ScaleLayout.PER_TOKEN)
@@ -194,8 +254,10 @@ class DeepEpFusedMoe:
         else:
             rows = ops.quantize(recv_x, dtype=int8[0], layout=int8[1], global_scale=None)
         if len(counts) != w13.num_experts or sum(counts) != rows.data.shape[0]:
-            raise FusedMoeError(f"deep_ep Buffer.dispatch returned {rows.data.shape[0]} rows and counts {counts} "
-                                f"for {w13.num_experts} local experts")
+            raise FusedMoeError(
+                f"deep_ep Buffer.dispatch returned {rows.data.shape[0]} rows and counts {counts} "
+                f"for {w13.num_experts} local experts"
+            )
         groups = Groups.from_counts(torch.tensor(counts, dtype=torch.int64, device=rows.data.device))
         gemm = {"kind": GemmKind.INT8, "out_dtype": torch.bfloat16}
         h = ops.swiglu(ops.grouped_matmul(rows, w13, groups, **gemm))
@@ -210,8 +272,10 @@ class DeepEpFusedMoe:
 
         if dist.is_available() and dist.is_initialized():
             if dist.get_world_size() != 1:
-                raise InvalidInput(f"process_group: expected the expert-parallel process group for the Ascend "
-                                   f"DeepEP port on a world of {dist.get_world_size()} ranks, got None")
+                raise InvalidInput(
+                    f"process_group: expected the expert-parallel process group for the Ascend "
+                    f"DeepEP port on a world of {dist.get_world_size()} ranks, got None"
+                )
             return dist.group.WORLD
         if self._own_group is None:  # one process, no torch.distributed: a private one-rank group
             self._own_group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)

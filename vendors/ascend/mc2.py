@@ -36,8 +36,9 @@ class Mc2Handle:
     num_experts: int
 
 
-def mc2_problems(generation: str | None, *, hidden: int, tokens: int | None = None,
-                 top_k: int | None = None) -> list[str]:
+def mc2_problems(
+    generation: str | None, *, hidden: int, tokens: int | None = None, top_k: int | None = None
+) -> list[str]:
     """Why the MC2 ops refuse a layer of hidden size `hidden` (and, when given, a batch of `tokens`
     with `top_k` experts each); empty when they take it.
 
@@ -51,8 +52,9 @@ def mc2_problems(generation: str | None, *, hidden: int, tokens: int | None = No
         most = 512
     else:
         if not 0 < hidden <= 7168 or hidden % 32:
-            found.append(f"hidden size {hidden}: the MC2 dispatch takes a multiple of 32 up to 7168 on "
-                         f"Atlas {generation}")
+            found.append(
+                f"hidden size {hidden}: the MC2 dispatch takes a multiple of 32 up to 7168 on Atlas {generation}"
+            )
         most = 256
     if tokens is not None and not 0 < tokens <= most:
         found.append(f"{tokens} tokens per rank: the MC2 dispatch takes 1..{most} on Atlas {generation}")
@@ -68,8 +70,15 @@ def check_mc2(binding: NpuBinding, *, hidden: int, tokens: int | None = None, to
         raise InvalidInput("the MC2 expert-parallel dispatcher cannot take this: " + "; ".join(found))
 
 
-def mc2_dispatch(binding: NpuBinding, x: torch.Tensor, topk_ids: torch.Tensor, *, dtype: DispatchDtype,
-                 num_experts: int, process_group: Any) -> tuple[QuantizedTensor, torch.Tensor, Mc2Handle]:
+def mc2_dispatch(
+    binding: NpuBinding,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    dtype: DispatchDtype,
+    num_experts: int,
+    process_group: Any,
+) -> tuple[QuantizedTensor, torch.Tensor, Mc2Handle]:
     """The rows for this rank's experts in `dtype` (bf16, fp16 or int8), their counts, and the handle."""
     import torch.distributed as dist
 
@@ -78,12 +87,16 @@ def mc2_dispatch(binding: NpuBinding, x: torch.Tensor, topk_ids: torch.Tensor, *
     if binding.comm_name is None:
         raise UnsupportedCapability("the MC2 dispatcher needs the runtime's HCCL communicator names")
     check_mc2(binding, hidden=x.shape[-1], tokens=x.shape[0], top_k=topk_ids.shape[-1])
-    name, world, rank = binding.comm_name(process_group), dist.get_world_size(process_group), dist.get_rank(process_group)
+    name, world, rank = (
+        binding.comm_name(process_group),
+        dist.get_world_size(process_group),
+        dist.get_rank(process_group),
+    )
     rows = x.to(torch.float16 if dtype is DispatchDtype.FP16 else torch.bfloat16)
     ids = topk_ids.to(torch.int32)
     expand_x, scales, expand_idx, counts, recv_counts, *_ = binding.ops.npu_moe_distribute_dispatch(
-        rows, ids, name, world, rank, num_experts, quant_mode=_QUANT_MODES[dtype], global_bs=0,
-        expert_token_nums_type=1)
+        rows, ids, name, world, rank, num_experts, quant_mode=_QUANT_MODES[dtype], global_bs=0, expert_token_nums_type=1
+    )
     if dtype is DispatchDtype.INT8:
         payload = QuantizedTensor(expand_x, dtype, ScaleLayout.PER_TOKEN, scales.to(torch.float32))
     else:
@@ -92,11 +105,21 @@ def mc2_dispatch(binding: NpuBinding, x: torch.Tensor, topk_ids: torch.Tensor, *
     return payload, counts.to(torch.int64), handle
 
 
-def mc2_combine(binding: NpuBinding, rows: torch.Tensor, topk_weights: torch.Tensor, handle: Mc2Handle, *,
-                out_dtype: torch.dtype) -> torch.Tensor:
+def mc2_combine(
+    binding: NpuBinding, rows: torch.Tensor, topk_weights: torch.Tensor, handle: Mc2Handle, *, out_dtype: torch.dtype
+) -> torch.Tensor:
     """Each token's routing-weighted sum of its expert output rows, `[T, H]` in `out_dtype`."""
     expert_rows = rows if rows.dtype in (torch.bfloat16, torch.float16) else rows.to(torch.bfloat16)
     out = binding.ops.npu_moe_distribute_combine(
-        expert_rows, handle.expert_ids, handle.expand_idx, handle.recv_counts, topk_weights.to(torch.float32),
-        handle.group_name, handle.world, handle.rank, handle.num_experts, global_bs=0)
+        expert_rows,
+        handle.expert_ids,
+        handle.expand_idx,
+        handle.recv_counts,
+        topk_weights.to(torch.float32),
+        handle.group_name,
+        handle.world,
+        handle.rank,
+        handle.num_experts,
+        global_bs=0,
+    )
     return out.to(out_dtype)

@@ -56,27 +56,47 @@ class AscendOps(ReferenceOps):
         "fused_deep_moe": "the Ascend DeepEP port (Buffer.fused_deep_moe / dispatch + torch_npu MoE ops + combine)",
     }
 
-    def prepare_fused(self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str,
-                      process_group: object | None) -> None:
+    def prepare_fused(
+        self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None
+    ) -> None:
         """The port's NZ, tile-permuted form of the weights, made at load (`vendors.ascend.fused`)."""
         if self._fused is None:
             self._fused = DeepEpFusedMoe(self)
         self._fused.prepare(w13, w2, process_group)
 
-    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
+    def prepare_ep(
+        self,
+        name: str,
+        *,
+        process_group: object,
+        num_experts: int,
+        hidden_size: int,
+        dtype: DispatchDtype,
+        capacity: int | None,
+        layout: ScaleLayout | None = None,
+    ) -> None:
         """Refuse, when the layer is built, a hidden size the MC2 ops reject on this SoC."""
         check_mc2(self.binding, hidden=hidden_size)
 
-    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
-                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    ) -> tuple[QuantizedTensor, torch.Tensor, object]:
+    def ep_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        name: str,
+        dtype: DispatchDtype,
+        num_experts: int,
+        process_group: object,
+        topk_weights: torch.Tensor | None = None,
+    ) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """The MC2 dispatch (`vendors.ascend.mc2`); the routing weights are applied by the combine, at home."""
-        return mc2_dispatch(self.binding, x, topk_ids, dtype=dtype, num_experts=num_experts,
-                            process_group=process_group)
+        return mc2_dispatch(
+            self.binding, x, topk_ids, dtype=dtype, num_experts=num_experts, process_group=process_group
+        )
 
-    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+    def ep_combine(
+        self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """The MC2 combine (`vendors.ascend.mc2`)."""
         return mc2_combine(self.binding, rows, topk_weights, handle, out_dtype=out_dtype)  # type: ignore[arg-type]
 
@@ -87,13 +107,18 @@ class AscendOps(ReferenceOps):
 
     # -- quantization -----------------------------------------------------------------------------
 
-    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
-                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+    def quantize(
+        self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
+    ) -> QuantizedTensor:
         """Symmetric per-token dtypes (int8, fp8 where declared) through `npu_dynamic_quant`; casts and
         fp32 input through the reference (the op takes fp16/bf16 only)."""
         spec = dtype.spec
-        native = (spec.codec is Codec.SYMMETRIC and layout is ScaleLayout.PER_TOKEN and global_scale is None
-                  and x.dtype in _NPU_QUANT_INPUTS)
+        native = (
+            spec.codec is Codec.SYMMETRIC
+            and layout is ScaleLayout.PER_TOKEN
+            and global_scale is None
+            and x.dtype in _NPU_QUANT_INPUTS
+        )
         if not native:
             return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
         data, scale = self._dynamic_quant(x, spec.storage)
@@ -115,8 +140,15 @@ class AscendOps(ReferenceOps):
 
     # -- grouped matmul ---------------------------------------------------------------------------
 
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` through `npu_grouped_matmul`, scales applied."""
         data = x if isinstance(x, torch.Tensor) else x.data
         m, n = data.shape[0], weight.out_features
@@ -132,14 +164,21 @@ class AscendOps(ReferenceOps):
         scale, token_scale = weight.scale, x.scale  # type: ignore[union-attr]
         if not kind.spec.exact_integer:  # fp8 row-wise: fp32 scale, bf16/fp16 output (A5)
             if out_dtype in _SCALED_OUTPUTS:
-                return npu.npu_grouped_matmul([data], [weight.data], scale=[scale], per_token_scale=[token_scale],
-                                              output_dtype=out_dtype, **call)[0]
+                return npu.npu_grouped_matmul(
+                    [data], [weight.data], scale=[scale], per_token_scale=[token_scale], output_dtype=out_dtype, **call
+                )[0]
             return _per_expert_fp32(data, weight, groups, token_scale, out_dtype)
         if out_dtype == torch.float16:
             # int8: the op pairs bf16 scale -> bf16 out and fp32 scale -> fp16 out. A bf16 scale costs 2^-9
             # relative per channel (outside hal's bound), so only an fp16 output takes the op's own dequant.
-            return npu.npu_grouped_matmul([data], [weight.data], scale=[scale.to(torch.float32)],
-                                          per_token_scale=[token_scale], output_dtype=torch.float16, **call)[0]
+            return npu.npu_grouped_matmul(
+                [data],
+                [weight.data],
+                scale=[scale.to(torch.float32)],
+                per_token_scale=[token_scale],
+                output_dtype=torch.float16,
+                **call,
+            )[0]
         # bf16 and fp32 outputs: the int32 accumulator scaled in fp32 and rounded once (through fp16 a bf16
         # output would round twice and overflow above 65504).
         acc = npu.npu_grouped_matmul([data], [weight.data], output_dtype=torch.int32, **call)[0]
@@ -154,21 +193,44 @@ class AscendOps(ReferenceOps):
             return torch.empty_like(x[..., : x.shape[-1] // 2])
         return self.npu.npu_swiglu(x, dim=-1)
 
-    def fused_deep_moe(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                       w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None,
-                       dispatch_dtype: DispatchDtype, max_tokens_per_rank: int | None) -> torch.Tensor:
+    def fused_deep_moe(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        scheme: str,
+        process_group: object | None,
+        dispatch_dtype: DispatchDtype,
+        max_tokens_per_rank: int | None,
+    ) -> torch.Tensor:
         """W8A8-INT8 through the Ascend DeepEP port (see `vendors.ascend.fused`)."""
         check_fused_operands(hidden_states, topk_ids, topk_weights, w13, w2)
         device = self.binding.device
-        for name, tensor in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
-                             ("topk_weights", topk_weights), ("w13.data", w13.data), ("w2.data", w2.data)):
+        for name, tensor in (
+            ("hidden_states", hidden_states),
+            ("topk_ids", topk_ids),
+            ("topk_weights", topk_weights),
+            ("w13.data", w13.data),
+            ("w2.data", w2.data),
+        ):
             given = tensor.device
             if given.type != device.type or (device.index is not None and given.index != device.index):
                 raise invalid(name, f"a tensor on device {device}", str(given))
         if self._fused is None:
             self._fused = DeepEpFusedMoe(self)
-        return self._fused(hidden_states, topk_ids, topk_weights, w13, w2, process_group=process_group,
-                           dispatch_dtype=dispatch_dtype, max_tokens_per_rank=max_tokens_per_rank)
+        return self._fused(
+            hidden_states,
+            topk_ids,
+            topk_weights,
+            w13,
+            w2,
+            process_group=process_group,
+            dispatch_dtype=dispatch_dtype,
+            max_tokens_per_rank=max_tokens_per_rank,
+        )
 
 
 def _group_list(groups: Groups, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -182,8 +244,13 @@ def _group_list(groups: Groups, device: torch.device) -> tuple[torch.Tensor, int
     return values, 1
 
 
-def _per_expert_fp32(data: torch.Tensor, weight: QuantizedWeight, groups: Groups, token_scale: torch.Tensor | None,
-                     out_dtype: torch.dtype) -> torch.Tensor:
+def _per_expert_fp32(
+    data: torch.Tensor,
+    weight: QuantizedWeight,
+    groups: Groups,
+    token_scale: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """`x @ w` in fp32 for an output wider than npu_grouped_matmul returns for these operands,
     casting one expert's `[K, N]` weight at a time (never the whole `[E, K, N]`); syncs for the counts."""
     a = data.to(torch.float32) if token_scale is None else data.to(torch.float32) * token_scale.unsqueeze(1)
@@ -193,7 +260,7 @@ def _per_expert_fp32(data: torch.Tensor, weight: QuantizedWeight, groups: Groups
         w = weight.data[g].to(torch.float32)
         if token_scale is not None:
             w = w * weight.scale[g].to(torch.float32)
-        out[start:start + count] = a[start:start + count] @ w
+        out[start : start + count] = a[start : start + count] @ w
         start += count
     return out.to(out_dtype)
 

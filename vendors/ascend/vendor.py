@@ -63,8 +63,9 @@ class AscendVendor(Vendor):
         fused, mc2 = binding.deep_ep is not None, binding.comm_name is not None
         generation = generation_of(soc)
         if generation is None:
-            return ascend_capabilities(name, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",), fused=fused,
-                                       mc2=mc2)
+            return ascend_capabilities(
+                name, "A2", (f"unrecognised SoC {soc!r}: using the A2 table",), fused=fused, mc2=mc2
+            )
         return ascend_capabilities(name, generation, fused=fused, mc2=mc2)
 
     def declared_models(self) -> Mapping[str, Capabilities]:

@@ -10,12 +10,13 @@ from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ProbeResul
 
 _CPU_CAPABILITIES = Capabilities(
     device_name="cpu",
-    dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.FP16,
-                               DispatchDtype.FP32}),
+    dispatch_dtypes=frozenset(
+        {DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.FP16, DispatchDtype.FP32}
+    ),
     dispatch_fallbacks={DispatchDtype.NVFP4: None},
     fallback_reasons={
         DispatchDtype.NVFP4: "the CPU reference dispatcher carries bf16, fp16, fp32, fp8 and int8 only; its nvfp4 "
-        "grouped matmul takes rows dispatched as bf16 and quantized to nvfp4 after dispatch",
+        "grouped matmul takes rows dispatched as bf16 and quantized to nvfp4 after dispatch"
     },
     default_dispatch_dtype=DispatchDtype.BF16,
     fp8_scale_layout=ScaleLayout.GROUP_128,

@@ -18,8 +18,14 @@ _FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDty
 _INT8_REASON = "int8 is not a CUDA dispatch dtype: fp8 also takes one byte per channel and feeds the tensor cores"
 
 
-def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, kernels: bool = True,
-                      extra_notes: tuple[str, ...] = (), deepep: DeepEpProbe | None = None) -> Capabilities:
+def cuda_capabilities(
+    device_name: str,
+    compute_capability: tuple[int, int],
+    *,
+    kernels: bool = True,
+    extra_notes: tuple[str, ...] = (),
+    deepep: DeepEpProbe | None = None,
+) -> Capabilities:
     """The capabilities of a CUDA device: bf16, fp16 and fp32 everywhere, fp8 from sm89, nvfp4 from
     sm100; int8 falls back.
 
@@ -29,9 +35,14 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
     """
     major, minor = compute_capability
     sm = major * 10 + minor
-    path = ("Triton kernels (quantize, grouped GEMM with a SiLU-GLU epilogue, swiglu, softmax-top-k, sort, combine)"
-            + (" and torch._grouped_mm for bf16" if sm >= 90 else "")) if kernels else (
-        "Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
+    path = (
+        (
+            "Triton kernels (quantize, grouped GEMM with a SiLU-GLU epilogue, swiglu, softmax-top-k, sort, combine)"
+            + (" and torch._grouped_mm for bf16" if sm >= 90 else "")
+        )
+        if kernels
+        else ("Triton is not installed: ops take the torch reference path (slow, and it synchronises)")
+    )
     notes = [f"compute capability sm{sm}", path, *extra_notes]
     if sm >= 89:
         dispatch = {*_FLOAT_DISPATCH, DispatchDtype.FP8}
@@ -73,8 +84,12 @@ def cuda_capabilities(device_name: str, compute_capability: tuple[int, int], *, 
 
 def deepep_declaration(probe: DeepEpProbe | None, sm: int, kernels: bool) -> dict[str, Any]:
     """The `Capabilities` fields of the "deepep" dispatcher on an `sm` device, from what the probe found."""
-    fields: dict[str, Any] = {"ep_dispatchers": frozenset(), "ep_low_latency": frozenset(),
-                              "ep_dispatchers_absent": {}, "notes": ()}
+    fields: dict[str, Any] = {
+        "ep_dispatchers": frozenset(),
+        "ep_low_latency": frozenset(),
+        "ep_dispatchers_absent": {},
+        "notes": (),
+    }
     if probe is None:
         return fields
     why = probe.reason
@@ -83,17 +98,26 @@ def deepep_declaration(probe: DeepEpProbe | None, sm: int, kernels: bool) -> dic
     elif why is None and sm < 80:
         why = f"DeepEP needs sm80 or newer; this device is sm{sm}"
     elif why is None and probe.fp8 and sm < 90:
-        why = (f"{probe.describe()} is built with its sm90 features (TORCH_CUDA_ARCH_LIST=9.0); this device is "
-               f"sm{sm}: build it with DISABLE_SM90_FEATURES=1 (bf16 normal mode only)")
+        why = (
+            f"{probe.describe()} is built with its sm90 features (TORCH_CUDA_ARCH_LIST=9.0); this device is "
+            f"sm{sm}: build it with DISABLE_SM90_FEATURES=1 (bf16 normal mode only)"
+        )
     if why is not None:
         return {**fields, "ep_dispatchers_absent": {DEEPEP: why}}
     dtypes = "bf16 and fp8 (e4m3, fp32 scale per 128 channels)" if probe.fp8 else "bf16"
-    low_latency = (f"low-latency mode carries {dtypes} for hidden sizes {', '.join(map(str, LOW_LATENCY_HIDDEN))} "
-                   f"and top-k up to {LOW_LATENCY_MAX_TOP_K}" if probe.low_latency
-                   else "no low-latency mode (deep_ep built without NVSHMEM)")
+    low_latency = (
+        f"low-latency mode carries {dtypes} for hidden sizes {', '.join(map(str, LOW_LATENCY_HIDDEN))} "
+        f"and top-k up to {LOW_LATENCY_MAX_TOP_K}"
+        if probe.low_latency
+        else "no low-latency mode (deep_ep built without NVSHMEM)"
+    )
     note = f"ep dispatcher deepep: {probe.describe()}; normal mode carries {dtypes}; {low_latency}"
-    return {**fields, "ep_dispatchers": frozenset({DEEPEP}),
-            "ep_low_latency": frozenset({DEEPEP}) if probe.low_latency else frozenset(), "notes": (note,)}
+    return {
+        **fields,
+        "ep_dispatchers": frozenset({DEEPEP}),
+        "ep_low_latency": frozenset({DEEPEP}) if probe.low_latency else frozenset(),
+        "notes": (note,),
+    }
 
 
 #: Declared tables for named device models, usable without the hardware.

@@ -25,8 +25,6 @@ imported only by the probe and when a buffer is made.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,70 +52,7 @@ from vendors.cuda.deepep_limits import (
     normal_size,
 )
 
-#: The dispatcher's name (`DispatchConfig(ep_dispatcher="deepep")`).
-DEEPEP = "deepep"
-#: What `deep_ep.Buffer` must have to be DeepEP V1 (the Ascend port is also a module named deep_ep).
-_API = ("get_dispatch_layout", "dispatch", "combine", "low_latency_dispatch", "low_latency_combine",
-        "get_low_latency_rdma_size_hint", "get_dispatch_config", "is_sm90_compiled")
-_INSTALL = "build DeepEP v1.2.1 from source and put it on the path (docs/deepep.md)"
-
-
-@dataclass(frozen=True)
-class DeepEpProbe:
-    """What the probe found of `deep_ep`: `reason` why it cannot serve (None: it can) and what its build has."""
-
-    reason: str | None
-    version: str = ""
-    location: str = ""
-    fp8: bool = False  #: built with the sm90 features (fp8 rows)
-    low_latency: bool = False  #: built with NVSHMEM (low-latency and internode kernels)
-
-    @property
-    def available(self) -> bool:
-        return self.reason is None
-
-    def describe(self) -> str:
-        """The module found, in words (for `hal caps`)."""
-        version = f"DeepEP {self.version}" if self.version else "DeepEP (version unknown: no package metadata)"
-        return f"{version} at {self.location}" if self.location else version
-
-
-def probe_deep_ep() -> DeepEpProbe:
-    """Find and import `deep_ep` (never at module import) and read what its build has; any failure is a reason."""
-    try:
-        spec = importlib.util.find_spec("deep_ep")
-    except (ImportError, ValueError) as exc:
-        return DeepEpProbe(f"deep_ep cannot be looked up ({type(exc).__name__}: {exc}); {_INSTALL}")
-    if spec is None:
-        return DeepEpProbe(f"deep_ep is not installed: {_INSTALL}")
-    try:
-        module = importlib.import_module("deep_ep")
-    except Exception as exc:  # a broken build, missing CUDA/NVSHMEM libraries: the reason, never a crash
-        return DeepEpProbe(f"deep_ep does not import ({type(exc).__name__}: {exc}); {_INSTALL}")
-    location = str(getattr(module, "__file__", "") or "")
-    missing = [name for name in _API if not hasattr(getattr(module, "Buffer", None), name)]
-    if missing:
-        return DeepEpProbe(f"the deep_ep module at {location or '?'} is not DeepEP V1 (its Buffer lacks "
-                           f"{', '.join(missing)}); {_INSTALL}", location=location)
-    try:
-        version = importlib.metadata.version("deep_ep")
-    except importlib.metadata.PackageNotFoundError:  # built in place (build_ext --inplace) and on PYTHONPATH
-        version = ""
-    try:
-        fp8 = bool(module.Buffer.is_sm90_compiled())
-    except Exception as exc:
-        return DeepEpProbe(f"deep_ep at {location} fails its build query ({type(exc).__name__}: {exc})",
-                           version, location)
-    return DeepEpProbe(None, version, location, fp8=fp8, low_latency=_has_nvshmem(module))
-
-
-def _has_nvshmem(module: Any) -> bool:
-    """Whether deep_ep was built with NVSHMEM: its internode size hint refuses otherwise (a host-only call)."""
-    try:
-        module.Config().get_rdma_buffer_size_hint(2 * 7168, 16)
-    except Exception:  # "NVSHMEM is disabled during compilation"
-        return False
-    return True
+from vendors.cuda.deepep_probe import DEEPEP, DeepEpProbe, probe_deep_ep
 
 
 @dataclass(frozen=True)
@@ -160,16 +95,31 @@ class DeepEp:
 
     # -- buffers ---------------------------------------------------------------------------------------
 
-    def prepare(self, process_group: Any, *, num_experts: int, hidden_size: int, dtype: DispatchDtype,
-                capacity: int | None, normal_too: bool = True, layout: ScaleLayout | None = None) -> None:
+    def prepare(
+        self,
+        process_group: Any,
+        *,
+        num_experts: int,
+        hidden_size: int,
+        dtype: DispatchDtype,
+        capacity: int | None,
+        normal_too: bool = True,
+        layout: ScaleLayout | None = None,
+    ) -> None:
         """Check the request against what DeepEP takes and make (or grow) the group's buffer for it. With a
         `capacity` the normal-mode buffer is made as well where that mode can serve the layer (a layer in
         "auto" mode switches per call) and `normal_too`; otherwise it is made at a first normal call."""
         _check_low_latency_layout(dtype, capacity, layout)
         world = _world(process_group)
         probe = self._deep_ep_probe()
-        request = {"dtype": dtype, "hidden_size": hidden_size, "num_experts": num_experts, "world": world,
-                   "fp8_built": probe.fp8, "nvshmem_built": probe.low_latency}
+        request = {
+            "dtype": dtype,
+            "hidden_size": hidden_size,
+            "num_experts": num_experts,
+            "world": world,
+            "fp8_built": probe.fp8,
+            "nvshmem_built": probe.low_latency,
+        }
         check_request(**request, capacity=capacity)
         module = importlib.import_module("deep_ep")
         if capacity is None:
@@ -215,8 +165,14 @@ class DeepEp:
         if held is not None:
             del self._buffers[key]
             held.buffer.destroy()
-        buffer = module.Buffer(group, wanted.nvl_bytes, wanted.rdma_bytes, low_latency_mode=mode == LOW_LATENCY,
-                               num_qps_per_rank=wanted.qps, explicitly_destroy=True)
+        buffer = module.Buffer(
+            group,
+            wanted.nvl_bytes,
+            wanted.rdma_bytes,
+            low_latency_mode=mode == LOW_LATENCY,
+            num_qps_per_rank=wanted.qps,
+            explicitly_destroy=True,
+        )
         made = _Held(group, buffer, wanted, set() if held is None else set(held.specs))
         self._buffers[key] = made
         return made
@@ -231,16 +187,26 @@ class DeepEp:
 
     # -- dispatch / combine ----------------------------------------------------------------------------
 
-    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, dtype: DispatchDtype, num_experts: int,
-                 process_group: Any, topk_weights: torch.Tensor | None, capacity: int | None,
-                 layout: ScaleLayout | None = None) -> tuple[Any, ...]:
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        dtype: DispatchDtype,
+        num_experts: int,
+        process_group: Any,
+        topk_weights: torch.Tensor | None,
+        capacity: int | None,
+        layout: ScaleLayout | None = None,
+    ) -> tuple[Any, ...]:
         """`(rows, int64 counts per local expert, handle)`: normal mode without `capacity`, else low-latency."""
         mode = NORMAL if capacity is None else LOW_LATENCY
         top_k = topk_ids.shape[1]
         limit = NORMAL_MAX_TOP_K if capacity is None else LOW_LATENCY_MAX_TOP_K
         if top_k > limit:
-            raise UnsupportedCapability(f"deepep {mode} mode: top-k up to {limit} (DeepEP v1.2.1's kernels), got "
-                                        f"{top_k}")
+            raise UnsupportedCapability(
+                f"deepep {mode} mode: top-k up to {limit} (DeepEP v1.2.1's kernels), got {top_k}"
+            )
         spec = (num_experts, x.shape[1], capacity, dtype)
         prepare = {"num_experts": num_experts, "hidden_size": x.shape[1], "dtype": dtype, "capacity": capacity}
         _check_low_latency_layout(dtype, capacity, layout)
@@ -248,14 +214,25 @@ class DeepEp:
         ids = topk_ids.to(torch.int64).contiguous()
         if capacity is None:
             if topk_weights is None:
-                raise InvalidInput("topk_weights: expected the routing weights [T, k] for deepep's normal mode "
-                                   "(they travel with the tokens; the experts' side applies them), got None")
-            return self._dispatch_normal(held.buffer, x, ids, topk_weights, dtype, num_experts,
-                                         layout or ScaleLayout.GROUP_128)
+                raise InvalidInput(
+                    "topk_weights: expected the routing weights [T, k] for deepep's normal mode "
+                    "(they travel with the tokens; the experts' side applies them), got None"
+                )
+            return self._dispatch_normal(
+                held.buffer, x, ids, topk_weights, dtype, num_experts, layout or ScaleLayout.GROUP_128
+            )
         return self._dispatch_low_latency(held, x, ids, dtype, num_experts, capacity)
 
-    def _dispatch_normal(self, buffer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                         dtype: DispatchDtype, num_experts: int, layout: ScaleLayout) -> tuple[Any, ...]:
+    def _dispatch_normal(
+        self,
+        buffer: Any,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        dtype: DispatchDtype,
+        num_experts: int,
+        layout: ScaleLayout,
+    ) -> tuple[Any, ...]:
         per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, num_experts)
         if dtype is DispatchDtype.FP8:  # the plan's scale layout; DeepEP carries any number of scales per token
             sent = self._ops.quantize(x, dtype=DispatchDtype.FP8, layout=layout, global_scale=None)
@@ -265,52 +242,79 @@ class DeepEp:
         else:
             rows = x.to(torch.bfloat16).contiguous()
         recv, recv_ids, recv_weights, counts, handle, _ = buffer.dispatch(
-            rows, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank, is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert, topk_idx=ids, topk_weights=weights.to(torch.float32).contiguous())
+            rows,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=ids,
+            topk_weights=weights.to(torch.float32).contiguous(),
+        )
         if isinstance(recv, tuple):
             scale = recv[1] if layout is ScaleLayout.GROUP_128 else recv[1].reshape(-1)
             tokens = QuantizedTensor(recv[0], DispatchDtype.FP8, layout, scale)
         else:
             tokens = QuantizedTensor(recv, DispatchDtype.BF16, ScaleLayout.NONE)
-        received = sort_received(recv_ids, recv_weights, len(counts), rows=int(sum(counts)),
-                                 sort=self._sort if recv_ids.shape[0] else None)
+        received = sort_received(
+            recv_ids, recv_weights, len(counts), rows=int(sum(counts)), sort=self._sort if recv_ids.shape[0] else None
+        )
         # the received tokens and the row of each pair: the first GEMM reads them through the index (no gather)
-        return (tokens, received.expert_counts.to(torch.int64), NormalHandle(buffer, handle, received),
-                received.row_index)
+        return (
+            tokens,
+            received.expert_counts.to(torch.int64),
+            NormalHandle(buffer, handle, received),
+            received.row_index,
+        )
 
-    def _dispatch_low_latency(self, held: _Held, x: torch.Tensor, ids: torch.Tensor, dtype: DispatchDtype,
-                              num_experts: int, capacity: int) -> tuple[QuantizedTensor, torch.Tensor,
-                                                                        LowLatencyHandle]:
+    def _dispatch_low_latency(
+        self, held: _Held, x: torch.Tensor, ids: torch.Tensor, dtype: DispatchDtype, num_experts: int, capacity: int
+    ) -> tuple[QuantizedTensor, torch.Tensor, LowLatencyHandle]:
         buffer, shape = held.buffer, (capacity, x.shape[1], num_experts)
         if held.shape is not None and held.shape != shape:  # DeepEP's signal area is laid out per shape
             buffer.clean_low_latency_buffer(*shape)
         held.shape = shape
         fp8 = dtype is DispatchDtype.FP8
         recv, counts, handle, _, _ = buffer.low_latency_dispatch(
-            x.to(torch.bfloat16).contiguous(), ids, capacity, num_experts, use_fp8=fp8, round_scale=False,
-            use_ue8m0=False, async_finish=False, return_recv_hook=False)
+            x.to(torch.bfloat16).contiguous(),
+            ids,
+            capacity,
+            num_experts,
+            use_fp8=fp8,
+            round_scale=False,
+            use_ue8m0=False,
+            async_finish=False,
+            return_recv_hook=False,
+        )
         if fp8:  # DeepEP's scales are [L, slots, H / 128] with column-major last two dimensions
             payload = QuantizedTensor(recv[0], DispatchDtype.FP8, ScaleLayout.GROUP_128, recv[1].contiguous())
         else:
             payload = QuantizedTensor(recv, DispatchDtype.BF16, ScaleLayout.NONE)
         return payload, counts.to(torch.int64), LowLatencyHandle(buffer, handle, ids)
 
-    def combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def combine(
+        self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's routing-weighted sum of its experts' rows, back on its own rank: `[T, H]` in `out_dtype`."""
         if isinstance(handle, LowLatencyHandle):
             slots = tuple(handle.deep[0].shape)  # DeepEP's source info: [L, capacity * ranks]
             expert_rows = rows.to(torch.bfloat16).reshape(*slots, rows.shape[-1]).contiguous()
             combined, _, _ = handle.buffer.low_latency_combine(
-                expert_rows, handle.topk_ids, topk_weights.to(torch.float32).contiguous(), handle.deep,
-                async_finish=False, return_recv_hook=False)
+                expert_rows,
+                handle.topk_ids,
+                topk_weights.to(torch.float32).contiguous(),
+                handle.deep,
+                async_finish=False,
+                return_recv_hook=False,
+            )
             return combined.to(out_dtype)
         if not isinstance(handle, NormalHandle):
             raise InvalidInput(f"handle: expected the handle of a deepep dispatch, got {type(handle).__name__}")
         needed = handle.received.row_index.numel()
         if rows.dim() != 2 or rows.shape[0] < needed:
-            raise InvalidInput(f"rows: expected the experts' output for the {needed} dispatched rows [{needed}, H], "
-                               f"got {tuple(rows.shape)}")
+            raise InvalidInput(
+                f"rows: expected the experts' output for the {needed} dispatched rows [{needed}, H], "
+                f"got {tuple(rows.shape)}"
+            )
         partial = reduce_received(rows, handle.received, torch.bfloat16, combine=self._combine)
         combined, _, _ = handle.buffer.combine(partial.contiguous(), handle.deep)
         return combined.to(out_dtype)
@@ -318,8 +322,9 @@ class DeepEp:
     def _sort(self, ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ...]:
         return self._ops.sort_by_expert(ids, num_experts=num_experts)
 
-    def _combine(self, rows: torch.Tensor, index: torch.Tensor | None, weights: torch.Tensor,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+    def _combine(
+        self, rows: torch.Tensor, index: torch.Tensor | None, weights: torch.Tensor, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         return self._ops.weighted_combine(rows, index, weights, out_dtype=out_dtype)
 
 
@@ -328,14 +333,14 @@ def _check_low_latency_layout(dtype: DispatchDtype, capacity: int | None, layout
     if capacity is not None and dtype is DispatchDtype.FP8 and layout not in (None, ScaleLayout.GROUP_128):
         raise UnsupportedCapability(
             f"deepep low-latency mode casts fp8 itself, with one scale per 128 channels; this layer plans fp8 "
-            f"with {layout} scales (its scheme's): use normal mode, or the torch.distributed low-latency path")
+            f"with {layout} scales (its scheme's): use normal mode, or the torch.distributed low-latency path"
+        )
 
 
 def _world(process_group: Any) -> int:
     """The group's size; deepep needs a group (DeepEP makes its buffers over it)."""
     if process_group is None:
-        raise InvalidInput("process_group: expected the expert-parallel process group deepep dispatches over, "
-                           "got None")
+        raise InvalidInput("process_group: expected the expert-parallel process group deepep dispatches over, got None")
     import torch.distributed as dist
 
     return int(dist.get_world_size(process_group))

@@ -42,34 +42,51 @@ class DeepEpDtypeUnsupported(UnsupportedDispatchDtype, UnsupportedCapability):
     capability this dispatcher lacks (callers catching either see it)."""
 
 
-def check_request(*, dtype: DispatchDtype, hidden_size: int, num_experts: int, world: int, capacity: int | None,
-                  fp8_built: bool, nvshmem_built: bool) -> None:
+def check_request(
+    *,
+    dtype: DispatchDtype,
+    hidden_size: int,
+    num_experts: int,
+    world: int,
+    capacity: int | None,
+    fp8_built: bool,
+    nvshmem_built: bool,
+) -> None:
     """Refuse, naming the reason, a layer DeepEP cannot serve: its dtype, hidden size, ranks or capacity."""
     mode = NORMAL if capacity is None else LOW_LATENCY
     carried = "bf16 and fp8 (e4m3, fp32 scale per 128 channels)"
     if dtype not in CARRIED:
         raise DeepEpDtypeUnsupported(
             f"deepep carries {carried}, not {dtype}: choose DispatchConfig(dtype='bf16' or 'fp8'), or "
-            "ep_dispatcher=None for the torch.distributed dispatcher, which carries every dtype")
+            "ep_dispatcher=None for the torch.distributed dispatcher, which carries every dtype"
+        )
     if dtype is DispatchDtype.FP8 and not fp8_built:
-        raise DeepEpDtypeUnsupported("deepep fp8: this deep_ep is built without its sm90 features "
-                                       "(DISABLE_SM90_FEATURES), so it carries bf16 only")
+        raise DeepEpDtypeUnsupported(
+            "deepep fp8: this deep_ep is built without its sm90 features "
+            "(DISABLE_SM90_FEATURES), so it carries bf16 only"
+        )
     if dtype is DispatchDtype.FP8 and hidden_size % FP8_GROUP:
-        raise UnsupportedCapability(f"deepep fp8: the hidden size must be a multiple of {FP8_GROUP} (one fp32 "
-                                    f"scale per {FP8_GROUP} channels), got {hidden_size}")
+        raise UnsupportedCapability(
+            f"deepep fp8: the hidden size must be a multiple of {FP8_GROUP} (one fp32 "
+            f"scale per {FP8_GROUP} channels), got {hidden_size}"
+        )
     if hidden_size % 8:
-        raise UnsupportedCapability(f"deepep: rows must be whole 16-byte units (hidden a multiple of 8 bf16 "
-                                    f"values), got hidden {hidden_size}")
+        raise UnsupportedCapability(
+            f"deepep: rows must be whole 16-byte units (hidden a multiple of 8 bf16 values), got hidden {hidden_size}"
+        )
     row_bytes = hidden_size * (1 if dtype is DispatchDtype.FP8 else 2)
     if row_bytes % NORMAL_ROW_MULTIPLE or row_bytes // 2 + 8 > NORMAL_TMA_BYTES_PER_WARP:
         # DeepEP's intranode kernel copies each half row through one warp's TMA buffer and asserts this on the
         # device (a failed assert kills the process, so refuse here)
         raise UnsupportedCapability(
             f"deepep: a {dtype} row of hidden {hidden_size} is {row_bytes} bytes; its normal-mode kernels need a "
-            f"multiple of {NORMAL_ROW_MULTIPLE} bytes of at most {2 * (NORMAL_TMA_BYTES_PER_WARP - 8)}")
+            f"multiple of {NORMAL_ROW_MULTIPLE} bytes of at most {2 * (NORMAL_TMA_BYTES_PER_WARP - 8)}"
+        )
     if world < 2:
-        raise UnsupportedCapability(f"deepep needs an expert-parallel group of 2 or more ranks, got {world}; "
-                                    "one rank dispatches locally (ep_dispatcher=None)")
+        raise UnsupportedCapability(
+            f"deepep needs an expert-parallel group of 2 or more ranks, got {world}; "
+            "one rank dispatches locally (ep_dispatcher=None)"
+        )
     if num_experts % world:
         raise InvalidInput(f"num_experts: expected a multiple of the {world} ranks for deepep, got {num_experts}")
     local = num_experts // world
@@ -85,28 +102,35 @@ def _check_normal(world: int, local: int, nvshmem_built: bool) -> None:
     if world not in INTRANODE_RANKS + INTERNODE_RANKS:
         raise UnsupportedCapability(
             f"deepep normal mode: DeepEP v1.2.1 has kernels for groups of {', '.join(map(str, INTRANODE_RANKS))} "
-            f"ranks within a host and {', '.join(map(str, INTERNODE_RANKS))} across hosts, not {world}")
+            f"ranks within a host and {', '.join(map(str, INTERNODE_RANKS))} across hosts, not {world}"
+        )
     if world in INTRANODE_RANKS and local > INTRANODE_MAX_LOCAL_EXPERTS:
-        raise UnsupportedCapability(f"deepep normal mode within a host: at most {INTRANODE_MAX_LOCAL_EXPERTS} "
-                                    f"experts per rank, got {local}")
+        raise UnsupportedCapability(
+            f"deepep normal mode within a host: at most {INTRANODE_MAX_LOCAL_EXPERTS} experts per rank, got {local}"
+        )
     if world in INTERNODE_RANKS and not nvshmem_built:
-        raise UnsupportedCapability(f"deepep normal mode across hosts ({world} ranks) needs a deep_ep built "
-                                    "with NVSHMEM")
+        raise UnsupportedCapability(
+            f"deepep normal mode across hosts ({world} ranks) needs a deep_ep built with NVSHMEM"
+        )
 
 
 def _check_low_latency(hidden_size: int, world: int, capacity: int, nvshmem_built: bool) -> None:
     if not nvshmem_built:
-        raise UnsupportedCapability("deepep low-latency mode needs a deep_ep built with NVSHMEM (this one was "
-                                    "built without it: see docs/deepep.md)")
+        raise UnsupportedCapability(
+            "deepep low-latency mode needs a deep_ep built with NVSHMEM (this one was "
+            "built without it: see docs/deepep.md)"
+        )
     if hidden_size not in LOW_LATENCY_HIDDEN:
         raise UnsupportedCapability(
             f"deepep low-latency mode: DeepEP v1.2.1's kernels are compiled for hidden sizes "
             f"{', '.join(map(str, LOW_LATENCY_HIDDEN))}, not {hidden_size}; use the normal mode (no "
-            "max_dispatch_tokens_per_rank) or ep_dispatcher=None")
+            "max_dispatch_tokens_per_rank) or ep_dispatcher=None"
+        )
     if (capacity * world) % LOW_LATENCY_SLOT_MULTIPLE:
         raise InvalidInput(
             f"max_dispatch_tokens_per_rank: expected a capacity whose slots per expert (capacity x {world} ranks) "
-            f"are a multiple of {LOW_LATENCY_SLOT_MULTIPLE} for deepep's low-latency kernels, got {capacity}")
+            f"are a multiple of {LOW_LATENCY_SLOT_MULTIPLE} for deepep's low-latency kernels, got {capacity}"
+        )
 
 
 @dataclass(frozen=True)
@@ -127,8 +151,9 @@ class BufferSize:
 
     def union(self, other: BufferSize) -> BufferSize:
         """The smallest size that covers both."""
-        return BufferSize(max(self.nvl_bytes, other.nvl_bytes), max(self.rdma_bytes, other.rdma_bytes),
-                          max(self.qps, other.qps))
+        return BufferSize(
+            max(self.nvl_bytes, other.nvl_bytes), max(self.rdma_bytes, other.rdma_bytes), max(self.qps, other.qps)
+        )
 
     def describe(self) -> str:
         parts = [f"NVLink {self.nvl_bytes / 2**20:.1f} MiB"] if self.nvl_bytes else []
@@ -161,7 +186,9 @@ def memory_refusal(mode: str, size: BufferSize, free_bytes: int, freed_bytes: in
     if size.total_bytes <= available:
         return None
     replaced = f" plus {freed_bytes / 2**30:.2f} GiB of the buffer it replaces" if freed_bytes else ""
-    return (f"deepep {mode} buffer: {size.describe()} = {size.total_bytes / 2**30:.2f} GiB exceeds the free device "
-            f"memory ({free_bytes / 2**30:.2f} GiB, the least over the group's {world} ranks{replaced}); "
-            + ("lower max_dispatch_tokens_per_rank, or " if mode == LOW_LATENCY else "")
-            + "free device memory before building the layer, or use ep_dispatcher=None")
+    return (
+        f"deepep {mode} buffer: {size.describe()} = {size.total_bytes / 2**30:.2f} GiB exceeds the free device "
+        f"memory ({free_bytes / 2**30:.2f} GiB, the least over the group's {world} ranks{replaced}); "
+        + ("lower max_dispatch_tokens_per_rank, or " if mode == LOW_LATENCY else "")
+        + "free device memory before building the layer, or use ep_dispatcher=None"
+    )

@@ -43,18 +43,27 @@ from hal import (
     QuantizedWeight,
     ReferenceOps,
     ScaleLayout,
-    UnsupportedCapability,
     take_rows,
 )
-from vendors.cuda.deepep import DEEPEP, DeepEp
+from vendors.cuda.deepep import DeepEp
+from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
 
-_TRITON_KINDS = {GemmKind.BF16, GemmKind.FP16, GemmKind.FP32, GemmKind.INT8, GemmKind.FP8_ROWWISE,
-                 GemmKind.FP8_BLOCK128}
-_SCALE_MODE = {GemmKind.INT8: grouped_gemm.SCALE_ROWWISE, GemmKind.FP8_ROWWISE: grouped_gemm.SCALE_ROWWISE,
-               GemmKind.FP8_BLOCK128: grouped_gemm.SCALE_BLOCK128}
+_TRITON_KINDS = {
+    GemmKind.BF16,
+    GemmKind.FP16,
+    GemmKind.FP32,
+    GemmKind.INT8,
+    GemmKind.FP8_ROWWISE,
+    GemmKind.FP8_BLOCK128,
+}
+_SCALE_MODE = {
+    GemmKind.INT8: grouped_gemm.SCALE_ROWWISE,
+    GemmKind.FP8_ROWWISE: grouped_gemm.SCALE_ROWWISE,
+    GemmKind.FP8_BLOCK128: grouped_gemm.SCALE_BLOCK128,
+}
 #: Rows per group from which torch._grouped_mm beats the Triton kernel for bf16, measured on an H100:
 #: at 256 rows per group (qwen3, 4096 tokens) 463 us against 642 us for the gate/up projection; at
 #: 128 (mixtral, 512 tokens) 1120 us against 756 us; at 32 (qwen3, 512 tokens) even.
@@ -67,7 +76,7 @@ GROUPED_MM_MIN_ROWS_PER_GROUP = 192
 ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
-class CudaOps(ReferenceOps):
+class CudaOps(DeepEpOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+);
     `dependent_launch`: launch the Triton kernels with programmatic dependent launch (sm90+,
     `kernels/dependent.py`)."""
@@ -77,31 +86,32 @@ class CudaOps(ReferenceOps):
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
-                          "fp8 128x128-block tiles fed by TMA (sm90+) where the table or built-in rule says so; "
-                          "tile configurations from the device's tuned table where it has the problem, else "
-                          f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
+        "fp8 128x128-block tiles fed by TMA (sm90+) where the table or built-in rule says so; "
+        "tile configurations from the device's tuned table where it has the problem, else "
+        f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
-                                    "torch._grouped_mm and for other activations",
+        "torch._grouped_mm and for other activations",
         "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "
-                                   "or gathers them first, as the tuned table says; without an entry, one-byte "
-                                   f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
+        "or gathers them first, as the tuned table says; without an entry, one-byte "
+        f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
         "swiglu": "Triton, one pass",
         "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
         "sort_by_expert": "Triton: one program at decode (a rank sort up to 128 pairs, else a counting sort over "
-                          "two chunks), a counting sort of two launches of spans above",
+        "two chunks), a counting sort of two launches of spans above",
         "sort_by_expert_tokens": "the counting sorts write each sorted row's token in the same pass",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
         "prepare_ep": "deepep: one DeepEP buffer per (process group, mode), sized from the layers' plans (the "
-                      "largest prepared), refused past the device's free memory",
+        "largest prepared), refused past the device's free memory",
         "ep_dispatch": "deepep: DeepEP normal dispatch (bf16, or fp8 with the Triton quantizer's per-128 scales; "
-                       "sorted by local expert on the experts' side) or low-latency dispatch (masked layout)",
+        "sorted by local expert on the experts' side) or low-latency dispatch (masked layout)",
         "ep_combine": "deepep: the experts' side weighs each received token's rows (Triton combine), DeepEP "
-                      "combine sums the ranks' partials; low-latency: DeepEP's weighted low_latency_combine",
+        "combine sums the ranks' partials; low-latency: DeepEP's weighted low_latency_combine",
     }
 
-    def __init__(self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None,
-                 dependent_launch: bool = False) -> None:
+    def __init__(
+        self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None, dependent_launch: bool = False
+    ) -> None:
         self.torch_grouped_mm = torch_grouped_mm
         self.pdl = dependent_launch
         self.tuning = tuning
@@ -119,95 +129,109 @@ class CudaOps(ReferenceOps):
         """`work` on a second stream of the device, joined when its result is asked for."""
         return self._side.run(work)
 
-    def prepare_ep(self, name: str, *, process_group: object, num_experts: int, hidden_size: int,
-                   dtype: DispatchDtype, capacity: int | None, layout: ScaleLayout | None = None) -> None:
-        """Make (or grow) the DeepEP buffer a layer needs, refusing what DeepEP cannot serve (`vendors.cuda.deepep`)."""
-        self._ep(name).prepare(process_group, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype,
-                               capacity=capacity, layout=layout)
-
-    def ep_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, *, name: str, dtype: DispatchDtype,
-                    num_experts: int, process_group: object, topk_weights: torch.Tensor | None = None,
-                    capacity: int | None = None,
-                    layout: ScaleLayout | None = None) -> tuple[QuantizedTensor, torch.Tensor, object]:
-        """DeepEP's normal dispatch (no `capacity`) or low-latency dispatch (`vendors.cuda.deepep`)."""
-        return self._ep(name).dispatch(x, topk_ids, dtype=dtype, num_experts=num_experts, process_group=process_group,
-                                       topk_weights=topk_weights, capacity=capacity, layout=layout)
-
-    def ep_combine(self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str,
-                   out_dtype: torch.dtype) -> torch.Tensor:
-        """DeepEP's combine for the handle's mode (`vendors.cuda.deepep`)."""
-        return self._ep(name).combine(rows, topk_weights, handle, out_dtype=out_dtype)
-
-    def release_ep(self) -> None:
-        """Destroy the DeepEP buffers (collective: every rank calls it, e.g. before destroying the process group)."""
-        if self._deepep is not None:
-            self._deepep.release()
-
-    def _ep(self, name: str) -> DeepEp:
-        if name != DEEPEP:
-            raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in the CUDA ops (they have "
-                                        f"{DEEPEP!r})")
-        if self._deepep is None:
-            self._deepep = DeepEp(self)
-        return self._deepep
-
-    def quantize(self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout,
-                 global_scale: torch.Tensor | None) -> QuantizedTensor:
+    def quantize(
+        self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
+    ) -> QuantizedTensor:
         """A cast, the one-pass Triton kernel for symmetric one-byte dtypes, the reference otherwise."""
         spec = dtype.spec
         if spec.codec is Codec.CAST:
             return QuantizedTensor(x.to(spec.storage), dtype, layout)
         group = layout.group_size
-        if (spec.codec is not Codec.SYMMETRIC or spec.storage.itemsize != 1 or group not in (None, FP8_GROUP_SIZE)
-                or global_scale is not None):
+        if (
+            spec.codec is not Codec.SYMMETRIC
+            or spec.storage.itemsize != 1
+            or group not in (None, FP8_GROUP_SIZE)
+            or global_scale is not None
+        ):
             return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        data, scale = quantize.quantize_rows(rows, spec.storage, group, qmax=float(spec.qmax),  # type: ignore[arg-type]
-                                             rounds=spec.rounds, pdl=self.pdl)
+        data, scale = quantize.quantize_rows(
+            rows,
+            spec.storage,
+            group,
+            qmax=float(spec.qmax),  # type: ignore[arg-type]
+            rounds=spec.rounds,
+            pdl=self.pdl,
+        )
         lead = tuple(x.shape[:-1])
         return QuantizedTensor(data.view(*lead, x.shape[-1]), dtype, layout, scale.view(*lead, *scale.shape[1:]))
 
-    def grouped_matmul(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                       groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """`y[rows of g] = x[rows of g] @ weight[g]` on the device, without a host synchronisation."""
         if kind not in _TRITON_KINDS:
             return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
-        return self._grouped(x, weight, groups, kind, out_dtype, gated=False,
-                             choice=self._choice(kind, weight, _rows(x), gated=False))
+        return self._grouped(
+            x, weight, groups, kind, out_dtype, gated=False, choice=self._choice(kind, weight, _rows(x), gated=False)
+        )
 
-    def grouped_matmul_activated(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight,
-                                 groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
-                                 activation: Activation) -> torch.Tensor:
+    def grouped_matmul_activated(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation,
+    ) -> torch.Tensor:
         """SiLU-GLU in the Triton GEMM's epilogue (from the fp32 accumulators); otherwise the GEMM, then
         the activation (torch._grouped_mm's calls, other activations, the reference's kinds)."""
         if kind not in _TRITON_KINDS or activation.kind is not ActivationKind.SILU_GLU:
-            return super().grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=out_dtype,
-                                                    activation=activation)
-        return self._grouped(x, weight, groups, kind, out_dtype, gated=True,
-                             choice=self._choice(kind, weight, _rows(x), gated=True))
+            return super().grouped_matmul_activated(
+                x, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
+            )
+        return self._grouped(
+            x, weight, groups, kind, out_dtype, gated=True, choice=self._choice(kind, weight, _rows(x), gated=True)
+        )
 
-    def grouped_matmul_gathered(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, row_index: torch.Tensor,
-                                weight: QuantizedWeight, groups: Groups, *, kind: GemmKind, out_dtype: torch.dtype,
-                                activation: Activation | None) -> torch.Tensor:
+    def grouped_matmul_gathered(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        row_index: torch.Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+    ) -> torch.Tensor:
         """The Triton kinds read x's rows through `row_index` inside the GEMM (SiLU-GLU in its epilogue), or
         gather them first, as the table's choice says (`Choice.gather`; without one, the built-in rule
         `gather_in_gemm`: one-byte rows in groups of many rows are gathered); the other kinds and
         activations gather first."""
         gated = activation is not None
         if kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU):  # type: ignore[union-attr]
-            return super().grouped_matmul_gathered(x, row_index, weight, groups, kind=kind, out_dtype=out_dtype,
-                                                   activation=activation)
+            return super().grouped_matmul_gathered(
+                x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
+            )
         choice = self._choice(kind, weight, row_index.numel(), gated)  # once: both ways run the same entry
         element_bytes = (x if isinstance(x, torch.Tensor) else x.data).element_size()
         if reads_through_index(choice, row_index.numel(), groups.num_groups, element_bytes):
             return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice)
         return self._grouped(take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice)
 
-    def _grouped(self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight, groups: Groups,
-                 kind: GemmKind, out_dtype: torch.dtype, *, gated: bool, choice: Choice | None,
-                 row_index: torch.Tensor | None = None) -> torch.Tensor:
+    def _grouped(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        *,
+        gated: bool,
+        choice: Choice | None,
+        row_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the device's table entry for the
         call (`_choice`), picks the backend and tiles (for a gated call: its `+silu-glu` entry, else the plain
         product's entry with the activation after it, as tables tuned before gated entries ran it); without
@@ -220,10 +244,12 @@ class CudaOps(ReferenceOps):
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        grouped_mm_fits = (kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16
-                           and _aligned(weight.data))
-        wants_grouped_mm = (choice.backend == GROUPED_MM if choice is not None
-                            else grouped_mm_by_default(rows, groups.num_groups))
+        grouped_mm_fits = (
+            kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16 and _aligned(weight.data)
+        )
+        wants_grouped_mm = (
+            choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups)
+        )
         if grouped_mm_fits and wants_grouped_mm:
             if row_index is not None:
                 data = data.index_select(0, row_index)
@@ -238,12 +264,23 @@ class CudaOps(ReferenceOps):
         fused = gated and (choice is None or choice.backend == TRITON)
         mode = _SCALE_MODE.get(kind)
         if mode is None:
-            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, config=tiles, gated=fused,
-                                          row_index=row_index, pdl=self.pdl)
+            y = grouped_gemm.grouped_gemm(
+                data, weight.data, counts, out_dtype, config=tiles, gated=fused, row_index=row_index, pdl=self.pdl
+            )
         else:
-            y = grouped_gemm.grouped_gemm(data, weight.data, counts, out_dtype, x_scale=x.scale,  # type: ignore[union-attr]
-                                          w_scale=weight.scale, scale_mode=mode, config=tiles, gated=fused,
-                                          row_index=row_index, pdl=self.pdl)
+            y = grouped_gemm.grouped_gemm(
+                data,
+                weight.data,
+                counts,
+                out_dtype,
+                x_scale=x.scale,  # type: ignore[union-attr]
+                w_scale=weight.scale,
+                scale_mode=mode,
+                config=tiles,
+                gated=fused,
+                row_index=row_index,
+                pdl=self.pdl,
+            )
         return self.swiglu(y) if gated and not fused else y
 
     def _choice(self, kind: GemmKind, weight: QuantizedWeight, rows: int, gated: bool) -> Choice | None:
@@ -255,8 +292,9 @@ class CudaOps(ReferenceOps):
             return self.tuning.lookup_activated(kind.value, e, k, n, rows, ActivationKind.SILU_GLU.value)
         return self.tuning.lookup(kind.value, e, k, n, rows)
 
-    def quantize_weight(self, weight: torch.Tensor, *, layout: ScaleLayout,
-                        dtype: torch.dtype | None) -> QuantizedWeight:
+    def quantize_weight(
+        self, weight: torch.Tensor, *, layout: ScaleLayout, dtype: torch.dtype | None
+    ) -> QuantizedWeight:
         """The reference quantization, then `prepare_weight` (one-byte weights stored K-major)."""
         return self.prepare_weight(super().quantize_weight(weight, layout=layout, dtype=dtype))
 
@@ -267,22 +305,24 @@ class CudaOps(ReferenceOps):
         k_major = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
         return QuantizedWeight(k_major, weight.layout, weight.scale, weight.global_scale)
 
-    def softmax_topk(self, logits: torch.Tensor, *, top_k: int,
-                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def softmax_topk(self, logits: torch.Tensor, *, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Softmax, top-k and the renormalization in one Triton launch (up to 1024 experts; the reference above)."""
         if logits.shape[1] > routing.MAX_EXPERTS:
             return super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
-        return routing.softmax_topk(logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize,
-                                     pdl=self.pdl)
+        return routing.softmax_topk(
+            logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize, pdl=self.pdl
+        )
 
-    def sort_by_expert(self, topk_ids: torch.Tensor, *,
-                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert(
+        self, topk_ids: torch.Tensor, *, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pairs sorted by expert: a Triton counting sort (one launch for small batches, two above);
         torch's radix sort for more experts than the kernels hold and for the largest batches."""
         return self._sort(topk_ids, num_experts, tokens=False)  # type: ignore[return-value]
 
-    def sort_by_expert_tokens(self, topk_ids: torch.Tensor, *,
-                              num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sort_by_expert_tokens(
+        self, topk_ids: torch.Tensor, *, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The counting sorts write each sorted row's token in their own pass; the radix sort divides after."""
         return self._sort(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
 
@@ -296,8 +336,9 @@ class CudaOps(ReferenceOps):
             return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
         return super().sort_by_expert(topk_ids, num_experts=num_experts)
 
-    def weighted_combine(self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *,
-                         out_dtype: torch.dtype) -> torch.Tensor:
+    def weighted_combine(
+        self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         """Each token's weighted sum of its k rows, in one Triton pass."""
         if rows.dtype not in FLOAT_DTYPES or rows.stride(-1) != 1:
             return super().weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)

@@ -45,8 +45,13 @@ from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
 from vendors.cuda.ops import gather_in_gemm, grouped_mm_aligned, grouped_mm_by_default
 from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
 
-_SCALE = {GemmKind.BF16: gg.SCALE_NONE, GemmKind.FP16: gg.SCALE_NONE, GemmKind.INT8: gg.SCALE_ROWWISE,
-          GemmKind.FP8_ROWWISE: gg.SCALE_ROWWISE, GemmKind.FP8_BLOCK128: gg.SCALE_BLOCK128}
+_SCALE = {
+    GemmKind.BF16: gg.SCALE_NONE,
+    GemmKind.FP16: gg.SCALE_NONE,
+    GemmKind.INT8: gg.SCALE_ROWWISE,
+    GemmKind.FP8_ROWWISE: gg.SCALE_ROWWISE,
+    GemmKind.FP8_BLOCK128: gg.SCALE_BLOCK128,
+}
 #: The kinds `tune` searches (fp32 is exact and rare: its defaults stay).
 TUNABLE = tuple(_SCALE)
 _ROUTINGS = 4
@@ -123,10 +128,15 @@ class _Case:
             self.x, self.x_scale = x.to(dtype), None
             self.w, self.w_scale = w.to(dtype), None
         else:
-            act = {GemmKind.INT8: ("int8", "per-token"), GemmKind.FP8_ROWWISE: ("fp8", "per-token"),
-                   GemmKind.FP8_BLOCK128: ("fp8", "per-token-group-128")}[problem.kind]
-            layout, dtype = ({GemmKind.INT8: ("per-channel", torch.int8), GemmKind.FP8_ROWWISE:
-                              ("per-channel", torch.float8_e4m3fn)}.get(problem.kind, ("block-128x128", None)))
+            act = {
+                GemmKind.INT8: ("int8", "per-token"),
+                GemmKind.FP8_ROWWISE: ("fp8", "per-token"),
+                GemmKind.FP8_BLOCK128: ("fp8", "per-token-group-128"),
+            }[problem.kind]
+            layout, dtype = {
+                GemmKind.INT8: ("per-channel", torch.int8),
+                GemmKind.FP8_ROWWISE: ("per-channel", torch.float8_e4m3fn),
+            }.get(problem.kind, ("block-128x128", None))
             q = reference.quantize(x, *act)
             qw = reference.quantize_weight(w, layout, dtype)
             self.x, self.x_scale = q.data, q.scale
@@ -158,9 +168,18 @@ class _Case:
         if backend == GROUPED_MM:
             y = torch._grouped_mm(x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
         else:
-            y = gg.grouped_gemm(x, self.w, self.counts[routing], torch.bfloat16, x_scale=x_scale,
-                                w_scale=self.w_scale, scale_mode=self.scale_mode, config=tiles,
-                                gated=activation and backend == TRITON, row_index=index)
+            y = gg.grouped_gemm(
+                x,
+                self.w,
+                self.counts[routing],
+                torch.bfloat16,
+                x_scale=x_scale,
+                w_scale=self.w_scale,
+                scale_mode=self.scale_mode,
+                config=tiles,
+                gated=activation and backend == TRITON,
+                row_index=index,
+            )
         return act.swiglu(y) if activation and backend != TRITON else y
 
     def _write_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,27 +227,44 @@ class _Case:
         return statistics.median(times)
 
 
-def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str, *, grouped_mm: bool,
-         reps: int = 12, progress: Callable[[str], None] | None = None) -> TuningTable:
+def tune(
+    problems: Sequence[GemmProblem],
+    device: torch.device,
+    device_name: str,
+    *,
+    grouped_mm: bool,
+    reps: int = 12,
+    progress: Callable[[str], None] | None = None,
+) -> TuningTable:
     """Search every problem's token counts on `device`; the table of the fastest choices."""
     say = progress or (lambda _line: None)
     generator = torch.Generator().manual_seed(0)
-    table = TuningTable(device_name, meta={"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                                           "triton": triton.__version__, "reps": reps,
-                                           "timing": f"median of {reps} CUDA-graph replays of {_ROUTINGS} routings"})
+    table = TuningTable(
+        device_name,
+        meta={
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "reps": reps,
+            "timing": f"median of {reps} CUDA-graph replays of {_ROUTINGS} routings",
+        },
+    )
     total = sum(len(p.tokens) for p in problems)
     done = 0
     for problem in problems:
         if problem.kind not in TUNABLE:
             raise ValueError(f"hal tune: the CUDA vendor tunes {', '.join(map(str, TUNABLE))}, not {problem.kind}")
         if problem.activation not in (None, ActivationKind.SILU_GLU):
-            raise ValueError(f"hal tune: the CUDA vendor fuses only the {ActivationKind.SILU_GLU} activation, "
-                             f"not {problem.activation}")
+            raise ValueError(
+                f"hal tune: the CUDA vendor fuses only the {ActivationKind.SILU_GLU} activation, "
+                f"not {problem.activation}"
+            )
         activation = problem.activation is not None
         if activation and problem.n % 2:
             raise ValueError(f"hal tune: a problem with {problem.activation} needs an even N, got {problem.n}")
-        key = problem_key(problem.kind.value, problem.experts, problem.k, problem.n,
-                          problem.activation.value if activation else None)
+        key = problem_key(
+            problem.kind.value, problem.experts, problem.k, problem.n, problem.activation.value if activation else None
+        )
         by_rows = table.entries.setdefault(key, {})
         for tokens in problem.tokens:
             done += 1
@@ -237,12 +273,15 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
             default = _builtin(case, problem, activation, grouped_mm)
             backend, tiles, through_index = best = min(timed, key=timed.__getitem__)
             gather = None if tiles is None or not case.first else not through_index
-            by_rows[case.rows] = Choice(backend, None if tiles is None else tuple(tiles.as_list()), timed[best],
-                                        timed.get(default), gather)
+            by_rows[case.rows] = Choice(
+                backend, None if tiles is None else tuple(tiles.as_list()), timed[best], timed.get(default), gather
+            )
             count = f"[{done}/{total}] " if total > 1 else ""  # `hal tune` asks one case at a time and counts
             way = "" if gather is None else (" on gathered rows" if gather else " through the row index")
-            say(f"{count}{key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
-                f"{tiles or ''}{way} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)")
+            say(
+                f"{count}{key} tokens {tokens} (M={case.rows}): {timed[best]:.1f} us with {backend} "
+                f"{tiles or ''}{way} (built-in {timed.get(default, float('nan')):.1f} us; {len(timed)} timed)"
+            )
             del case
             torch.cuda.empty_cache()
     return table
@@ -250,19 +289,30 @@ def tune(problems: Sequence[GemmProblem], device: torch.device, device_name: str
 
 def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bool) -> Candidate:
     """What `CudaOps` runs for this case without a table."""
-    if (grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n)
-            and grouped_mm_by_default(case.rows, problem.experts)):
+    if (
+        grouped_mm
+        and problem.kind is GemmKind.BF16
+        and grouped_mm_aligned(problem.k, problem.n)
+        and grouped_mm_by_default(case.rows, problem.experts)
+    ):
         return GROUPED_MM, None, False
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
-    tma = block_scaled and tma_fits(case.x, case.w, block_n=64, block_k=128, gated=activation,
-                                    gathered=case.through_index)
-    tiles = gg.default_tiles(case.rows, problem.n // 2 if activation else problem.n, problem.experts,
-                             case.x.element_size(), block_scaled, gated=activation, tma=tma)
+    tma = block_scaled and tma_fits(
+        case.x, case.w, block_n=64, block_k=128, gated=activation, gathered=case.through_index
+    )
+    tiles = gg.default_tiles(
+        case.rows,
+        problem.n // 2 if activation else problem.n,
+        problem.experts,
+        case.x.element_size(),
+        block_scaled,
+        gated=activation,
+        tma=tma,
+    )
     return TRITON, tiles, case.through_index
 
 
-def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
-            grouped_mm: bool) -> dict[Candidate, float]:
+def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool, grouped_mm: bool) -> dict[Candidate, float]:
     """Every candidate timed for one case: the built-in choice, the grid and the winner's neighbours for
     each Triton backend (with an activation: in the epilogue, and before the separate pass), and
     torch._grouped_mm for bf16. Where the built-in rule gathers a first projection's rows, the fastest
@@ -279,10 +329,18 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
 
     def runnable(choice: Candidate) -> bool:  # a TMA tile the call would run with pointer loads
         backend, tiles, through_index = choice
-        return tiles is None or not tiles.tma or tma_fits(case.x, case.w, block_n=tiles.block_n,
-                                                          block_k=tiles.block_k,
-                                                          gated=activation and backend == TRITON,
-                                                          gathered=through_index)
+        return (
+            tiles is None
+            or not tiles.tma
+            or tma_fits(
+                case.x,
+                case.w,
+                block_n=tiles.block_n,
+                block_k=tiles.block_k,
+                gated=activation and backend == TRITON,
+                gathered=through_index,
+            )
+        )
 
     def best_of(backend: str, through_index: bool) -> gg.TileConfig | None:
         tiled = [c for c in timed if c[0] == backend and c[2] == through_index]
@@ -303,8 +361,9 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool,
             fastest = list(dict.fromkeys(replace(t, tma=False) for _, t, _ in ranked))[:OTHER_WAY_TILES]
             time([(backend, t, not rule) for t in fastest])  # type: ignore[misc]
             if (best := best_of(backend, not rule)) is not None:
-                time([c for c in ((backend, t, not rule) for t in neighbours(best, case.rows_per_expert))
-                      if runnable(c)])
+                time(
+                    [c for c in ((backend, t, not rule) for t in neighbours(best, case.rows_per_expert)) if runnable(c)]
+                )
     if grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n):
         time([(GROUPED_MM, None, False)])
     if not timed:

@@ -85,20 +85,30 @@ class Choice:
         backend = data.get("backend") if isinstance(data, Mapping) else None
         tiles = data.get("tiles") if isinstance(data, Mapping) else None
         if backend in _TILED:
-            if not (isinstance(tiles, list) and len(tiles) in (5, 6, 7, 8) and all(isinstance(v, int) for v in tiles)
-                    and all(v > 0 for v in tiles[:5]) and (len(tiles) < 7 or tiles[6] > 0)
-                    and (len(tiles) < 8 or tiles[7] in (0, 1))):
-                raise InvalidInput(f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest"
-                                   f"(, group_m(, tma))], got {tiles!r}")
+            if not (
+                isinstance(tiles, list)
+                and len(tiles) in (5, 6, 7, 8)
+                and all(isinstance(v, int) for v in tiles)
+                and all(v > 0 for v in tiles[:5])
+                and (len(tiles) < 7 or tiles[6] > 0)
+                and (len(tiles) < 8 or tiles[7] in (0, 1))
+            ):
+                raise InvalidInput(
+                    f"{where}: expected tiles [block_m, block_n, block_k, warps, stages, n_fastest"
+                    f"(, group_m(, tma))], got {tiles!r}"
+                )
             gather = data.get("gather")
             if gather is not None and not isinstance(gather, bool):
-                raise InvalidInput(f"{where}: expected 'gather' true or false (rows gathered first, or read "
-                                   f"through the row index), got {gather!r}")
+                raise InvalidInput(
+                    f"{where}: expected 'gather' true or false (rows gathered first, or read "
+                    f"through the row index), got {gather!r}"
+                )
             return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"), gather)
         if backend == GROUPED_MM:
             return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))
-        raise InvalidInput(f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}, "
-                           f"got {backend!r}")
+        raise InvalidInput(
+            f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}, got {backend!r}"
+        )
 
 
 @dataclass
@@ -110,8 +120,9 @@ class TuningTable:
     meta: dict[str, Any] = field(default_factory=dict)  #: torch / Triton versions, date
     source: str = "measured in this process"  #: where it was read from
 
-    def lookup(self, kind: str, experts: int, k: int, n: int, rows: int,
-               activation: str | None = None) -> Choice | None:
+    def lookup(
+        self, kind: str, experts: int, k: int, n: int, rows: int, activation: str | None = None
+    ) -> Choice | None:
         """The choice for a call: its problem's entry whose M is nearest to `rows` (log scale), or None
         (the problem is not in the table, or `rows` lies more than `REACH` times outside its tuned rows)."""
         by_rows = self.entries.get(problem_key(kind, experts, k, n, activation))
@@ -120,8 +131,7 @@ class TuningTable:
         target = math.log2(max(rows, 1))
         return by_rows[min(by_rows, key=lambda m: (abs(math.log2(m) - target), m))]
 
-    def lookup_activated(self, kind: str, experts: int, k: int, n: int, rows: int,
-                         activation: str) -> Choice | None:
+    def lookup_activated(self, kind: str, experts: int, k: int, n: int, rows: int, activation: str) -> Choice | None:
         """The choice for a call that applies `activation`: its `+activation` entry, else the plain product's
         entry run as tables tuned before such entries ran it (a Triton entry becomes `triton-then-activation`;
         `torch-grouped-mm` is followed by the activation pass anyway), else None."""
@@ -137,14 +147,23 @@ class TuningTable:
         """One line for `hal caps`: where the table is from and what it holds."""
         tuned = ", ".join(f"{k}={v}" for k, v in self.meta.items() if k in ("date", "torch", "triton"))
         count = sum(len(v) for v in self.entries.values())
-        return (f"tuned table for {self.device} ({self.source}; {len(self.entries)} problems, {count} entries"
-                + (f"; tuned with {tuned}" if tuned else "") + ")")
+        return (
+            f"tuned table for {self.device} ({self.source}; {len(self.entries)} problems, {count} entries"
+            + (f"; tuned with {tuned}" if tuned else "")
+            + ")"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form `load` reads."""
-        return {"format": FORMAT, "device": self.device, **self.meta,
-                "entries": {key: {str(m): c.as_dict() for m, c in sorted(by_rows.items())}
-                            for key, by_rows in sorted(self.entries.items())}}
+        return {
+            "format": FORMAT,
+            "device": self.device,
+            **self.meta,
+            "entries": {
+                key: {str(m): c.as_dict() for m, c in sorted(by_rows.items())}
+                for key, by_rows in sorted(self.entries.items())
+            },
+        }
 
     def write(self, path: Path) -> None:
         """Write the table as JSON."""
@@ -159,18 +178,19 @@ class TuningTable:
         except (OSError, ValueError) as exc:
             raise InvalidInput(f"tuning table {str(path)!r}: cannot be read as JSON ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("device"), str):
-            raise InvalidInput(f"tuning table {str(path)!r}: expected a JSON object with format {FORMAT!r} and "
-                               "a device name")
+            raise InvalidInput(
+                f"tuning table {str(path)!r}: expected a JSON object with format {FORMAT!r} and a device name"
+            )
         entries: dict[str, dict[int, Choice]] = {}
         raw = data.get("entries")
         if not isinstance(raw, dict):
             raise InvalidInput(f"tuning table {str(path)!r}: expected an 'entries' object")
         for key, by_rows in raw.items():
             if not isinstance(by_rows, dict) or not all(str(m).isdigit() and int(m) > 0 for m in by_rows):
-                raise InvalidInput(f"tuning table {str(path)!r}: entry {key!r} must map positive row counts "
-                                   "to choices")
-            entries[key] = {int(m): Choice.from_dict(c, f"tuning table {path.name} {key} M={m}")
-                            for m, c in by_rows.items()}
+                raise InvalidInput(f"tuning table {str(path)!r}: entry {key!r} must map positive row counts to choices")
+            entries[key] = {
+                int(m): Choice.from_dict(c, f"tuning table {path.name} {key} M={m}") for m, c in by_rows.items()
+            }
         meta = {k: v for k, v in data.items() if k not in ("format", "device", "entries")}
         return cls(data["device"], entries, meta, source=str(path))
 

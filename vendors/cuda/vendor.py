@@ -31,11 +31,17 @@ class CudaVendor(Vendor):
     priority = 100
     description = "NVIDIA GPUs (capabilities from the compute capability)"
 
-    def __init__(self, device_index: int | None = None, *,
-                 tuning: bool | str | os.PathLike[str] | TuningTable = True, dependent_launch: bool = True) -> None:
+    def __init__(
+        self,
+        device_index: int | None = None,
+        *,
+        tuning: bool | str | os.PathLike[str] | TuningTable = True,
+        dependent_launch: bool = True,
+    ) -> None:
         super().__init__()
-        if device_index is not None and (isinstance(device_index, bool) or not isinstance(device_index, int)
-                                         or device_index < 0):
+        if device_index is not None and (
+            isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0
+        ):
             raise InvalidInput(f"device_index: expected a non-negative int or None, got {device_index!r}")
         if not isinstance(tuning, (bool, str, os.PathLike, TuningTable)):
             raise InvalidInput(f"tuning: expected True, False, a path or a TuningTable, got {type(tuning).__name__}")
@@ -56,7 +62,8 @@ class CudaVendor(Vendor):
         if not torch.cuda.is_available():
             return ProbeResult.unavailable(
                 f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device "
-                "(no driver, or CUDA_VISIBLE_DEVICES hides them)")
+                "(no driver, or CUDA_VISIBLE_DEVICES hides them)"
+            )
         count = torch.cuda.device_count()
         index = self._index()
         if index >= count:
@@ -64,8 +71,9 @@ class CudaVendor(Vendor):
         major, minor = torch.cuda.get_device_capability(index)
         self._triton = _triton_version()
         kernels = f"Triton {self._triton}" if self._triton else "no Triton: torch reference ops"
-        return ProbeResult.ok(f"{count} device(s); cuda:{index} is "
-                              f"{torch.cuda.get_device_name(index)} (sm{major}{minor}); {kernels}")
+        return ProbeResult.ok(
+            f"{count} device(s); cuda:{index} is {torch.cuda.get_device_name(index)} (sm{major}{minor}); {kernels}"
+        )
 
     def _index(self) -> int:
         return torch.cuda.current_device() if self._device_index is None else self._device_index
@@ -90,12 +98,20 @@ class CudaVendor(Vendor):
         elif self._tuning is not None:
             note = f"kernel configurations: {self._tuning.describe()}"
         else:
-            note = (f"kernel configurations: built-in defaults (no tuned table for {name}: `hal tune --vendor cuda "
-                    f"--output {device_slug(name)}.json` makes one; pass it as CudaVendor(tuning=PATH))"
-                    if self._tuning_request is not False else "kernel configurations: built-in defaults (tuning=False)")
+            note = (
+                f"kernel configurations: built-in defaults (no tuned table for {name}: `hal tune --vendor cuda "
+                f"--output {device_slug(name)}.json` makes one; pass it as CudaVendor(tuning=PATH))"
+                if self._tuning_request is not False
+                else "kernel configurations: built-in defaults (tuning=False)"
+            )
         notes = (note, self._launch_note()) if note else ()
-        return cuda_capabilities(name, torch.cuda.get_device_capability(index), kernels=self._triton is not None,
-                                 extra_notes=notes, deepep=self.deepep_probe())
+        return cuda_capabilities(
+            name,
+            torch.cuda.get_device_capability(index),
+            kernels=self._triton is not None,
+            extra_notes=notes,
+            deepep=self.deepep_probe(),
+        )
 
     def deepep_probe(self) -> DeepEpProbe:
         """Whether DeepEP (`deep_ep`) imports here and what its build has: looked up once, when the
@@ -105,14 +121,20 @@ class CudaVendor(Vendor):
         return self._deepep
 
     def _uses_dependent_launch(self) -> bool:
-        return (self._dependent_launch and self._triton is not None
-                and dependent_launch_supported(self._triton, torch.cuda.get_device_capability(self._index())))
+        return (
+            self._dependent_launch
+            and self._triton is not None
+            and dependent_launch_supported(self._triton, torch.cuda.get_device_capability(self._index()))
+        )
 
     def _launch_note(self) -> str:
         if self._uses_dependent_launch():
             return "kernel launches: programmatic dependent launch (each overlaps the tail of the one before)"
-        why = ("dependent_launch=False" if not self._dependent_launch
-               else f"needs sm90+ and Triton {'.'.join(map(str, MIN_TRITON_DEPENDENT_LAUNCH))}+")
+        why = (
+            "dependent_launch=False"
+            if not self._dependent_launch
+            else f"needs sm90+ and Triton {'.'.join(map(str, MIN_TRITON_DEPENDENT_LAUNCH))}+"
+        )
         return f"kernel launches: plain ({why})"
 
     def _make_ops(self) -> VendorOps:
@@ -122,8 +144,11 @@ class CudaVendor(Vendor):
         from vendors.cuda.ops import CudaOps
 
         major, _ = torch.cuda.get_device_capability(self.device)
-        return CudaOps(torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"), tuning=self._tuning,
-                       dependent_launch=self._uses_dependent_launch())
+        return CudaOps(
+            torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"),
+            tuning=self._tuning,
+            dependent_launch=self._uses_dependent_launch(),
+        )
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         probe = self.deepep_probe()

@@ -23,8 +23,9 @@ class TemplateOps(hal.ReferenceOps):
         "swiglu": "the template's own code",
     }
 
-    def quantize(self, x: torch.Tensor, *, dtype: hal.DispatchDtype, layout: hal.ScaleLayout,
-                 global_scale: torch.Tensor | None) -> hal.QuantizedTensor:
+    def quantize(
+        self, x: torch.Tensor, *, dtype: hal.DispatchDtype, layout: hal.ScaleLayout, global_scale: torch.Tensor | None
+    ) -> hal.QuantizedTensor:
         """int8 per token: `scale = rowmax|x| / 127`, values rounded half to even (a zero row stays 0)."""
         if dtype is not hal.DispatchDtype.INT8:
             return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
@@ -34,16 +35,25 @@ class TemplateOps(hal.ReferenceOps):
         data = torch.round(xf / divisor).clamp(-hal.INT8_MAX, hal.INT8_MAX).to(torch.int8)
         return hal.QuantizedTensor(data, dtype, layout, scale)
 
-    def grouped_matmul(self, x: torch.Tensor | hal.QuantizedTensor | hal.PackedInt4Tensor,
-                       weight: hal.QuantizedWeight, groups: hal.Groups, *, kind: hal.GemmKind,
-                       out_dtype: torch.dtype) -> torch.Tensor:
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | hal.QuantizedTensor | hal.PackedInt4Tensor,
+        weight: hal.QuantizedWeight,
+        groups: hal.Groups,
+        *,
+        kind: hal.GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """One matmul per group: fp32 for float kinds; int8 exactly (in float64), then both scales."""
         data = x if isinstance(x, torch.Tensor) else x.data
         # The template reads the group sizes on the host; a device kernel takes the group tensor as it is.
         counts = groups.counts().tolist()
         if any(c < 0 for c in counts) or sum(counts) != data.shape[0]:
-            raise hal.invalid(f"groups ({groups.kind})", f"non-negative rows covering the {data.shape[0]} rows of x",
-                              groups.tensor.tolist())
+            raise hal.invalid(
+                f"groups ({groups.kind})",
+                f"non-negative rows covering the {data.shape[0]} rows of x",
+                groups.tensor.tolist(),
+            )
         out = torch.empty((data.shape[0], weight.out_features), dtype=out_dtype, device=data.device)
         start = 0
         for g, count in enumerate(counts):

@@ -14,8 +14,9 @@ from hal_vendor_template.ops import TemplateOps
 TEMPLATE_CAPABILITIES = hal.Capabilities(
     device_name="template vendor on the CPU",
     # fp16 and fp32: a cast (the reference), for fp16 / fp32 models that compute in their own dtype.
-    dispatch_dtypes=frozenset({hal.DispatchDtype.BF16, hal.DispatchDtype.FP16, hal.DispatchDtype.FP32,
-                               hal.DispatchDtype.INT8}),
+    dispatch_dtypes=frozenset(
+        {hal.DispatchDtype.BF16, hal.DispatchDtype.FP16, hal.DispatchDtype.FP32, hal.DispatchDtype.INT8}
+    ),
     dispatch_fallbacks={
         hal.DispatchDtype.FP8: hal.DispatchDtype.INT8,
         hal.DispatchDtype.NVFP4: None,  # None: rejected, with the reason below

@@ -19,9 +19,7 @@ from __future__ import annotations
 import importlib.util
 
 if importlib.util.find_spec("transformers") is None:  # pragma: no cover - only without the extra
-    raise ImportError(
-        "moe.integrations.transformers needs transformers: pip install 'moe-hal[transformers]'"
-    )
+    raise ImportError("moe.integrations.transformers needs transformers: pip install 'moe-hal[transformers]'")
 
 from moe.integrations.transformers.architectures import (
     ARCHITECTURES,
@@ -38,15 +36,24 @@ from moe.integrations.transformers.architectures import (
     softmax_topk,
 )
 from moe.integrations.transformers.block import MoEBlock
-from moe.integrations.transformers.replace import (
-    architecture_of,
-    build_layer,
-    replace_moe_blocks,
-    restore_moe_blocks,
-)
+from moe.integrations.transformers.replace import architecture_of, build_layer, replace_moe_blocks, restore_moe_blocks
 
 __all__ = [
-    "ARCHITECTURES", "Architecture", "ExpertLayout", "ExpertTensors", "Returns", "SharedTensors",
-    "deepseek_v3_router", "glu_of", "gpt_oss_activation", "llama4_router", "read_experts", "softmax_topk",
-    "MoEBlock", "architecture_of", "build_layer", "replace_moe_blocks", "restore_moe_blocks",
+    "ARCHITECTURES",
+    "Architecture",
+    "ExpertLayout",
+    "ExpertTensors",
+    "Returns",
+    "SharedTensors",
+    "deepseek_v3_router",
+    "glu_of",
+    "gpt_oss_activation",
+    "llama4_router",
+    "read_experts",
+    "softmax_topk",
+    "MoEBlock",
+    "architecture_of",
+    "build_layer",
+    "replace_moe_blocks",
+    "restore_moe_blocks",
 ]

@@ -75,8 +75,14 @@ class SharedTensors:
 # --- activations -----------------------------------------------------------------------
 
 #: HF `hidden_act` names -> the gated activation of an MLP `act(gate) * up`
-_GLU_OF_ACT = {"silu": "silu-glu", "swish": "silu-glu", "gelu": "gelu-glu",
-               "gelu_pytorch_tanh": "gelu-tanh-glu", "gelu_new": "gelu-tanh-glu", "gelu_fast": "gelu-tanh-glu"}
+_GLU_OF_ACT = {
+    "silu": "silu-glu",
+    "swish": "silu-glu",
+    "gelu": "gelu-glu",
+    "gelu_pytorch_tanh": "gelu-tanh-glu",
+    "gelu_new": "gelu-tanh-glu",
+    "gelu_fast": "gelu-tanh-glu",
+}
 
 
 def glu_of(config: Any) -> Activation:
@@ -90,8 +96,9 @@ def glu_of(config: Any) -> Activation:
 
 def gpt_oss_activation(config: Any) -> Activation:
     """gpt-oss's clamped SwiGLU with the config's `swiglu_alpha` and `swiglu_limit`."""
-    return Activation("swiglu-oai", alpha=getattr(config, "swiglu_alpha", 1.702),
-                      limit=getattr(config, "swiglu_limit", 7.0))
+    return Activation(
+        "swiglu-oai", alpha=getattr(config, "swiglu_alpha", 1.702), limit=getattr(config, "swiglu_limit", 7.0)
+    )
 
 
 RouterFactory = Callable[[torch.nn.Module, int, int], Router]
@@ -154,8 +161,11 @@ class Architecture:
 def _attr(module: torch.nn.Module, name: str) -> Any:
     found = getattr(module, name, None)
     if found is None:
-        raise invalid(f"{type(module).__name__}.{name}", "a submodule or tensor named by the Architecture entry",
-                      "no such attribute")
+        raise invalid(
+            f"{type(module).__name__}.{name}",
+            "a submodule or tensor named by the Architecture entry",
+            "no such attribute",
+        )
     return found
 
 
@@ -176,11 +186,18 @@ def read_experts(experts: Any, layout: ExpertLayout) -> ExpertTensors:
         gate_up = torch.cat((gate_up[..., 0::2], gate_up[..., 1::2]), dim=-1)
         if up_bias is not None:
             up_bias = torch.cat((up_bias[..., 0::2], up_bias[..., 1::2]), dim=-1)
-    if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0] \
-            or gate_up.shape[2] != 2 * down.shape[1] or gate_up.shape[1] != down.shape[2]:
-        raise invalid("experts.gate_up_proj, experts.down_proj",
-                      f"tensors of the {layout.value} layout ([E, H, 2I] and [E, I, H] once read)",
-                      f"{tuple(experts.gate_up_proj.shape)} and {tuple(experts.down_proj.shape)}")
+    if (
+        gate_up.dim() != 3
+        or down.dim() != 3
+        or gate_up.shape[0] != down.shape[0]
+        or gate_up.shape[2] != 2 * down.shape[1]
+        or gate_up.shape[1] != down.shape[2]
+    ):
+        raise invalid(
+            "experts.gate_up_proj, experts.down_proj",
+            f"tensors of the {layout.value} layout ([E, H, 2I] and [E, I, H] once read)",
+            f"{tuple(experts.gate_up_proj.shape)} and {tuple(experts.down_proj.shape)}",
+        )
     return ExpertTensors(gate_up, down, up_bias, down_bias)
 
 
@@ -212,9 +229,14 @@ def deepseek_v3_router(hf_router: torch.nn.Module, num_experts: int, top_k: int)
     """Grouped sigmoid top-k with the router's correction bias, groups, scaling and renormalization."""
     bias = getattr(hf_router, "e_score_correction_bias", None)
     return GroupedSigmoidTopK(
-        num_experts, top_k, num_groups=int(hf_router.num_group), topk_groups=int(hf_router.topk_group),
+        num_experts,
+        top_k,
+        num_groups=int(hf_router.num_group),
+        topk_groups=int(hf_router.topk_group),
         correction_bias=bias.detach().to(torch.float32).clone() if bias is not None else None,
-        renormalize=bool(hf_router.norm_topk_prob), routed_scaling_factor=float(hf_router.routed_scaling_factor))
+        renormalize=bool(hf_router.norm_topk_prob),
+        routed_scaling_factor=float(hf_router.routed_scaling_factor),
+    )
 
 
 def llama4_router(hf_router: torch.nn.Module, num_experts: int, top_k: int) -> Router:
@@ -225,18 +247,33 @@ def llama4_router(hf_router: torch.nn.Module, num_experts: int, top_k: int) -> R
 _SOFTMAX_NORM = softmax_topk()
 
 #: model_type -> how its MoE blocks are read (`config.get_text_config().model_type`)
-ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType({
-    "qwen3_moe": Architecture(("Qwen3MoeSparseMoeBlock",), _SOFTMAX_NORM),
-    "olmoe": Architecture(("OlmoeSparseMoeBlock",), _SOFTMAX_NORM),
-    "mixtral": Architecture(("MixtralSparseMoeBlock",), softmax_topk(renormalize=True)),
-    "qwen2_moe": Architecture(("Qwen2MoeSparseMoeBlock",), _SOFTMAX_NORM,
-                              shared="shared_expert", shared_gate="shared_expert_gate"),
-    "deepseek_v3": Architecture(("DeepseekV3MoE",), deepseek_v3_router, logits_dtype=torch.float32,
-                                shared="shared_experts"),
-    "gpt_oss": Architecture(("GptOssMLP",), softmax_topk(renormalize=True), router="router",
-                            layout=ExpertLayout.FUSED_IN_OUT_INTERLEAVED, activation=gpt_oss_activation,
-                            returns=Returns.HIDDEN_AND_SCORES),
-    "llama4_text": Architecture(("Llama4TextMoe",), llama4_router, router="router", logits_index=1,
-                                layout=ExpertLayout.FUSED_IN_OUT, shared="shared_expert",
-                                returns=Returns.FLAT_AND_LOGITS),
-})
+ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
+    {
+        "qwen3_moe": Architecture(("Qwen3MoeSparseMoeBlock",), _SOFTMAX_NORM),
+        "olmoe": Architecture(("OlmoeSparseMoeBlock",), _SOFTMAX_NORM),
+        "mixtral": Architecture(("MixtralSparseMoeBlock",), softmax_topk(renormalize=True)),
+        "qwen2_moe": Architecture(
+            ("Qwen2MoeSparseMoeBlock",), _SOFTMAX_NORM, shared="shared_expert", shared_gate="shared_expert_gate"
+        ),
+        "deepseek_v3": Architecture(
+            ("DeepseekV3MoE",), deepseek_v3_router, logits_dtype=torch.float32, shared="shared_experts"
+        ),
+        "gpt_oss": Architecture(
+            ("GptOssMLP",),
+            softmax_topk(renormalize=True),
+            router="router",
+            layout=ExpertLayout.FUSED_IN_OUT_INTERLEAVED,
+            activation=gpt_oss_activation,
+            returns=Returns.HIDDEN_AND_SCORES,
+        ),
+        "llama4_text": Architecture(
+            ("Llama4TextMoe",),
+            llama4_router,
+            router="router",
+            logits_index=1,
+            layout=ExpertLayout.FUSED_IN_OUT,
+            shared="shared_expert",
+            returns=Returns.FLAT_AND_LOGITS,
+        ),
+    }
+)

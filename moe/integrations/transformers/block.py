@@ -24,8 +24,15 @@ class MoEBlock(torch.nn.Module):
     given back by `original` for `restore_moe_blocks`.
     """
 
-    def __init__(self, layer: MoELayer, router: torch.nn.Module, architecture: Architecture,
-                 model_type: str, original: torch.nn.Module | None, record_router_logits: bool = False) -> None:
+    def __init__(
+        self,
+        layer: MoELayer,
+        router: torch.nn.Module,
+        architecture: Architecture,
+        model_type: str,
+        original: torch.nn.Module | None,
+        record_router_logits: bool = False,
+    ) -> None:
         super().__init__()
         self.moe = layer
         self.router_name = architecture.router

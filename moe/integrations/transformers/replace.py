@@ -18,8 +18,9 @@ SchemeChoice = QuantScheme | str | Callable[[str], QuantScheme] | None
 _FROM_THE_BLOCK = frozenset({"router", "activation", "bias", "shared_experts"})
 
 
-def architecture_of(model: torch.nn.Module,
-                    architectures: Mapping[str, Architecture] | None = None) -> tuple[str, Architecture]:
+def architecture_of(
+    model: torch.nn.Module, architectures: Mapping[str, Architecture] | None = None
+) -> tuple[str, Architecture]:
     """The model type and `Architecture` entry of a transformers model.
 
     Looks up `model.config.model_type`, then its text config's (multimodal wrappers); the
@@ -103,10 +104,23 @@ def replace_moe_blocks(
         )
     with torch.no_grad():
         for name, block in found:
-            layer = build_layer(architecture, block, config, vendor=chosen_vendor, dispatch=dispatch,
-                                scheme=_scheme_for(scheme, name, architecture, block), **layer_options)
-            wrapper = MoEBlock(layer, architecture.router_module(block), architecture, model_type,
-                               block if keep_original else None, record_router_logits)
+            layer = build_layer(
+                architecture,
+                block,
+                config,
+                vendor=chosen_vendor,
+                dispatch=dispatch,
+                scheme=_scheme_for(scheme, name, architecture, block),
+                **layer_options,
+            )
+            wrapper = MoEBlock(
+                layer,
+                architecture.router_module(block),
+                architecture,
+                model_type,
+                block if keep_original else None,
+                record_router_logits,
+            )
             model.set_submodule(name, wrapper)
     return [name for name, _ in found]
 
@@ -120,15 +134,16 @@ def restore_moe_blocks(model: torch.nn.Module) -> list[str]:
     wrappers = [(name, module) for name, module in model.named_modules() if isinstance(module, MoEBlock)]
     lost = [name for name, wrapper in wrappers if wrapper.original is None]
     if lost:
-        raise InvalidInput(f"model: expected the original blocks of {', '.join(lost)}, got none "
-                           "(they were replaced with keep_original=False)")
+        raise InvalidInput(
+            f"model: expected the original blocks of {', '.join(lost)}, got none "
+            "(they were replaced with keep_original=False)"
+        )
     for name, wrapper in wrappers:
         model.set_submodule(name, wrapper.original)
     return [name for name, _ in wrappers]
 
 
-def _scheme_for(scheme: SchemeChoice, name: str, architecture: Architecture,
-                block: torch.nn.Module) -> QuantScheme:
+def _scheme_for(scheme: SchemeChoice, name: str, architecture: Architecture, block: torch.nn.Module) -> QuantScheme:
     if callable(scheme) and not isinstance(scheme, (QuantScheme, str)):
         return _scheme_for(scheme(name), name, architecture, block)
     if scheme is None or (isinstance(scheme, str) and scheme.strip().lower() == "unquantized"):
@@ -148,12 +163,16 @@ def build_layer(architecture: Architecture, block: torch.nn.Module, config: Any,
     num_experts, hidden = hf_router.weight.shape
     top_k = int(getattr(hf_router, "top_k", getattr(config, "num_experts_per_tok", 0)))
     if tuple(experts.w13.shape[:2]) != (num_experts, hidden):
-        raise invalid(f"{type(block).__name__} experts", f"{num_experts} experts of hidden size {hidden} "
-                      "(the router's weight shape)", tuple(experts.w13.shape))
+        raise invalid(
+            f"{type(block).__name__} experts",
+            f"{num_experts} experts of hidden size {hidden} (the router's weight shape)",
+            tuple(experts.w13.shape),
+        )
     shared = architecture.read_shared(block)
     shared_experts = None if shared is None else SharedExperts(shared.intermediate_size, gated=shared.gate is not None)
     kwargs: dict[str, Any] = dict(
-        layer_kwargs, router=architecture.make_router(hf_router, num_experts, top_k),
+        layer_kwargs,
+        router=architecture.make_router(hf_router, num_experts, top_k),
         activation=architecture.activation(config),
         bias=experts.w13_bias is not None or experts.w2_bias is not None,
         shared_experts=shared_experts,

@@ -115,9 +115,15 @@ def test_the_port_combine_weights_the_rows_and_the_vendor_does_not_weight_before
     ids, weights = torch.tensor([[0, 1], [1, 0]]), torch.tensor([[0.25, 0.5], [0.125, 1.0]])
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, 2)
     x = torch.ones(2, 8, dtype=torch.bfloat16)
-    recv, *_, handle, _ = buffer.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                          num_tokens_per_expert=per_expert, topk_idx=ids, topk_weights=weights,
-                                          quant_mode="bf16")
+    recv, *_, handle, _ = buffer.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=ids,
+        topk_weights=weights,
+        quant_mode="bf16",
+    )
     out, _, _ = buffer.combine(recv, handle)  # identical expert outputs: x * sum_k w (the port's own test)
     assert torch.equal(out[:, 0].float(), torch.tensor([0.75, 1.125]))
     vendor, _, port_calls = vendor_on()
@@ -162,8 +168,17 @@ def test_the_fused_kernel_rejects_nd_weights():
     with pytest.raises(RuntimeError, match="FRACTAL_NZ"):
         buffer.fused_deep_moe(x, ids, weights, w13, scales[0], w2, scales[1], 8, e)
     with pytest.raises(RuntimeError, match=r"gmm2_weight must be int8 \[4, 512, 512\]"):  # hal's [E, I, H]: wrong
-        buffer.fused_deep_moe(x, ids, weights, npu.npu_format_cast(w13, 29), scales[0],
-                              npu.npu_format_cast(w2.transpose(1, 2)[:, :, :256], 29), scales[1], 8, e)
+        buffer.fused_deep_moe(
+            x,
+            ids,
+            weights,
+            npu.npu_format_cast(w13, 29),
+            scales[0],
+            npu.npu_format_cast(w2.transpose(1, 2)[:, :, :256], 29),
+            scales[1],
+            8,
+            e,
+        )
 
 
 def test_the_one_kernel_op_runs_on_prepared_weights_made_once_and_equals_the_unfused_path():
@@ -201,14 +216,20 @@ def test_the_fused_op_is_declared_on_a3_and_a5_only_and_refused_on_a2():
         build(a2, fused=True)
     buffer = EmulatedDeepEp(emulated_binding(A2).ops).Buffer(one_rank_group())
     with pytest.raises(RuntimeError, match="not built for A2"):
-        buffer.fused_deep_moe(torch.zeros(1, 512, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int64),
-                              torch.ones(1, 1), *(torch.zeros(1),) * 4, 1, 1)
+        buffer.fused_deep_moe(
+            torch.zeros(1, 512, dtype=torch.bfloat16),
+            torch.zeros(1, 1, dtype=torch.int64),
+            torch.ones(1, 1),
+            *(torch.zeros(1),) * 4,
+            1,
+            1,
+        )
 
 
-@pytest.mark.parametrize("shape, tokens, capacity, reason", [
-    (SMALL, 8, 16, "hidden 64 outside 512..7168"),
-    (KERNEL, 260, 300, "tokens 260 outside 1..256"),
-])
+@pytest.mark.parametrize(
+    "shape, tokens, capacity, reason",
+    [(SMALL, 8, 16, "hidden 64 outside 512..7168"), (KERNEL, 260, 300, "tokens 260 outside 1..256")],
+)
 def test_outside_the_kernel_limits_the_layer_takes_the_ports_normal_mode(shape, tokens, capacity, reason):
     e, h, i = shape
     assert reason in "; ".join(fused_kernel_problems("A3", tokens, h, 2 * i, TOP_K, e, capacity))
@@ -303,8 +324,7 @@ def test_the_port_kernel_skips_minus_one_and_rejects_out_of_range_ids():
     x = torch.randn(2, h, generator=g).to(torch.bfloat16)
     weights = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
     with_drop, _ = buffer.fused_deep_moe(x, torch.tensor([[0, -1], [1, 2]]), weights, w13, s13, w2, s2, 4, e)
-    alone, _ = buffer.fused_deep_moe(x[:1], torch.tensor([[0, 0]]), torch.tensor([[0.5, 0.0]]),
-                                     w13, s13, w2, s2, 4, e)
+    alone, _ = buffer.fused_deep_moe(x[:1], torch.tensor([[0, 0]]), torch.tensor([[0.5, 0.0]]), w13, s13, w2, s2, 4, e)
     assert torch.equal(with_drop[0], alone[0])
     with pytest.raises(RuntimeError, match="expert ids must lie in"):
         buffer.fused_deep_moe(x, torch.tensor([[0, e], [1, 2]]), weights, w13, s13, w2, s2, 4, e)

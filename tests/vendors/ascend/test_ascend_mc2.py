@@ -51,15 +51,21 @@ def test_the_layer_refuses_mc2_where_it_cannot_run():
         DispatchConfig(ep_dispatcher="")
 
 
-@pytest.mark.parametrize("soc, h, bs, k, match", [
-    ("Ascend910_9392", 4096, 4, 2, "H must be 7168"), ("Ascend910B3", 100, 4, 2, "multiple of 32"),
-    ("Ascend910B3", 256, 300, 2, "BS must be"), ("Ascend910B3", 256, 4, 9, "K "),
-])
+@pytest.mark.parametrize(
+    "soc, h, bs, k, match",
+    [
+        ("Ascend910_9392", 4096, 4, 2, "H must be 7168"),
+        ("Ascend910B3", 100, 4, 2, "multiple of 32"),
+        ("Ascend910B3", 256, 300, 2, "BS must be"),
+        ("Ascend910B3", 256, 4, 9, "K "),
+    ],
+)
 def test_the_emulated_ops_reject_what_the_docs_reject(soc, h, bs, k, match):
     npu = EmulatedTorchNpu(soc)
     with pytest.raises(RuntimeError, match=match):
-        npu.npu_moe_distribute_dispatch(torch.zeros(bs, h, dtype=torch.bfloat16),
-                                        torch.zeros(bs, k, dtype=torch.int32), "none", 2, 0, 8)
+        npu.npu_moe_distribute_dispatch(
+            torch.zeros(bs, h, dtype=torch.bfloat16), torch.zeros(bs, k, dtype=torch.int32), "none", 2, 0, 8
+        )
 
 
 def test_unknown_arguments_and_groups_are_refused():
@@ -88,8 +94,15 @@ def test_a_hidden_size_the_op_rejects_is_refused_when_the_layer_is_built():
     group = _single_rank_group()
     try:
         with pytest.raises(InvalidInput, match="hidden size 256.*7168 on Atlas A3"):
-            moe.MoELayer(256, 96, 8, 2, vendor=get_vendor("ascend-emulated"), process_group=group,
-                         dispatch=DispatchConfig(ep_dispatcher="mc2"))
+            moe.MoELayer(
+                256,
+                96,
+                8,
+                2,
+                vendor=get_vendor("ascend-emulated"),
+                process_group=group,
+                dispatch=DispatchConfig(ep_dispatcher="mc2"),
+            )
     finally:
         torch.distributed.destroy_process_group()
 

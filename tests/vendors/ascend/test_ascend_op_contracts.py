@@ -46,6 +46,7 @@ class Spy:
         def call(*args, **kwargs):  # type: ignore[no-untyped-def]
             self.calls.append((name, args, kwargs))
             return target(*args, **kwargs)
+
         return call
 
 
@@ -80,7 +81,10 @@ def test_the_emulation_rejects_a_float32_scale_with_a_bf16_output():
         npu.npu_grouped_matmul([x], [w], scale=[torch.ones(1, 3)], output_dtype=BF16, **call)  # the old call
     with pytest.raises(RuntimeError, match="not a supported combination"):
         npu.npu_grouped_matmul([x], [w], scale=[torch.ones(1, 3, dtype=BF16)], output_dtype=F16, **call)
-    assert npu.npu_grouped_matmul([x], [w], scale=[torch.ones(1, 3, dtype=BF16)], output_dtype=BF16, **call)[0].dtype == BF16
+    assert (
+        npu.npu_grouped_matmul([x], [w], scale=[torch.ones(1, 3, dtype=BF16)], output_dtype=BF16, **call)[0].dtype
+        == BF16
+    )
     assert npu.npu_grouped_matmul([x], [w], scale=[torch.ones(1, 3)], output_dtype=F16, **call)[0].dtype == F16
 
 
@@ -111,8 +115,7 @@ def vendor_reference(x, w, groups) -> torch.Tensor:  # type: ignore[no-untyped-d
 
 def finalize_args(k: int = 2, rows: int = 3):  # type: ignore[no-untyped-def]
     expanded = torch.arange(rows * k * 4, dtype=torch.float32).reshape(rows * k, 4).to(BF16)
-    return (expanded, None, None, None, torch.full((rows, k), 0.5, dtype=BF16),
-            torch.arange(rows * k, dtype=I32), None)
+    return (expanded, None, None, None, torch.full((rows, k), 0.5, dtype=BF16), torch.arange(rows * k, dtype=I32), None)
 
 
 @pytest.mark.parametrize("version", ["2.8", "2.10"])
@@ -134,8 +137,9 @@ def test_finalize_takes_k_in_2_13():
 def init_routing(npu, **kwargs):  # type: ignore[no-untyped-def]
     x = torch.arange(32, dtype=torch.float32).reshape(4, 8).to(BF16)
     ids = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1]], dtype=I32)
-    options = dict(expert_num=3, expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, 3],
-                   **kwargs)
+    options = dict(
+        expert_num=3, expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, 3], **kwargs
+    )
     return npu.npu_moe_init_routing_v2(x, ids, **options)
 
 
@@ -183,9 +187,15 @@ def test_int4_gemm_is_not_declared_and_w4a4_is_refused_clearly(soc):
 def test_the_emulation_rejects_int4_x_int4():
     with pytest.raises(RuntimeError, match="int4 x int4"):
         EmulatedTorchNpu("Ascend910B3").npu_grouped_matmul(
-            [torch.ones(2, 1, dtype=I32)], [torch.ones(1, 8, 1, dtype=I32)], scale=[torch.ones(1, 8, dtype=BF16)],
-            per_token_scale=[torch.ones(2)], group_list=torch.tensor([2], dtype=I64), split_item=2, group_type=0,
-            output_dtype=BF16)
+            [torch.ones(2, 1, dtype=I32)],
+            [torch.ones(1, 8, 1, dtype=I32)],
+            scale=[torch.ones(1, 8, dtype=BF16)],
+            per_token_scale=[torch.ones(2)],
+            group_list=torch.tensor([2], dtype=I64),
+            split_item=2,
+            group_type=0,
+            output_dtype=BF16,
+        )
 
 
 # -- no per-call fp32 copy of the whole [E, K, N] weight ------------------------------------
@@ -257,12 +267,14 @@ def test_a_short_group_list_is_accepted_and_the_rows_past_it_are_undefined(versi
     x, w = torch.ones(6, 4, dtype=BF16), torch.ones(2, 4, 3, dtype=BF16)
     counts = torch.tensor([1, 2], dtype=I64)
     group_list = counts if group_list_type == 1 else counts.cumsum(0)
-    (y,) = npu.npu_grouped_matmul([x], [w], group_list=group_list, group_list_type=group_list_type, split_item=2,
-                                  group_type=0)
+    (y,) = npu.npu_grouped_matmul(
+        [x], [w], group_list=group_list, group_list_type=group_list_type, split_item=2, group_type=0
+    )
     assert y.shape == (6, 3) and torch.equal(y[:3].float(), torch.full((3, 3), 4.0)) and y[3:].isnan().all()
     with pytest.raises(RuntimeError, match="x's rows 6"):
-        npu.npu_grouped_matmul([x], [w], group_list=group_list * 4, group_list_type=group_list_type, split_item=2,
-                               group_type=0)
+        npu.npu_grouped_matmul(
+            [x], [w], group_list=group_list * 4, group_list_type=group_list_type, split_item=2, group_type=0
+        )
 
 
 @pytest.mark.parametrize("version", MODELLED)
@@ -283,7 +295,13 @@ def test_finalize_accepts_drop_pad_modes_2_and_3(version):
 @pytest.mark.parametrize("version", ["2.8"])
 def test_hal_conformance_runs_under_an_older_modelled_version(version, tmp_path):
     env = {**os.environ, VERSION_VARIABLE: version}
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "ascend-emulated",
-                           "--report", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal.cli", "conformance", "--vendor", "ascend-emulated", "--report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"torch_npu {version} " in (tmp_path / "conformance.md").read_text()

@@ -72,8 +72,7 @@ def recording_vendor(soc: str = "Ascend910_9392") -> tuple[AscendVendor, Recordi
 
 def inputs(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(tokens, HIDDEN, generator=g).to(torch.bfloat16),
-            torch.randn(tokens, EXPERTS, generator=g))
+    return (torch.randn(tokens, HIDDEN, generator=g).to(torch.bfloat16), torch.randn(tokens, EXPERTS, generator=g))
 
 
 def layer(vendor, scheme: str, **kwargs) -> MoELayer:
@@ -99,8 +98,9 @@ def test_real_ascend_is_unavailable_here_and_says_why():
 
 
 def test_hal_vendors_lists_ascend_unavailable_and_the_emulation_available():
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "vendors", "--json"], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal.cli", "vendors", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     listing = json.loads(done.stdout)
     by_name = {v["name"]: v for v in listing["vendors"]}
@@ -199,8 +199,13 @@ def test_the_deep_ep_port_really_follows_the_variable(monkeypatch):
     buffer = emulated_binding().deep_ep.Buffer(torch.distributed.ProcessGroupGloo(torch.distributed.HashStore(), 0, 1))
     ids = torch.tensor([[0], [1]])
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, 2)
-    args = {"num_tokens_per_rank": per_rank, "is_token_in_rank": in_rank, "num_tokens_per_expert": per_expert,
-            "topk_idx": ids, "topk_weights": torch.ones(2, 1)}
+    args = {
+        "num_tokens_per_rank": per_rank,
+        "is_token_in_rank": in_rank,
+        "num_tokens_per_expert": per_expert,
+        "topk_idx": ids,
+        "topk_weights": torch.ones(2, 1),
+    }
     x = torch.randn(2, 16).to(torch.bfloat16)
     monkeypatch.setenv(INT8_DISPATCH_VARIABLE, "1")
     assert isinstance(buffer.dispatch(x, **args)[0], tuple)
@@ -287,8 +292,13 @@ def test_a5_dispatches_fp8_natively_through_the_layer():
 
 @pytest.mark.slow
 def test_the_conformance_suite_passes_on_the_emulation(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "hal.cli", "conformance", "--vendor", "ascend-emulated",
-                           "--report", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal.cli", "conformance", "--vendor", "ascend-emulated", "--report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (report,) = json.loads((tmp_path / "conformance.json").read_text())["vendors"]
     assert report["ok"] and report["summary"]["failed"] == 0 and report["summary"]["passed"] > 180

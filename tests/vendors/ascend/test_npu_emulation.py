@@ -130,26 +130,37 @@ Y3 = [[1.0, 3.0], [6.0, 8.0], [10.0, 12.0]]
 @pytest.mark.parametrize(("group_list", "group_list_type"), [([1, 1, 3], 0), ([1, 0, 2], 1)])
 def test_gmm_float_single_weight(npu, group_list, group_list_type) -> None:
     for dtype in (F32, BF16):
-        (y,) = npu.npu_grouped_matmul([t(X3, dtype)], [t(W3, dtype)], group_list=t(group_list, I64),
-                                      split_item=3, group_type=0, group_list_type=group_list_type)
+        (y,) = npu.npu_grouped_matmul(
+            [t(X3, dtype)],
+            [t(W3, dtype)],
+            group_list=t(group_list, I64),
+            split_item=3,
+            group_type=0,
+            group_list_type=group_list_type,
+        )
         assert y.dtype == dtype and y.float().tolist() == Y3
 
 
 def test_gmm_float_list_forms(npu) -> None:
-    (y,) = npu.npu_grouped_matmul([t(X3, BF16)], [t(w, BF16) for w in W3], group_list=t([1, 1, 3], I64),
-                                  split_item=2, group_type=0)
+    (y,) = npu.npu_grouped_matmul(
+        [t(X3, BF16)], [t(w, BF16) for w in W3], group_list=t([1, 1, 3], I64), split_item=2, group_type=0
+    )
     assert y.dtype == BF16 and y.float().tolist() == Y3
     with pytest.raises(RuntimeError, match="only with one x and one weight"):  # float32 needs single tensors
         npu.npu_grouped_matmul([t(X3)], [t(w) for w in W3], group_list=t([1, 1, 3], I64), split_item=2, group_type=0)
     # group_type -1: independent pairs, [1, 2] @ [[1], [1]] = [3]; [[1, 0, 2]] @ I3 = [[1, 0, 2]]
-    outs = npu.npu_grouped_matmul([t([[1.0, 2.0]], F16), t([[1.0, 0.0, 2.0]], F16)],
-                                  [t([[1.0], [1.0]], F16), torch.eye(3, dtype=F16)], group_type=-1)
+    outs = npu.npu_grouped_matmul(
+        [t([[1.0, 2.0]], F16), t([[1.0, 0.0, 2.0]], F16)],
+        [t([[1.0], [1.0]], F16), torch.eye(3, dtype=F16)],
+        group_type=-1,
+    )
     assert [o.tolist() for o in outs] == [[[3.0]], [[1.0, 0.0, 2.0]]]
 
 
 def test_gmm_empty_m(npu) -> None:
-    (y,) = npu.npu_grouped_matmul([torch.zeros(0, 2)], [t(W3)], group_list=t([0, 0, 0], I64),
-                                  split_item=3, group_type=0)
+    (y,) = npu.npu_grouped_matmul(
+        [torch.zeros(0, 2)], [t(W3)], group_list=t([0, 0, 0], I64), split_item=3, group_type=0
+    )
     assert y.shape == (0, 2)
 
 
@@ -161,18 +172,28 @@ def test_gmm_int8_per_token_and_per_channel(npu) -> None:
     scale = t([[0.5, 0.25], [1.0, 2.0]])
     # y = acc * scale[g, n] * pts[m]: row 0 [1*0.5*2, 2*0.25*2] = [1, 1]; row 1 [6*1*0.5, 0] = [3, 0]
     # the dtype table pairs them: bf16 scale -> bf16 output, fp32 scale -> fp16 output
-    (y,) = npu.npu_grouped_matmul([t(XI, I8)], [t(WI, I8)], scale=[scale.to(BF16)], per_token_scale=[t([2.0, 0.5])],
-                                  group_list=t([1, 2], I64), split_item=3, group_type=0, output_dtype=BF16)
+    (y,) = npu.npu_grouped_matmul(
+        [t(XI, I8)],
+        [t(WI, I8)],
+        scale=[scale.to(BF16)],
+        per_token_scale=[t([2.0, 0.5])],
+        group_list=t([1, 2], I64),
+        split_item=3,
+        group_type=0,
+        output_dtype=BF16,
+    )
     assert y.dtype == BF16 and y.float().tolist() == [[1.0, 1.0], [3.0, 0.0]]
     # per-channel only: [1*0.5, 2*0.25] = [0.5, 0.5]; [6*1, 0*2] = [6, 0]
-    (y,) = npu.npu_grouped_matmul([t(XI, I8)], [t(WI, I8)], scale=[scale], group_list=t([1, 2], I64),
-                                  split_item=3, group_type=0, output_dtype=F16)
+    (y,) = npu.npu_grouped_matmul(
+        [t(XI, I8)], [t(WI, I8)], scale=[scale], group_list=t([1, 2], I64), split_item=3, group_type=0, output_dtype=F16
+    )
     assert y.dtype == F16 and y.float().tolist() == [[0.5, 0.5], [6.0, 0.0]]
 
 
 def test_gmm_int8_raw_int32_accumulator(npu) -> None:
-    (y,) = npu.npu_grouped_matmul([t(XI, I8)], [t(WI, I8)], group_list=t([1, 2], I64), split_item=3,
-                                  group_type=0, output_dtype=I32)
+    (y,) = npu.npu_grouped_matmul(
+        [t(XI, I8)], [t(WI, I8)], group_list=t([1, 2], I64), split_item=3, group_type=0, output_dtype=I32
+    )
     assert y.dtype == I32 and y.tolist() == [[1, 2], [6, 0]]
     # 127*127 + 127*127 = 32258, no saturation
     (y,) = npu.npu_grouped_matmul([t([[127, 127]], I8)], [t([[127], [127]], I8)], group_type=-1, output_dtype=I32)
@@ -197,16 +218,28 @@ def test_gmm_w4a16(npu) -> None:
     # weight row 0 = [1..7, -8], row 1 = all 1 (0x11111111); dequant (w + 1) * 0.5:
     # row 0 -> [1, 1.5, 2, 2.5, 3, 3.5, 4, -3.5], row 1 -> 1. y = 1*row0 + 2*row1.
     w = t([[[X_INT4], [0x11111111]]], I32)
-    (y,) = npu.npu_grouped_matmul([t([[1.0, 2.0]], BF16)], [w], antiquant_scale=[torch.full((1, 8), 0.5, dtype=BF16)],
-                                  antiquant_offset=[torch.ones(1, 8, dtype=BF16)], group_list=t([1], I64),
-                                  split_item=3, group_type=0)
+    (y,) = npu.npu_grouped_matmul(
+        [t([[1.0, 2.0]], BF16)],
+        [w],
+        antiquant_scale=[torch.full((1, 8), 0.5, dtype=BF16)],
+        antiquant_offset=[torch.ones(1, 8, dtype=BF16)],
+        group_list=t([1], I64),
+        split_item=3,
+        group_type=0,
+    )
     assert y.dtype == BF16 and y.float().tolist() == [[3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, -1.5]]
 
 
 def test_gmm_fp8_needs_a5() -> None:
     x, w = t([[1.0, 2.0]]).to(torch.float8_e4m3fn), t([[[1.0], [0.5]]]).to(torch.float8_e4m3fn)
-    kwargs = dict(scale=[t([[2.0]])], per_token_scale=[t([0.5])], group_list=t([1], I64), split_item=3,
-                  group_type=0, output_dtype=BF16)
+    kwargs = dict(
+        scale=[t([[2.0]])],
+        per_token_scale=[t([0.5])],
+        group_list=t([1], I64),
+        split_item=3,
+        group_type=0,
+        output_dtype=BF16,
+    )
     with pytest.raises(RuntimeError, match="Ascend910B3"):
         EmulatedTorchNpu().npu_grouped_matmul([x], [w], **kwargs)
     (y,) = EmulatedTorchNpu("Ascend950PR").npu_grouped_matmul([x], [w], **kwargs)
@@ -233,11 +266,26 @@ def test_gmm_group_list_validation(npu) -> None:
 
 def test_gmm_shape_and_dtype_validation(npu) -> None:
     gmm_error(npu, "65536", x=[torch.zeros(1, 65536)], w=[torch.zeros(1, 65536, 2)], group_list=t([1], I64))
-    gmm_error(npu, "1 to 128 tensors, got 129", x=[torch.zeros(1, 2)] * 129, w=[torch.zeros(2, 2)] * 129,
-              group_type=-1, group_list=None, split_item=0)
+    gmm_error(
+        npu,
+        "1 to 128 tensors, got 129",
+        x=[torch.zeros(1, 2)] * 129,
+        w=[torch.zeros(2, 2)] * 129,
+        group_type=-1,
+        group_list=None,
+        split_item=0,
+    )
     gmm_error(npu, "supported pairings", w=[t(W3, BF16)])
-    gmm_error(npu, "output_dtype", x=[t(XI, I8)], w=[t(WI, I8)], scale=[torch.ones(2, 2)],
-              per_token_scale=[torch.ones(2)], group_list=t([1, 2], I64), output_dtype=F32)
+    gmm_error(
+        npu,
+        "output_dtype",
+        x=[t(XI, I8)],
+        w=[t(WI, I8)],
+        scale=[torch.ones(2, 2)],
+        per_token_scale=[torch.ones(2)],
+        group_list=t([1, 2], I64),
+        output_dtype=F32,
+    )
     gmm_error(npu, "not emulated", x=[t(XI, I8)], w=[t(WI, I8)], group_list=t([1, 2], I64), exc=NotImplementedError)
     gmm_error(npu, "not emulated", bias=[torch.zeros(3, 2)], exc=NotImplementedError)
     gmm_error(npu, "offset only supports None", offset=[torch.zeros(3, 2)])
@@ -253,8 +301,9 @@ IDX = [[2, 0], [1, 2], [0, 2]]
 
 def route(npu, x=None, idx=None, **kwargs):
     kwargs = {"expert_num": 3, "expert_tokens_num_type": 1, "expert_tokens_num_flag": True, **kwargs}
-    return npu.npu_moe_init_routing_v2(x if x is not None else t(X_TOK), idx if idx is not None else t(IDX, I32),
-                                       **kwargs)
+    return npu.npu_moe_init_routing_v2(
+        x if x is not None else t(X_TOK), idx if idx is not None else t(IDX, I32), **kwargs
+    )
 
 
 def test_init_routing_gather_and_scatter(npu) -> None:
@@ -296,22 +345,25 @@ def test_init_routing_dynamic_int8(npu) -> None:
     assert ex_scale.tolist() == pytest.approx([8 / 127, 2 / 127, 4 / 127, 0.0, 0.0, 0.0])
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"expert_tokens_num_type": 0}, "only 1 and 2"),
-    ({"expert_tokens_num_flag": False}, "expert_tokens_num_flag"),
-    ({"quant_mode": 0}, "quant_mode"),
-    ({"drop_pad_mode": 1}, "drop_pad_mode"),
-    ({"row_idx_type": 2}, "row_idx_type"),
-    ({"expert_num": 10241}, "expert_num"),
-    ({"expert_num": 5121, "expert_tokens_num_type": 2}, r"\(0, 5120\]"),
-    ({"active_expert_range": [2, 1]}, "active_expert_range"),
-    ({"active_expert_range": [0, 4]}, "active_expert_range"),
-    ({"expert_num": 2}, r"expert ids must be in \[0, 2\)"),
-    ({"idx": t(IDX, I64)}, "expert_idx dtype"),
-    ({"idx": t(IDX[:2], I32)}, "equal rows"),
-    ({"x": t(X_TOK, I8), "quant_mode": 1}, "int8"),
-    ({"scale": t([1.0, 2.0])}, "NUM_ROWS"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"expert_tokens_num_type": 0}, "only 1 and 2"),
+        ({"expert_tokens_num_flag": False}, "expert_tokens_num_flag"),
+        ({"quant_mode": 0}, "quant_mode"),
+        ({"drop_pad_mode": 1}, "drop_pad_mode"),
+        ({"row_idx_type": 2}, "row_idx_type"),
+        ({"expert_num": 10241}, "expert_num"),
+        ({"expert_num": 5121, "expert_tokens_num_type": 2}, r"\(0, 5120\]"),
+        ({"active_expert_range": [2, 1]}, "active_expert_range"),
+        ({"active_expert_range": [0, 4]}, "active_expert_range"),
+        ({"expert_num": 2}, r"expert ids must be in \[0, 2\)"),
+        ({"idx": t(IDX, I64)}, "expert_idx dtype"),
+        ({"idx": t(IDX[:2], I32)}, "equal rows"),
+        ({"x": t(X_TOK, I8), "quant_mode": 1}, "int8"),
+        ({"scale": t([1.0, 2.0])}, "NUM_ROWS"),
+    ],
+)
 def test_init_routing_validation(npu, kwargs, match) -> None:
     with pytest.raises(RuntimeError, match=match):
         route(npu, **kwargs)

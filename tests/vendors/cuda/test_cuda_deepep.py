@@ -85,8 +85,9 @@ def run_with_fake(tmp_path: Path, code: str, *, fake: dict | None) -> str:
         flags = {"broken": False, "nvshmem": True, "sm90": True, "v1": True, **fake}
         (package / "__init__.py").write_text(FAKE.format(**flags))
         prelude = f"import sys\nsys.path.insert(0, {str(package.parent)!r})\n"
-    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -132,18 +133,23 @@ def test_a_build_without_nvshmem_has_no_low_latency_mode(tmp_path):
     assert "without NVSHMEM" in found["H100"]["notes"][0]
 
 
-@pytest.mark.parametrize("fake, reason", [
-    ({"broken": True}, "does not import (ImportError: libnvshmem_host.so.3"),
-    ({"v1": False}, "is not DeepEP V1 (its Buffer lacks get_dispatch_layout"),
-])
+@pytest.mark.parametrize(
+    "fake, reason",
+    [
+        ({"broken": True}, "does not import (ImportError: libnvshmem_host.so.3"),
+        ({"v1": False}, "is not DeepEP V1 (its Buffer lacks get_dispatch_layout"),
+    ],
+)
 def test_an_unusable_deep_ep_is_absent_with_the_reason(tmp_path, fake, reason):
     found = json.loads(run_with_fake(tmp_path, DECLARED, fake=fake))
     assert found["H100"]["ep"] == [] and reason in found["H100"]["absent"][DEEPEP]
 
 
 def test_hal_caps_names_deepep_and_its_reason(tmp_path):
-    code = ("from hal.cli.app import main\nimport sys\n"
-            "sys.exit(main(['caps', '--vendor', 'cuda', '--device-model', 'H100', '--json']))\n")
+    code = (
+        "from hal.cli.app import main\nimport sys\n"
+        "sys.exit(main(['caps', '--vendor', 'cuda', '--device-model', 'H100', '--json']))\n"
+    )
     absent = json.loads(run_with_fake(tmp_path, code, fake=None))["capabilities"]
     assert absent["ep_dispatchers"] == [] and "not installed" in absent["ep_dispatchers_absent"][DEEPEP]
     table = run_with_fake(tmp_path, code.replace(", '--json'", ""), fake=None)
@@ -154,8 +160,15 @@ def test_hal_caps_names_deepep_and_its_reason(tmp_path):
 
 # -- refusals, without a GPU ------------------------------------------------------------------------------
 
-OK = {"dtype": DispatchDtype.BF16, "hidden_size": 7168, "num_experts": 256, "world": 2, "capacity": None,
-      "fp8_built": True, "nvshmem_built": True}
+OK = {
+    "dtype": DispatchDtype.BF16,
+    "hidden_size": 7168,
+    "num_experts": 256,
+    "world": 2,
+    "capacity": None,
+    "fp8_built": True,
+    "nvshmem_built": True,
+}
 
 
 @pytest.mark.parametrize("dtype", [DispatchDtype.BF16, DispatchDtype.FP8])
@@ -164,26 +177,29 @@ def test_what_deepep_serves_passes(dtype, capacity):
     check_request(**{**OK, "dtype": dtype, "capacity": capacity})
 
 
-@pytest.mark.parametrize("change, error, words", [
-    ({"dtype": DispatchDtype.NVFP4}, UnsupportedDispatchDtype, "deepep carries bf16 and fp8"),
-    ({"dtype": DispatchDtype.FP16}, UnsupportedDispatchDtype, "not fp16"),
-    ({"dtype": DispatchDtype.FP32}, UnsupportedDispatchDtype, "not fp32"),
-    ({"dtype": DispatchDtype.INT8}, UnsupportedDispatchDtype, "not int8"),
-    ({"dtype": DispatchDtype.FP8, "fp8_built": False}, UnsupportedDispatchDtype, "sm90 features"),
-    ({"dtype": DispatchDtype.FP8, "hidden_size": 7000}, UnsupportedCapability, "multiple of 128"),
-    ({"hidden_size": 1004}, UnsupportedCapability, "multiple of 8"),
-    ({"hidden_size": 1000}, UnsupportedCapability, "multiple of 32 bytes"),  # 125 16-byte units: a device assert
-    ({"hidden_size": 8192 + 16}, UnsupportedCapability, "at most 16368"),
-    ({"world": 1}, UnsupportedCapability, "2 or more ranks"),
-    ({"world": 3, "num_experts": 255}, UnsupportedCapability, "not 3"),
-    ({"num_experts": 255}, InvalidInput, "multiple of the 2 ranks"),
-    ({"num_experts": 512}, UnsupportedCapability, "at most 128 experts per rank"),
-    ({"world": 16, "nvshmem_built": False}, UnsupportedCapability, "across hosts"),
-    ({"capacity": 128, "nvshmem_built": False}, UnsupportedCapability, "built with NVSHMEM"),
-    ({"capacity": 128, "hidden_size": 1024}, UnsupportedCapability, "2048, 2560, 4096, 5120, 6144, 7168, 8192"),
-    ({"capacity": 1, "world": 2}, InvalidInput, "multiple of 4"),
-    ({"capacity": 8, "num_experts": 4096}, UnsupportedCapability, "at most 1024 experts per rank"),
-])
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        ({"dtype": DispatchDtype.NVFP4}, UnsupportedDispatchDtype, "deepep carries bf16 and fp8"),
+        ({"dtype": DispatchDtype.FP16}, UnsupportedDispatchDtype, "not fp16"),
+        ({"dtype": DispatchDtype.FP32}, UnsupportedDispatchDtype, "not fp32"),
+        ({"dtype": DispatchDtype.INT8}, UnsupportedDispatchDtype, "not int8"),
+        ({"dtype": DispatchDtype.FP8, "fp8_built": False}, UnsupportedDispatchDtype, "sm90 features"),
+        ({"dtype": DispatchDtype.FP8, "hidden_size": 7000}, UnsupportedCapability, "multiple of 128"),
+        ({"hidden_size": 1004}, UnsupportedCapability, "multiple of 8"),
+        ({"hidden_size": 1000}, UnsupportedCapability, "multiple of 32 bytes"),  # 125 16-byte units: a device assert
+        ({"hidden_size": 8192 + 16}, UnsupportedCapability, "at most 16368"),
+        ({"world": 1}, UnsupportedCapability, "2 or more ranks"),
+        ({"world": 3, "num_experts": 255}, UnsupportedCapability, "not 3"),
+        ({"num_experts": 255}, InvalidInput, "multiple of the 2 ranks"),
+        ({"num_experts": 512}, UnsupportedCapability, "at most 128 experts per rank"),
+        ({"world": 16, "nvshmem_built": False}, UnsupportedCapability, "across hosts"),
+        ({"capacity": 128, "nvshmem_built": False}, UnsupportedCapability, "built with NVSHMEM"),
+        ({"capacity": 128, "hidden_size": 1024}, UnsupportedCapability, "2048, 2560, 4096, 5120, 6144, 7168, 8192"),
+        ({"capacity": 1, "world": 2}, InvalidInput, "multiple of 4"),
+        ({"capacity": 8, "num_experts": 4096}, UnsupportedCapability, "at most 1024 experts per rank"),
+    ],
+)
 def test_what_deepep_cannot_serve_is_refused_with_the_reason(change, error, words):
     with pytest.raises(error) as raised:
         check_request(**{**OK, **change})
@@ -206,8 +222,9 @@ def test_buffer_sizes_grow_and_refuse_past_free_memory():
 def test_deepep_low_latency_refuses_a_per_token_fp8_plan():
     ep = DeepEp(ops=None)
     with pytest.raises(UnsupportedCapability, match="one scale per 128 channels"):
-        ep.prepare(None, num_experts=256, hidden_size=7168, dtype=DispatchDtype.FP8, capacity=128,
-                   layout=ScaleLayout.PER_TOKEN)
+        ep.prepare(
+            None, num_experts=256, hidden_size=7168, dtype=DispatchDtype.FP8, capacity=128, layout=ScaleLayout.PER_TOKEN
+        )
 
 
 def test_deepep_needs_a_process_group_and_its_own_handle():
@@ -249,17 +266,49 @@ class _StandIn(Vendor):
         return Unreachable()
 
 
-@pytest.mark.parametrize("low_latency, call, error, words", [
-    (True, lambda v: v.prepare_ep(DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8",
-                                  capacity=0), InvalidInput, "capacity"),
-    (False, lambda v: v.prepare_ep(DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8",
-                                   capacity=128), UnsupportedCapability, "no low-latency mode"),
-    (True, lambda v: v.ep_dispatch(torch.ones(9, 256), torch.zeros(9, 2, dtype=torch.int64), name=DEEPEP,
-                                   dtype="bf16", num_experts=8, process_group=None, capacity=8), InvalidInput,
-     "at most max_dispatch_tokens_per_rank=8"),
-    (True, lambda v: v.prepare_ep("mc2", process_group=None, num_experts=256, hidden_size=7168, dtype="bf16",
-                                  capacity=None), UnsupportedCapability, "declared: deepep"),
-])
+@pytest.mark.parametrize(
+    "low_latency, call, error, words",
+    [
+        (
+            True,
+            lambda v: v.prepare_ep(
+                DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8", capacity=0
+            ),
+            InvalidInput,
+            "capacity",
+        ),
+        (
+            False,
+            lambda v: v.prepare_ep(
+                DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8", capacity=128
+            ),
+            UnsupportedCapability,
+            "no low-latency mode",
+        ),
+        (
+            True,
+            lambda v: v.ep_dispatch(
+                torch.ones(9, 256),
+                torch.zeros(9, 2, dtype=torch.int64),
+                name=DEEPEP,
+                dtype="bf16",
+                num_experts=8,
+                process_group=None,
+                capacity=8,
+            ),
+            InvalidInput,
+            "at most max_dispatch_tokens_per_rank=8",
+        ),
+        (
+            True,
+            lambda v: v.prepare_ep(
+                "mc2", process_group=None, num_experts=256, hidden_size=7168, dtype="bf16", capacity=None
+            ),
+            UnsupportedCapability,
+            "declared: deepep",
+        ),
+    ],
+)
 def test_hal_refuses_before_the_ops(low_latency, call, error, words):
     vendor = _StandIn(DeepEpProbe(None, "1.2.1", fp8=True, low_latency=low_latency))
     with pytest.raises(error) as raised:
@@ -275,6 +324,7 @@ def test_an_absent_deepep_is_refused_with_its_reason():
 
 # -- DeepEP itself, on GPUs ---------------------------------------------------------------------------------
 
+
 def _deep_ep_importable() -> bool:
     try:
         import deep_ep  # noqa: F401
@@ -289,9 +339,24 @@ def test_deepep_ops_on_two_gpus():
     """The ops check of scripts/deepep_check.py (normal and low-latency, bf16 and fp8) on 2 GPUs."""
     if not _deep_ep_importable():
         pytest.skip("deep_ep is not built here (docs/deepep.md)")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "scripts/deepep_check.py",
-                           "--ops-only", "--tokens", "128", "512"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "scripts/deepep_check.py",
+            "--ops-only",
+            "--tokens",
+            "128",
+            "512",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "FAIL" not in done.stdout and "ERROR" not in done.stdout

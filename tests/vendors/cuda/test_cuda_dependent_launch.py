@@ -19,13 +19,22 @@ from vendors.cuda.vendor import MIN_TRITON_DEPENDENT_LAUNCH, dependent_launch_su
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("version, capability, expected", [
-    ("3.6.0", (9, 0), True), ("3.4.0", (10, 0), True), ("3.10.1", (12, 0), True),
-    ("3.3.1", (9, 0), False),  # no launch_pdl in this Triton
-    ("3.6.0", (8, 9), False), ("3.6.0", (8, 0), False),  # griddepcontrol is sm90+
-    ("2.3.1", (9, 0), False), ("4.0.0", (9, 0), True),
-    ("3.6.0+git1a2b3c", (9, 0), True), ("main", (9, 0), False), ("", (9, 0), False),
-])
+@pytest.mark.parametrize(
+    "version, capability, expected",
+    [
+        ("3.6.0", (9, 0), True),
+        ("3.4.0", (10, 0), True),
+        ("3.10.1", (12, 0), True),
+        ("3.3.1", (9, 0), False),  # no launch_pdl in this Triton
+        ("3.6.0", (8, 9), False),
+        ("3.6.0", (8, 0), False),  # griddepcontrol is sm90+
+        ("2.3.1", (9, 0), False),
+        ("4.0.0", (9, 0), True),
+        ("3.6.0+git1a2b3c", (9, 0), True),
+        ("main", (9, 0), False),
+        ("", (9, 0), False),
+    ],
+)
 def test_dependent_launch_needs_sm90_and_a_recent_triton(version, capability, expected):
     assert dependent_launch_supported(version, capability) is expected
     assert MIN_TRITON_DEPENDENT_LAUNCH == (3, 4)
@@ -46,8 +55,10 @@ def _layers(scheme: str, e: int, h: int, i: int, k: int) -> tuple[moe.MoELayer, 
     w13, w2 = random_weights(e, h, i, seed_of("pdl", scheme, e, h))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the declared int8 -> fp8 fallback warns once
-        return tuple(moe.MoELayer.from_float(w13, w2, k, scheme=scheme, vendor=CudaVendor(dependent_launch=flag))
-                     for flag in (True, False))  # type: ignore[return-value]
+        return tuple(
+            moe.MoELayer.from_float(w13, w2, k, scheme=scheme, vendor=CudaVendor(dependent_launch=flag))
+            for flag in (True, False)
+        )  # type: ignore[return-value]
 
 
 def _replayed(layer: moe.MoELayer, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -58,12 +69,15 @@ def _replayed(layer: moe.MoELayer, x: torch.Tensor, logits: torch.Tensor) -> tor
 
 
 @pytest.mark.parametrize("scheme", ["unquantized", "w8a8-fp8-block", "w8a8-int8"])
-@pytest.mark.parametrize("e, h, i, k, tokens", [
-    (128, 2048, 768, 8, 1),       # qwen3-30b-a3b decode: one-program sort, gathered GEMM reads
-    (128, 2048, 768, 8, 64),
-    (60, 1000, 360, 4, 2049),     # spread sort, unaligned H and I, many rows per group
-    (8, 1536, 1408, 2, 4100),     # few experts: torch._grouped_mm and the swiglu pass for bf16
-])
+@pytest.mark.parametrize(
+    "e, h, i, k, tokens",
+    [
+        (128, 2048, 768, 8, 1),  # qwen3-30b-a3b decode: one-program sort, gathered GEMM reads
+        (128, 2048, 768, 8, 64),
+        (60, 1000, 360, 4, 2049),  # spread sort, unaligned H and I, many rows per group
+        (8, 1536, 1408, 2, 4100),  # few experts: torch._grouped_mm and the swiglu pass for bf16
+    ],
+)
 @pytest.mark.gpu
 @needs_gpu
 def test_dependent_launch_changes_no_result(scheme, e, h, i, k, tokens):
@@ -82,4 +96,3 @@ def test_dependent_launch_changes_no_result(scheme, e, h, i, k, tokens):
     assert torch.equal(with_pdl(x, logits), eager)
     assert torch.equal(_replayed(with_pdl, x, logits), eager)
     assert torch.equal(_replayed(plain, x, logits), eager)
-

@@ -24,8 +24,14 @@ def _layer(scheme: str, capacity: int | None = None) -> moe.MoELayer:
     w13, w2 = random_weights(E, H, I, seed_of("graphs", scheme))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the declared int8 -> fp8 fallback warns once
-        return moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=CudaVendor(),
-                                       dispatch=DispatchConfig(max_dispatch_tokens_per_rank=capacity))
+        return moe.MoELayer.from_float(
+            w13,
+            w2,
+            K,
+            scheme=scheme,
+            vendor=CudaVendor(),
+            dispatch=DispatchConfig(max_dispatch_tokens_per_rank=capacity),
+        )
 
 
 def _inputs(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

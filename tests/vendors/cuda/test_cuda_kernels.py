@@ -19,9 +19,22 @@ from vendors.cuda import CudaVendor
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (2, 8, 128), (7, 2, 8), (128, 8, 128), (100, 4, 1000),
-                                                     (129, 8, 128), (600, 2, 7), (3000, 1, 1024), (4096, 8, 128),
-                                                     (4096, 8, 256), (16384, 8, 256)])
+@pytest.mark.parametrize(
+    "tokens, top_k, experts",
+    [
+        (1, 8, 128),
+        (2, 8, 128),
+        (7, 2, 8),
+        (128, 8, 128),
+        (100, 4, 1000),
+        (129, 8, 128),
+        (600, 2, 7),
+        (3000, 1, 1024),
+        (4096, 8, 128),
+        (4096, 8, 256),
+        (16384, 8, 256),
+    ],
+)
 def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
     """Both Triton sorts (one program for a few chunks, spans above) and the radix-sort fallback for the
     largest batches, against the torch sort; with the token of each sorted row written by the same launch."""
@@ -36,9 +49,21 @@ def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
     assert token.dtype == torch.int64 and torch.equal(token, got[0] // top_k)
 
 
-@pytest.mark.parametrize("tokens, top_k, experts, rank_by_default", [
-    (1, 1, 1, True), (1, 8, 128, True), (3, 5, 9, True), (8, 8, 128, True), (16, 8, 128, True), (13, 2, 8, True),
-    (64, 2, 8, False), (2, 8, 1000, False), (4, 4, 60, True), (10, 6, 257, True)])
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, rank_by_default",
+    [
+        (1, 1, 1, True),
+        (1, 8, 128, True),
+        (3, 5, 9, True),
+        (8, 8, 128, True),
+        (16, 8, 128, True),
+        (13, 2, 8, True),
+        (64, 2, 8, False),
+        (2, 8, 1000, False),
+        (4, 4, 60, True),
+        (10, 6, 257, True),
+    ],
+)
 @pytest.mark.parametrize("by_rank", [True, False])
 def test_both_one_program_sorts_equal_the_stable_torch_sort(tokens, top_k, experts, rank_by_default, by_rank):
     """The rank sort and the counting passes, each forced, at decode sizes: pairs not a power of two,
@@ -66,8 +91,9 @@ def test_weighted_combine_matches_the_fp32_sum(tokens, top_k, hidden, indexed):
     torch.testing.assert_close(got, weighted_combine(rows, index, weights, torch.float32), rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout, dtype", [("per-channel", torch.int8), ("per-channel", torch.float8_e4m3fn),
-                                           ("block-128x128", None)])
+@pytest.mark.parametrize(
+    "layout, dtype", [("per-channel", torch.int8), ("per-channel", torch.float8_e4m3fn), ("block-128x128", None)]
+)
 def test_eight_bit_weights_are_stored_k_major_with_the_reference_values(layout, dtype):
     w = torch.randn(4, 320, 200, device="cuda")
     mine = CudaVendor().quantize_weight(w, layout, dtype)
@@ -101,8 +127,9 @@ def test_the_first_projection_through_the_dispatch_index_matches_float64(kind, t
     g = torch.Generator().manual_seed(tokens + 1)
     ids = torch.rand(tokens, experts, generator=g).argsort(dim=-1)[:, :top_k]
     counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
-    run_activated_gemm_case(CudaVendor(), GemmKind(kind), counts, ActivationKind.SILU_GLU, k=2048, n=1536,
-                            gather_from=tokens)
+    run_activated_gemm_case(
+        CudaVendor(), GemmKind(kind), counts, ActivationKind.SILU_GLU, k=2048, n=1536, gather_from=tokens
+    )
 
 
 @pytest.mark.parametrize("scheme", ["unquantized", "w8a8-fp8-block"])
@@ -123,7 +150,10 @@ def test_reading_through_the_row_index_equals_the_gathered_rows_bit_for_bit(sche
     if scheme == "unquantized":
         rows, weight = x, vendor.quantize_weight(w, "none", torch.bfloat16)
     else:
-        rows, weight = vendor.quantize(x, "fp8", layout="per-token-group-128"), vendor.quantize_weight(w, "block-128x128")
+        rows, weight = (
+            vendor.quantize(x, "fp8", layout="per-token-group-128"),
+            vendor.quantize_weight(w, "block-128x128"),
+        )
     activation = {"activation": "silu-glu"} if gated else {}
     groups = Groups.from_counts(counts)
     gathered = rows.index_select(0, index) if isinstance(rows, torch.Tensor) else rows.rows(index)
@@ -131,14 +161,17 @@ def test_reading_through_the_row_index_equals_the_gathered_rows_bit_for_bit(sche
     assert torch.equal(through_index, vendor.grouped_matmul(gathered, weight, groups, **activation))
 
 
-@pytest.mark.parametrize("tiles", [
-    (64, 32, 128, 4, 3, 1),           # columns inside one scale block: one weight scale per K step
-    (128, 128, 128, 8, 3, 1, 32),     # the same, in bands of 32 row blocks
-    (128, 64, 128, 8, 3, 0, 8),       # bands of 8, M-fastest otherwise
-    (64, 256, 128, 8, 3, 1),          # columns across two scale blocks: per-column scales
-    (128, 64, 128, 4, 3, 1, 1, 1),    # the TMA kernel where the call fits it (K a multiple of 16, gated: halves
-    (64, 128, 128, 4, 3, 0, 8, 1),    # of whole scale blocks), else the same tiles with pointer loads
-])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        (64, 32, 128, 4, 3, 1),  # columns inside one scale block: one weight scale per K step
+        (128, 128, 128, 8, 3, 1, 32),  # the same, in bands of 32 row blocks
+        (128, 64, 128, 8, 3, 0, 8),  # bands of 8, M-fastest otherwise
+        (64, 256, 128, 8, 3, 1),  # columns across two scale blocks: per-column scales
+        (128, 64, 128, 4, 3, 1, 1, 1),  # the TMA kernel where the call fits it (K a multiple of 16, gated: halves
+        (64, 128, 128, 4, 3, 0, 8, 1),  # of whole scale blocks), else the same tiles with pointer loads
+    ],
+)
 @pytest.mark.parametrize("k, n, gated", [(640, 896, False), (600, 900, False), (640, 768, True), (600, 640, True)])
 def test_block_scaled_fp8_gemm_tiles_match_float64(tiles, k, n, gated):
     """The fp8 block-128 Triton GEMM under explicit tiles (one weight scale per program where its columns
@@ -151,27 +184,45 @@ def test_block_scaled_fp8_gemm_tiles_match_float64(tiles, k, n, gated):
     g = torch.Generator(device="cuda").manual_seed(k + n)
     counts = torch.tensor([0, 1, 200, 700, 0, 1500, 37], device="cuda")
     m, e = int(counts.sum()), counts.numel()
-    x = CudaVendor().quantize(torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16), "fp8",
-                              layout="per-token-group-128")
+    x = CudaVendor().quantize(
+        torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16), "fp8", layout="per-token-group-128"
+    )
     w = torch.randn(e, k, n, device="cuda", generator=g) / k**0.5
     weight = CudaVendor().quantize_weight(w, "block-128x128")  # stored K-major; the reference's values
-    y = gg.grouped_gemm(x.data, weight.data, counts, torch.float32, x_scale=x.scale, w_scale=weight.scale,
-                        scale_mode=gg.SCALE_BLOCK128, config=gg.TileConfig.from_list(list(tiles)), gated=gated)
+    y = gg.grouped_gemm(
+        x.data,
+        weight.data,
+        counts,
+        torch.float32,
+        x_scale=x.scale,
+        w_scale=weight.scale,
+        scale_mode=gg.SCALE_BLOCK128,
+        config=gg.TileConfig.from_list(list(tiles)),
+        gated=gated,
+    )
     xd = reference.dequantize(x, torch.float32).double()
     wd = dequantize_weight(reference.quantize_weight(w, "block-128x128")).double()
     ends = counts.cumsum(0).tolist()
-    exact = torch.cat([xd[end - c:end] @ wd[i] for i, (c, end) in enumerate(zip(counts.tolist(), ends))])
+    exact = torch.cat([xd[end - c : end] @ wd[i] for i, (c, end) in enumerate(zip(counts.tolist(), ends))])
     if gated:
-        exact = torch.nn.functional.silu(exact[:, : n // 2]) * exact[:, n // 2:]
+        exact = torch.nn.functional.silu(exact[:, : n // 2]) * exact[:, n // 2 :]
     assert y.shape == exact.shape
     assert gg.tma_fits(x.data, weight.data, block_n=tiles[1], block_k=128, gated=gated, gathered=False) == (
-        k % 16 == 0 and 128 % tiles[1] == 0 and (not gated or n // 2 % 128 == 0))
+        k % 16 == 0 and 128 % tiles[1] == 0 and (not gated or n // 2 % 128 == 0)
+    )
     # Hopper fp8 MMAs accumulate a K block with about 14 mantissa bits: 2.4e-4 was seen, a wrong scale is O(1).
     assert (y.double() - exact).abs().max() <= 1e-3 * exact.abs().max(), tiles
 
 
-@pytest.mark.parametrize("rows, width, layout", [(4099, 2000, "per-token-group-128"), (33, 7168, "per-token-group-128"),
-                                                 (5000, 768, "per-token"), (3, 20000, "per-token")])
+@pytest.mark.parametrize(
+    "rows, width, layout",
+    [
+        (4099, 2000, "per-token-group-128"),
+        (33, 7168, "per-token-group-128"),
+        (5000, 768, "per-token"),
+        (3, 20000, "per-token"),
+    ],
+)
 def test_fp8_quantize_in_tiles_of_rows_matches_the_reference(rows, width, layout):
     """Tiles of rows (a partial last tile, zero rows) and the two-pass loop for very long rows: the reference's
     scales, and values at most one e4m3 step from the reference's."""

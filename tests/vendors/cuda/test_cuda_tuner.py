@@ -45,7 +45,9 @@ def test_tune_covers_every_case_and_its_choice_computes_the_reference(tmp_path, 
         act = vendor.quantize(x, "fp8", layout="per-token-group-128")
     a = (act if isinstance(act, torch.Tensor) else reference.dequantize(act)).double()
     b = reference.dequantize_weight(qw).double()
-    exact = torch.cat([a[int(s):int(s + c)] @ b[e] for e, (s, c) in enumerate(zip(counts.cumsum(0) - counts, counts))])
+    exact = torch.cat(
+        [a[int(s) : int(s + c)] @ b[e] for e, (s, c) in enumerate(zip(counts.cumsum(0) - counts, counts))]
+    )
     got = vendor.grouped_matmul(act, vendor.prepare_weight(qw), groups, out_dtype=torch.bfloat16)
     # one bf16 rounding of the output, plus fp32 accumulation over K = 320
     bound = (2**-8 + 320 * 2**-23) * exact.abs().max()
@@ -73,10 +75,12 @@ def test_a_gate_up_problem_is_tuned_with_its_activation_and_computes_it(tmp_path
     for counts in ([0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], [0, 50, 60, 0, 70, 40, 80, 0, 100, 30, 120, 50]):
         c = torch.tensor(counts, device="cuda")
         x = torch.randn(int(c.sum()), 320, device="cuda", generator=g).to(torch.bfloat16)
-        got = vendor.grouped_matmul(x, vendor.quantize_weight(w, "none", torch.bfloat16), Groups.from_counts(c),
-                                    activation="silu-glu")
-        full = torch.cat([x[int(s):int(s + n)].double() @ w[e].double()
-                          for e, (s, n) in enumerate(zip(c.cumsum(0) - c, c))])
+        got = vendor.grouped_matmul(
+            x, vendor.quantize_weight(w, "none", torch.bfloat16), Groups.from_counts(c), activation="silu-glu"
+        )
+        full = torch.cat(
+            [x[int(s) : int(s + n)].double() @ w[e].double() for e, (s, n) in enumerate(zip(c.cumsum(0) - c, c))]
+        )
         exact = torch.nn.functional.silu(full[:, :200]) * full[:, 200:]
         assert got.shape == (int(c.sum()), 200)
         assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max()
@@ -102,7 +106,8 @@ def test_the_tma_kernel_is_searched_for_block_scaled_calls_of_many_contiguous_ro
     from vendors.cuda.tuner import TMA_GRID, candidates, neighbours
 
     assert [t for t in candidates(1024, True, True, tma=True) if t.tma] == [
-        TileConfig(*c, n_fastest=True, tma=True) for c in TMA_GRID]
+        TileConfig(*c, n_fastest=True, tma=True) for c in TMA_GRID
+    ]
     for args in ((1024, True, True, False), (1024, True, False, True), (32, True, True, True), (8, True, True, True)):
         assert not any(t.tma for t in candidates(*args[:3], tma=args[3])), args
     best = TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
@@ -110,8 +115,9 @@ def test_the_tma_kernel_is_searched_for_block_scaled_calls_of_many_contiguous_ro
     assert all(TileConfig.from_list(t.as_list()) == t for t in neighbours(best, 4096))
 
 
-@pytest.mark.parametrize("kind, tokens", [(GemmKind.BF16, 300), (GemmKind.FP8_BLOCK128, 20),
-                                          (GemmKind.FP8_BLOCK128, 300)])
+@pytest.mark.parametrize(
+    "kind, tokens", [(GemmKind.BF16, 300), (GemmKind.FP8_BLOCK128, 20), (GemmKind.FP8_BLOCK128, 300)]
+)
 def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens):
     """A gate/up problem's calls take the tokens and each routing's row index, as the layer's calls do: every
     backend computes silu(gate) * up of the tokens' rows in expert order, one-byte rows read through the index
@@ -136,7 +142,7 @@ def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens
     for routing in range(_ROUTINGS):
         rows, counts = x[case.index[routing].long()], case.counts[routing].tolist()
         ends = torch.tensor(counts).cumsum(0).tolist()
-        full = torch.cat([rows[end - c:end] @ w[e] for e, (c, end) in enumerate(zip(counts, ends))])
+        full = torch.cat([rows[end - c : end] @ w[e] for e, (c, end) in enumerate(zip(counts, ends))])
         exact = torch.nn.functional.silu(full[:, :256]) * full[:, 256:]
         for backend in backends:
             for through_index in (True, False):
@@ -178,6 +184,6 @@ def test_a_first_projection_the_rule_gathers_is_also_timed_through_the_index(tmp
         a = reference.dequantize(q).double()[index.long()]
         b = reference.dequantize_weight(qw).double()
         ends = counts.cumsum(0).tolist()
-        full = torch.cat([a[end - c:end] @ b[e] for e, (c, end) in enumerate(zip(counts.tolist(), ends))])
+        full = torch.cat([a[end - c : end] @ b[e] for e, (c, end) in enumerate(zip(counts.tolist(), ends))])
         exact = torch.nn.functional.silu(full[:, :256]) * full[:, 256:]
         assert (got.double() - exact).abs().max() <= 2**-6 * exact.abs().max(), gather

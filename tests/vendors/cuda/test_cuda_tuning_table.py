@@ -28,14 +28,22 @@ from vendors.cuda.vendor import CudaVendor
 
 
 def _table() -> TuningTable:
-    return TuningTable("Test GPU", {problem_key("bf16", 8, 64, 32): {
-        8: Choice(TRITON, (16, 64, 64, 4, 3, 0), 10.0, 12.0),
-        512: Choice(TRITON, (64, 128, 64, 4, 3, 1), 20.0, 30.0),
-        8192: Choice(GROUPED_MM, None, 40.0, 50.0)}}, {"date": "2026-11-23"})
+    return TuningTable(
+        "Test GPU",
+        {
+            problem_key("bf16", 8, 64, 32): {
+                8: Choice(TRITON, (16, 64, 64, 4, 3, 0), 10.0, 12.0),
+                512: Choice(TRITON, (64, 128, 64, 4, 3, 1), 20.0, 30.0),
+                8192: Choice(GROUPED_MM, None, 40.0, 50.0),
+            }
+        },
+        {"date": "2026-11-23"},
+    )
 
 
-@pytest.mark.parametrize("rows, expected", [(4, 8), (8, 8), (60, 8), (70, 512), (512, 512), (2000, 512),
-                                             (2100, 8192), (2 * 8192, 8192)])
+@pytest.mark.parametrize(
+    "rows, expected", [(4, 8), (8, 8), (60, 8), (70, 512), (512, 512), (2000, 512), (2100, 8192), (2 * 8192, 8192)]
+)
 def test_lookup_takes_the_nearest_row_count_on_a_log_scale(rows, expected):
     table = _table()
     assert table.lookup("bf16", 8, 64, 32, rows) == table.entries[problem_key("bf16", 8, 64, 32)][expected]
@@ -96,9 +104,11 @@ def test_a_first_projection_choice_keeps_how_it_reads_its_rows(tmp_path):
     leaves the way to the vendor's rule, and the activated lookup's fallback to a plain entry carries none."""
     table = _table()
     key = problem_key("fp8-block128", 128, 2048, 1536, "silu-glu")
-    table.entries[key] = {4096: Choice(TRITON, (64, 128, 128, 4, 3, 0)),
-                          32768: Choice(TRITON, (128, 64, 128, 8, 3, 1), 700.0, 720.0, gather=False),
-                          131072: Choice(TRITON_THEN_ACTIVATION, (128, 128, 128, 8, 3, 1), gather=True)}
+    table.entries[key] = {
+        4096: Choice(TRITON, (64, 128, 128, 4, 3, 0)),
+        32768: Choice(TRITON, (128, 64, 128, 8, 3, 1), 700.0, 720.0, gather=False),
+        131072: Choice(TRITON_THEN_ACTIVATION, (128, 128, 128, 8, 3, 1), gather=True),
+    }
     table.write(tmp_path / "t.json")
     assert '"gather": false' in (tmp_path / "t.json").read_text()
     loaded = TuningTable.load(tmp_path / "t.json")
@@ -131,25 +141,35 @@ def test_tile_configs_with_the_tma_setting_parse_and_print_back():
     tiles = (128, 64, 128, 4, 3, 1, 1, 1)
     assert TileConfig.from_list(list(tiles)) == TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True)
     assert TileConfig.from_list([128, 64, 128, 4, 3, 1, 32]).tma is False
-    for config in (TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True), TileConfig(64, 128, 128, 4, 3, group_m=8),
-                   TileConfig(64, 128, 128, 4, 3, group_m=8, tma=True), TileConfig(16, 32, 64, 4, 3)):
+    for config in (
+        TileConfig(128, 64, 128, 4, 3, n_fastest=True, tma=True),
+        TileConfig(64, 128, 128, 4, 3, group_m=8),
+        TileConfig(64, 128, 128, 4, 3, group_m=8, tma=True),
+        TileConfig(16, 32, 64, 4, 3),
+    ):
         assert TileConfig.from_list(config.as_list()) == config
     with pytest.raises(ValueError, match="tma"):
         TileConfig.from_list([128, 64, 128, 4, 3, 1, 1, 3])
 
 
-@pytest.mark.parametrize("mutate, names", [
-    (lambda d: d.update(format="other"), "format"),
-    (lambda d: d.update(entries=[]), "entries"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"].update({"0": {"backend": "triton", "tiles": [1] * 5}}), "row counts"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, -1, 4, 3]), "tiles"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 0]), "group_m"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tma"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 1, 0]), "tiles"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather="yes"), "gather"),
-    (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather=1), "gather"),
-])
+@pytest.mark.parametrize(
+    "mutate, names",
+    [
+        (lambda d: d.update(format="other"), "format"),
+        (lambda d: d.update(entries=[]), "entries"),
+        (
+            lambda d: d["entries"]["bf16 E=8 K=64 N=32"].update({"0": {"backend": "triton", "tiles": [1] * 5}}),
+            "row counts",
+        ),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, -1, 4, 3]), "tiles"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 0]), "group_m"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 2]), "tma"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(tiles=[16, 64, 64, 4, 3, 1, 8, 1, 0]), "tiles"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(backend="cutlass"), "backend"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather="yes"), "gather"),
+        (lambda d: d["entries"]["bf16 E=8 K=64 N=32"]["8"].update(gather=1), "gather"),
+    ],
+)
 def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
     data = _table().as_dict()
     mutate(data)
@@ -161,12 +181,19 @@ def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
         CudaVendor(tuning=path)
 
 
-@pytest.mark.parametrize("device, kinds", [
-    ("NVIDIA H100 80GB HBM3", {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"),
-                               "deepseek-v3-ep8": ("bf16", "fp8")}),
-    ("NVIDIA H200", {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"),
-                     "deepseek-v3-ep8": ("bf16", "fp8")}),
-])
+@pytest.mark.parametrize(
+    "device, kinds",
+    [
+        (
+            "NVIDIA H100 80GB HBM3",
+            {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"), "deepseek-v3-ep8": ("bf16", "fp8")},
+        ),
+        (
+            "NVIDIA H200",
+            {"qwen3-30b-a3b": ("bf16", "fp8"), "mixtral-8x7b": ("bf16", "fp8"), "deepseek-v3-ep8": ("bf16", "fp8")},
+        ),
+    ],
+)
 def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
     """Both grouped matmuls of each model `hal tune` ran on that device, for each precision, at 1 to 4096
     tokens at least; every entry records its tuned and built-in time."""
@@ -196,9 +223,17 @@ def test_the_vendor_refuses_a_tuning_argument_of_the_wrong_type():
         CudaVendor(tuning=3)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(experts=0), "experts"), (dict(top_k=9), "top_k"),
-                                          (dict(tokens=()), "tokens"), (dict(tokens=(0,)), "tokens"),
-                                          (dict(k=True), "k"), (dict(activation="tanh"), "activation")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(experts=0), "experts"),
+        (dict(top_k=9), "top_k"),
+        (dict(tokens=()), "tokens"),
+        (dict(tokens=(0,)), "tokens"),
+        (dict(k=True), "k"),
+        (dict(activation="tanh"), "activation"),
+    ],
+)
 def test_a_gemm_problem_validates_its_fields(kwargs, name):
     fields = dict(kind="bf16", experts=8, k=64, n=32, top_k=2, tokens=(1, 8))
     with pytest.raises(InvalidInput, match=name):
@@ -211,8 +246,15 @@ def test_problems_for_covers_both_projections_once():
     assert len(problems) == 2
 
 
-@pytest.mark.parametrize("argv, status", [(["--vendor", "cpu"], 1), (["--vendor", "cpu", "--model", "gpt-5"], 2),
-                                          (["--output", "/nonexistent-dir/t.json"], 2), (["--tokens", "0"], 2)])
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["--vendor", "cpu"], 1),
+        (["--vendor", "cpu", "--model", "gpt-5"], 2),
+        (["--output", "/nonexistent-dir/t.json"], 2),
+        (["--tokens", "0"], 2),
+    ],
+)
 def test_hal_tune_refuses_with_the_readme_exit_codes(argv, status):
     done = subprocess.run([sys.executable, "-m", "hal", "tune", *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == status, done.stderr

@@ -24,8 +24,9 @@ def test_layer_on_the_gpu_matches_float64(scheme, capacity):
     w13, w2 = random_weights(E, H, I, seed_of("cuda", scheme))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # int8 -> fp8 fallback warning, checked elsewhere
-        layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=vendor,
-                                        dispatch=DispatchConfig(max_dispatch_tokens_per_rank=capacity))
+        layer = moe.MoELayer.from_float(
+            w13, w2, K, scheme=scheme, vendor=vendor, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=capacity)
+        )
     if scheme == "w8a8-int8" and vendor.capabilities().supports_fp8_dispatch:
         assert layer.plan.resolved is DispatchDtype.FP8  # the declared int8 -> fp8 fallback
     g = torch.Generator().manual_seed(seed_of("cuda-inputs", scheme))

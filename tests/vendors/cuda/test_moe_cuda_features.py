@@ -29,13 +29,24 @@ def _layer(scheme, activation="silu-glu", bias=False, shared=False, seed=0):
     b2 = torch.randn(E, H, generator=g) * 0.3 if bias else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        layer = moe.MoELayer.from_float(w13, w2, K, w13_bias=b13, w2_bias=b2, scheme=scheme, vendor=CudaVendor(),
-                                        activation=activation,
-                                        shared_experts=moe.SharedExperts(S, gated=True) if shared else None)
+        layer = moe.MoELayer.from_float(
+            w13,
+            w2,
+            K,
+            w13_bias=b13,
+            w2_bias=b2,
+            scheme=scheme,
+            vendor=CudaVendor(),
+            activation=activation,
+            shared_experts=moe.SharedExperts(S, gated=True) if shared else None,
+        )
     parts = None
     if shared:
-        parts = (torch.randn(H, 2 * S if width == 2 * I else S, generator=g) / H**0.5,
-                 torch.randn(S, H, generator=g) / S**0.5, torch.randn(H, generator=g) / H**0.5)
+        parts = (
+            torch.randn(H, 2 * S if width == 2 * I else S, generator=g) / H**0.5,
+            torch.randn(S, H, generator=g) / S**0.5,
+            torch.randn(H, generator=g) / H**0.5,
+        )
         layer.load_shared_experts(*parts)
     return layer, (w13, w2, b13, b2, parts)
 
@@ -45,9 +56,14 @@ def _inputs(tokens, seed, dtype=torch.bfloat16):
     return torch.randn(tokens, H, generator=g).to(dtype), torch.randn(tokens, E, generator=g)
 
 
-CASES = [("unquantized", "silu-glu", True, True), ("unquantized", "swiglu-oai", True, False),
-         ("unquantized", "gelu-tanh-glu", False, True), ("unquantized", "gelu", False, False),
-         ("w8a8-fp8-block", "silu-glu", False, True), ("w8a8-fp8-block", "swiglu-oai", True, False)]
+CASES = [
+    ("unquantized", "silu-glu", True, True),
+    ("unquantized", "swiglu-oai", True, False),
+    ("unquantized", "gelu-tanh-glu", False, True),
+    ("unquantized", "gelu", False, False),
+    ("w8a8-fp8-block", "silu-glu", False, True),
+    ("w8a8-fp8-block", "swiglu-oai", True, False),
+]
 
 
 @pytest.mark.parametrize("scheme, activation, bias, shared", CASES)

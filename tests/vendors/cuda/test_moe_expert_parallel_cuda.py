@@ -13,18 +13,23 @@ import pytest
 import torch
 from tests.support.paths import REPO, SUPPORT
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs two CUDA devices")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"),
+]
 
 WORKER = SUPPORT / "ep_cuda_worker.py"
 
 
 def test_every_gpu_dispatcher_matches_the_single_rank_layer(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(WORKER), str(out)], capture_output=True, text=True, timeout=900,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     failed = [r for r in rows if not r.get("ok_all_ranks", r.get("ok", True))]

@@ -162,18 +162,31 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed (it is not a test dependency)")
 def test_triton_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     if "only 0-dimensional arrays" in done.stderr:
         pytest.skip("this Triton's interpreter does not run with this NumPy (needs numpy < 2.4)")
     assert done.returncode == 0 and "interpreted kernels: ok" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
 @pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed (it is not a test dependency)")
-@pytest.mark.parametrize("pairs, experts, method", [
-    (8, 128, "one-program"), (128, 128, "one-program"), (129, 128, "spread"), (256, 8, "one-program"),
-    (257, 8, "spread"), (32768, 128, "spread"), (131072, 32, "spread"), (131072, 128, "radix"),
-    (32768, 256, "spread"), (10, 1025, "radix"), (0, 8, "radix")])
+@pytest.mark.parametrize(
+    "pairs, experts, method",
+    [
+        (8, 128, "one-program"),
+        (128, 128, "one-program"),
+        (129, 128, "spread"),
+        (256, 8, "one-program"),
+        (257, 8, "spread"),
+        (32768, 128, "spread"),
+        (131072, 32, "spread"),
+        (131072, 128, "radix"),
+        (32768, 256, "spread"),
+        (10, 1025, "radix"),
+        (0, 8, "radix"),
+    ],
+)
 def test_the_sort_method_follows_the_measured_crossovers(pairs, experts, method):
     """One program up to two chunks, spans below 2**24 pairs x padded experts, torch's sort beyond
     (the H100 crossovers in `vendors/cuda/kernels/sorting.py`)."""

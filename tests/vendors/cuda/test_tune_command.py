@@ -58,16 +58,23 @@ class OwnFormatVendor(CpuVendor):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = write_distribution(tmp_path_factory.mktemp("tunable"), "hal-test-tunable",
-                              {"hal.vendors": {"tunable": "tunable_vendor:TunableVendor",
-                                               "own-format": "tunable_vendor:OwnFormatVendor"}},
-                              {"tunable_vendor": SOURCE})
+    root = write_distribution(
+        tmp_path_factory.mktemp("tunable"),
+        "hal-test-tunable",
+        {"hal.vendors": {"tunable": "tunable_vendor:TunableVendor", "own-format": "tunable_vendor:OwnFormatVendor"}},
+        {"tunable_vendor": SOURCE},
+    )
     return environment_with(root)
 
 
 def hal_tune(env, *argv):
-    return subprocess.run([sys.executable, "-m", "hal", "tune", "--model", "tiny", "--precision", "bf16", *argv],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "tune", "--model", "tiny", "--precision", "bf16", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_every_case_is_tuned_by_its_own_call_and_counted(env, tmp_path):
@@ -76,9 +83,15 @@ def test_every_case_is_tuned_by_its_own_call_and_counted(env, tmp_path):
     assert done.returncode == 0, done.stderr
     table = json.loads(out.read_text())
     assert {key: sorted(rows, key=int) for key, rows in table["entries"].items()} == {
-        "bf16 E=8 K=256 N=256 +silu-glu": ["2", "16"], "bf16 E=8 K=128 N=256": ["2", "16"]}
+        "bf16 E=8 K=256 N=256 +silu-glu": ["2", "16"],
+        "bf16 E=8 K=128 N=256": ["2", "16"],
+    }
     assert [line.split("]")[0] + "]" for line in done.stderr.splitlines() if line.startswith("[")] == [
-        "[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+        "[1/4]",
+        "[2/4]",
+        "[3/4]",
+        "[4/4]",
+    ]
     assert not list(tmp_path.glob("*.partial"))
 
 
@@ -87,8 +100,9 @@ def test_an_interrupted_run_keeps_the_cases_it_finished(env, tmp_path):
     done = hal_tune(env, "--vendor", "tunable", "--tokens", "1", "8", "99", "--output", str(out))
     assert done.returncode != 0 and "interrupted" in done.stderr
     table = json.loads(out.read_text())
-    assert table["entries"] == {"bf16 E=8 K=256 N=256 +silu-glu": {"2": {"backend": "test", "us": 1.0},
-                                                                   "16": {"backend": "test", "us": 8.0}}}
+    assert table["entries"] == {
+        "bf16 E=8 K=256 N=256 +silu-glu": {"2": {"backend": "test", "us": 1.0}, "16": {"backend": "test", "us": 8.0}}
+    }
 
 
 def test_an_interrupted_merge_keeps_the_earlier_entries_and_the_finished_cases(env, tmp_path):

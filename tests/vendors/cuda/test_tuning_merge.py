@@ -14,8 +14,14 @@ from vendors.cuda.tuning import FORMAT, PACKAGED, TuningTable
 
 
 def _table(device="NVIDIA H200", date="2026-11-24", **entries):
-    return {"format": FORMAT, "device": device, "date": date, "torch": "2.11", "note": f"tuned {date}",
-            "entries": entries}
+    return {
+        "format": FORMAT,
+        "device": device,
+        "date": date,
+        "torch": "2.11",
+        "note": f"tuned {date}",
+        "entries": entries,
+    }
 
 
 def _choice(us):
@@ -23,10 +29,16 @@ def _choice(us):
 
 
 def test_new_entries_replace_the_same_rows_and_every_other_entry_is_kept():
-    earlier = _table(**{"bf16 E=8 K=64 N=32": {"2": _choice(1.0), "16": _choice(2.0)},
-                        "bf16 E=8 K=32 N=64": {"2": _choice(3.0)}})
-    fresh = _table(date="2026-11-26", **{"bf16 E=8 K=64 N=32": {"16": _choice(9.0), "32768": _choice(7.0)},
-                                         "fp8-block128 E=8 K=64 N=32": {"2": _choice(5.0)}})
+    earlier = _table(
+        **{"bf16 E=8 K=64 N=32": {"2": _choice(1.0), "16": _choice(2.0)}, "bf16 E=8 K=32 N=64": {"2": _choice(3.0)}}
+    )
+    fresh = _table(
+        date="2026-11-26",
+        **{
+            "bf16 E=8 K=64 N=32": {"16": _choice(9.0), "32768": _choice(7.0)},
+            "fp8-block128 E=8 K=64 N=32": {"2": _choice(5.0)},
+        },
+    )
     merged = merge_tables(earlier, fresh)
     assert merged["entries"] == {
         "bf16 E=8 K=32 N=64": {"2": _choice(3.0)},
@@ -57,8 +69,15 @@ def test_tables_of_another_device_or_format_are_refused(field, value):
         merge_tables(_table(), {**_table(), field: value})
 
 
-@pytest.mark.parametrize("content", ["not json", "[]", json.dumps({"device": "x", "format": "f"}),
-                                     json.dumps({"device": "x", "format": "f", "entries": {"k": [1]}})])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        "[]",
+        json.dumps({"device": "x", "format": "f"}),
+        json.dumps({"device": "x", "format": "f", "entries": {"k": [1]}}),
+    ],
+)
 def test_a_file_that_is_not_a_table_is_refused_naming_it(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -71,15 +90,22 @@ def test_a_table_of_another_device_is_refused_before_tuning(tmp_path):
         check_device(_table(), "NVIDIA H100 80GB HBM3", tmp_path / "t.json")
 
 
-@pytest.mark.parametrize("content, status, message", [
-    ("nope", 2, "cannot be read"),
-    (json.dumps(_table(device="NVIDIA H200")), 2, "was tuned on 'NVIDIA H200'"),  # the cpu vendor's device differs
-])
+@pytest.mark.parametrize(
+    "content, status, message",
+    [
+        ("nope", 2, "cannot be read"),
+        (json.dumps(_table(device="NVIDIA H200")), 2, "was tuned on 'NVIDIA H200'"),  # the cpu vendor's device differs
+    ],
+)
 def test_hal_tune_merge_refuses_with_the_readme_exit_codes_and_leaves_the_file(tmp_path, content, status, message):
     path = tmp_path / "table.json"
     path.write_text(content)
-    done = subprocess.run([sys.executable, "-m", "hal", "tune", "--vendor", "cpu", "--merge", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "hal", "tune", "--vendor", "cpu", "--merge", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == status, done.stderr
     assert message in done.stderr + done.stdout and "Traceback" not in done.stderr
     assert path.read_text() == content

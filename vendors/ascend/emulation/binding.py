@@ -14,8 +14,9 @@ from vendors.ascend.emulation.versions import DEFAULT_VERSION
 DEFAULT_SOC = "Ascend910_9392"
 
 
-def emulated_binding(soc_name: str = DEFAULT_SOC, *, deep_ep: bool = True,
-                     torch_npu_version: str = DEFAULT_VERSION) -> NpuBinding:
+def emulated_binding(
+    soc_name: str = DEFAULT_SOC, *, deep_ep: bool = True, torch_npu_version: str = DEFAULT_VERSION
+) -> NpuBinding:
     """A binding whose ops are the torch_npu emulation on the CPU, for the SoC `soc_name`.
 
     `deep_ep` adds the emulated Ascend DeepEP port (so W8A8-INT8 `fused_deep_moe` is declared);

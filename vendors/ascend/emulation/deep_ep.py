@@ -64,8 +64,15 @@ class EmulatedDeepEp:
         self._npu = npu
         self.version = version
 
-    def Buffer(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,  # noqa: N802
-               low_latency_mode: bool = False, num_qps_per_rank: int = 12, **kwargs: Any) -> EmulatedBuffer:
+    def Buffer(
+        self,
+        group: Any,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,  # noqa: N802
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 12,
+        **kwargs: Any,
+    ) -> EmulatedBuffer:
         """The port's constructor: `group` is required and must answer `rank()` / `size()`."""
         return EmulatedBuffer(self._npu, group, self.version)
 
@@ -81,8 +88,14 @@ class EmulatedBuffer:
         if version == "variable-only":  # the older signature: no quant_mode keyword at all
             self.dispatch = self._dispatch_variable_only  # type: ignore[method-assign]
 
-    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event: Any = None,
-                            async_finish: bool = False, allocate_on_comm_stream: bool = False) -> tuple:
+    def get_dispatch_layout(
+        self,
+        topk_idx: torch.Tensor,
+        num_experts: int,
+        previous_event: Any = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> tuple:
         """Per-rank and per-expert token counts and which tokens go to which rank."""
         _check_ids(topk_idx, num_experts)
         valid = topk_idx >= 0
@@ -90,13 +103,25 @@ class EmulatedBuffer:
         per_expert = torch.bincount(topk_idx[valid], minlength=num_experts).to(torch.int32)
         return in_rank.sum(dim=0).to(torch.int32), None, per_expert, in_rank, None
 
-    def dispatch(self, x: torch.Tensor, handle: Any = None, num_tokens_per_rank: torch.Tensor | None = None,
-                 num_tokens_per_rdma_rank: torch.Tensor | None = None, is_token_in_rank: torch.Tensor | None = None,
-                 num_tokens_per_expert: torch.Tensor | None = None, topk_idx: torch.Tensor | None = None,
-                 topk_weights: torch.Tensor | None = None, expert_alignment: int = 1, num_worst_tokens: int = 0,
-                 config: Any = None, previous_event: Any = None, async_finish: bool = False,
-                 allocate_on_comm_stream: bool = False, dispatch_wait_recv_cost_stats: Any = None,
-                 quant_mode: str | None = None) -> tuple:
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        handle: Any = None,
+        num_tokens_per_rank: torch.Tensor | None = None,
+        num_tokens_per_rdma_rank: torch.Tensor | None = None,
+        is_token_in_rank: torch.Tensor | None = None,
+        num_tokens_per_expert: torch.Tensor | None = None,
+        topk_idx: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Any = None,
+        previous_event: Any = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+        dispatch_wait_recv_cost_stats: Any = None,
+        quant_mode: str | None = None,
+    ) -> tuple:
         """`(recv_x, recv_topk_idx (unfilled), recv_topk_weights (unfilled), counts per local expert,
         handle, event)`; rows per (token, local expert) pair, grouped by expert."""
         if quant_mode is None:
@@ -107,26 +132,50 @@ class EmulatedBuffer:
             raise NotImplementedError(f"deep_ep emulation: quant_mode={quant_mode!r} (A5 MX formats) is not emulated")
         else:
             raise ValueError(f"Invalid quant_mode: {quant_mode}")
-        return self._dispatch(x, handle, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
-                              expert_alignment, int8)
+        return self._dispatch(
+            x, handle, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, int8
+        )
 
-    def _dispatch_variable_only(self, x: torch.Tensor, handle: Any = None, num_tokens_per_rank: Any = None,
-                                num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,
-                                num_tokens_per_expert: Any = None, topk_idx: Any = None, topk_weights: Any = None,
-                                expert_alignment: int = 1, num_worst_tokens: int = 0, config: Any = None,
-                                previous_event: Any = None, async_finish: bool = False,
-                                allocate_on_comm_stream: bool = False) -> tuple:
+    def _dispatch_variable_only(
+        self,
+        x: torch.Tensor,
+        handle: Any = None,
+        num_tokens_per_rank: Any = None,
+        num_tokens_per_rdma_rank: Any = None,
+        is_token_in_rank: Any = None,
+        num_tokens_per_expert: Any = None,
+        topk_idx: Any = None,
+        topk_weights: Any = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Any = None,
+        previous_event: Any = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> tuple:
         int8 = os.environ.get(INT8_VARIABLE) == "1"
-        return self._dispatch(x, handle, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
-                              expert_alignment, int8)
+        return self._dispatch(
+            x, handle, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, int8
+        )
 
-    def _dispatch(self, x: torch.Tensor, handle: Any, is_token_in_rank: Any, num_tokens_per_expert: Any,
-                  topk_idx: Any, topk_weights: Any, expert_alignment: int, int8: bool) -> tuple:
+    def _dispatch(
+        self,
+        x: torch.Tensor,
+        handle: Any,
+        is_token_in_rank: Any,
+        num_tokens_per_expert: Any,
+        topk_idx: Any,
+        topk_weights: Any,
+        expert_alignment: int,
+        int8: bool,
+    ) -> tuple:
         if handle is not None:
             raise NotImplementedError("Optional communication handle is not supported yet.")  # the port's words
         if any(v is None for v in (is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights)):
-            raise AssertionError("deep_ep dispatch: is_token_in_rank, num_tokens_per_expert, topk_idx and "
-                                 "topk_weights are required in normal mode")
+            raise AssertionError(
+                "deep_ep dispatch: is_token_in_rank, num_tokens_per_expert, topk_idx and "
+                "topk_weights are required in normal mode"
+            )
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
             raise TypeError(f"deep_ep dispatch: x must be a bf16 tensor [T, H], got {getattr(x, 'dtype', type(x))}")
         if expert_alignment != 1:
@@ -145,46 +194,73 @@ class EmulatedBuffer:
         handle = DispatchHandle(token, topk_weights[token, slot].to(torch.float32), x.shape[0])
         return recv_x, unfilled_idx, unfilled_w, counts, handle, None
 
-    def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None,
-                bias: Any = None, config: Any = None, previous_event: Any = None, async_finish: bool = False,
-                allocate_on_comm_stream: bool = False, combine_send_cost_stats: Any = None) -> tuple:
+    def combine(
+        self,
+        x: torch.Tensor,
+        handle: DispatchHandle,
+        topk_weights: torch.Tensor | None = None,
+        bias: Any = None,
+        config: Any = None,
+        previous_event: Any = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+        combine_send_cost_stats: Any = None,
+    ) -> tuple:
         """Each received row times its pair's dispatch weight, summed per source token: `(out, None, None)`."""
         if x.dim() != 2 or x.shape[0] != handle.source_tokens.numel():
-            raise RuntimeError(f"deep_ep combine: x must have one row per received pair "
-                               f"({handle.source_tokens.numel()}), got {tuple(x.shape)}")
+            raise RuntimeError(
+                f"deep_ep combine: x must have one row per received pair "
+                f"({handle.source_tokens.numel()}), got {tuple(x.shape)}"
+            )
         out = torch.zeros((handle.num_tokens, x.shape[-1]), dtype=torch.float32, device=x.device)
         out.index_add_(0, handle.source_tokens, x.float() * handle.row_weights.unsqueeze(1))
         return out.to(x.dtype), None, None
 
-    def fused_deep_moe(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                       gmm1_permuted_weight: torch.Tensor, gmm1_permuted_weight_scale: torch.Tensor,
-                       gmm2_weight: torch.Tensor, gmm2_weight_scale: torch.Tensor,
-                       num_max_dispatch_tokens_per_rank: int, num_experts: int, quant_mode: int = 1,
-                       fuse_mode: int = 1, profile_enable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def fused_deep_moe(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        gmm1_permuted_weight: torch.Tensor,
+        gmm1_permuted_weight_scale: torch.Tensor,
+        gmm2_weight: torch.Tensor,
+        gmm2_weight_scale: torch.Tensor,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        quant_mode: int = 1,
+        fuse_mode: int = 1,
+        profile_enable: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """FuseMode 1, W8A8 INT8: `(out [bs, H] bf16, ep_recv_count int32 [local * ranks])`."""
         generation = getattr(self._npu, "generation", "A2")
         if generation not in ("A3", "A5"):
-            raise RuntimeError(f"deep_ep fused_deep_moe: aclnnFusedDeepMoe is not built for {generation} "
-                               "(FUSED_DEEP_MOE.md: A3 and A5)")
+            raise RuntimeError(
+                f"deep_ep fused_deep_moe: aclnnFusedDeepMoe is not built for {generation} "
+                "(FUSED_DEEP_MOE.md: A3 and A5)"
+            )
         if quant_mode != 1 or fuse_mode != 1:
             raise NotImplementedError("deep_ep fused_deep_moe emulation: quant_mode=1, fuse_mode=1 only")
         local = gmm1_permuted_weight.shape[0]
         bs, hidden = x.shape
         k, n1 = topk_idx.shape[1], gmm1_permuted_weight.shape[-1]
-        problems = _fused_limit_problems(generation, bs, hidden, n1, k, num_experts,
-                                         num_max_dispatch_tokens_per_rank)
+        problems = _fused_limit_problems(generation, bs, hidden, n1, k, num_experts, num_max_dispatch_tokens_per_rank)
         if problems:
             raise RuntimeError("deep_ep fused_deep_moe: " + "; ".join(problems))
         if num_experts != local:
             raise RuntimeError(f"deep_ep fused_deep_moe: num_experts={num_experts} but one rank holds {local}")
-        for name, w, shape in (("gmm1_permuted_weight", gmm1_permuted_weight, (local, hidden, n1)),
-                               ("gmm2_weight", gmm2_weight, (local, hidden, n1 // 2))):
+        for name, w, shape in (
+            ("gmm1_permuted_weight", gmm1_permuted_weight, (local, hidden, n1)),
+            ("gmm2_weight", gmm2_weight, (local, hidden, n1 // 2)),
+        ):
             if w.dtype != torch.int8 or tuple(w.shape) != shape:
-                raise RuntimeError(f"deep_ep fused_deep_moe: {name} must be int8 {list(shape)}, got "
-                                   f"{w.dtype} {list(w.shape)}")
+                raise RuntimeError(
+                    f"deep_ep fused_deep_moe: {name} must be int8 {list(shape)}, got {w.dtype} {list(w.shape)}"
+                )
             if generation == "A3" and get_npu_format(None, w) != ACL_FORMAT_FRACTAL_NZ:
-                raise RuntimeError(f"deep_ep fused_deep_moe: {name} must be FRACTAL_NZ (npu_format_cast(w, 29)), "
-                                   f"got format {get_npu_format(None, w)}")
+                raise RuntimeError(
+                    f"deep_ep fused_deep_moe: {name} must be FRACTAL_NZ (npu_format_cast(w, 29)), "
+                    f"got format {get_npu_format(None, w)}"
+                )
         _check_ids(topk_idx, num_experts)
         w13 = unpermute_tiles(gmm1_permuted_weight)
         s13 = unpermute_tiles(gmm1_permuted_weight_scale.to(torch.float32))
@@ -205,12 +281,17 @@ class EmulatedBuffer:
         return out.to(torch.bfloat16), received
 
 
-def _fused_limit_problems(generation: str, bs: int, hidden: int, n1: int, k: int, num_experts: int,
-                          capacity: int) -> list[str]:
+def _fused_limit_problems(
+    generation: str, bs: int, hidden: int, n1: int, k: int, num_experts: int, capacity: int
+) -> list[str]:
     found = []
-    for name, value, low, high in (("bs", bs, 1, 256), ("hidden", hidden, 512, 7168),
-                                   ("gmm1_hidden", n1, 1024, 6144), ("num_topk", k, 1, 12),
-                                   ("num_experts", num_experts, 1, 512)):
+    for name, value, low, high in (
+        ("bs", bs, 1, 256),
+        ("hidden", hidden, 512, 7168),
+        ("gmm1_hidden", n1, 1024, 6144),
+        ("num_topk", k, 1, 12),
+        ("num_experts", num_experts, 1, 512),
+    ):
         if not low <= value <= high:
             found.append(f"{name}={value} outside [{low}, {high}]")
     if n1 % (2 * GMM_TILE_N):
@@ -240,5 +321,6 @@ def _check_ids(topk_idx: torch.Tensor, num_experts: int) -> None:
     if topk_idx.dim() != 2 or topk_idx.dtype != torch.int64:
         raise RuntimeError(f"deep_ep: topk_idx must be 2-D int64, got {topk_idx.dtype} {tuple(topk_idx.shape)}")
     if topk_idx.numel() and (int(topk_idx.min()) < -1 or int(topk_idx.max()) >= num_experts):
-        raise RuntimeError(f"deep_ep: expert ids must lie in [-1, {num_experts}), got "
-                           f"[{int(topk_idx.min())}, {int(topk_idx.max())}]")
+        raise RuntimeError(
+            f"deep_ep: expert ids must lie in [-1, {num_experts}), got [{int(topk_idx.min())}, {int(topk_idx.max())}]"
+        )

@@ -33,11 +33,16 @@ def _gmm_list(name: str, value: object) -> list[torch.Tensor]:
     return [tensor_arg(GMM, f"{name}[{i}]", t) for i, t in enumerate(value)]
 
 
-def _gmm_reserved(offset: object, act_in: object, act_scale: object, act_offset: object, bias: object,
-                  act_type: int) -> None:
+def _gmm_reserved(
+    offset: object, act_in: object, act_scale: object, act_offset: object, bias: object, act_type: int
+) -> None:
     """Arguments the docs reserve (only None) or that this emulation does not compute."""
-    for name, value in (("offset", offset), ("activation_input", act_in),
-                        ("activation_quant_scale", act_scale), ("activation_quant_offset", act_offset)):
+    for name, value in (
+        ("offset", offset),
+        ("activation_input", act_in),
+        ("activation_quant_scale", act_scale),
+        ("activation_quant_offset", act_offset),
+    ):
         if value is not None:
             raise err(GMM, f"{name} only supports None, got {type(value).__name__}")
     if bias is not None:
@@ -55,8 +60,10 @@ def _gmm_inner_limit(xs: list[torch.Tensor], ws: list[torch.Tensor]) -> None:
             transposed = t.stride(-2) == 1 and t.stride(-1) == t.shape[-2] and t.shape[-1] > 1
             inner = t.shape[-2] if transposed else t.shape[-1]
             if inner >= INNER_LIMIT:
-                raise err(GMM, f"{name}[{i}]'s inner dim must be < {INNER_LIMIT} "
-                                 f"(the A2/A3 inner-dimension limit), got {inner}")
+                raise err(
+                    GMM,
+                    f"{name}[{i}]'s inner dim must be < {INNER_LIMIT} (the A2/A3 inner-dimension limit), got {inner}",
+                )
 
 
 def _gmm_bounds(group_list: object, group_list_type: int, groups: int, rows: int) -> list[int]:
@@ -73,8 +80,9 @@ def _gmm_bounds(group_list: object, group_list_type: int, groups: int, rows: int
         if any(b < a for a, b in zip(values, values[1:])):
             raise err(GMM, f"group_list must be non-decreasing when group_list_type is 0, got {values}")
         if values[-1] > rows:
-            raise err(GMM, f"group_list's last value must not exceed x's rows {rows} when group_list_type is 0, "
-                             f"got {values}")
+            raise err(
+                GMM, f"group_list's last value must not exceed x's rows {rows} when group_list_type is 0, got {values}"
+            )
         return [0, *values]
     if group_list_type == 1:
         if groups == 1:
@@ -92,8 +100,14 @@ _SCALE_FOR_OUTPUT = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float3
 _Parts = tuple[list[torch.Tensor], list[torch.Tensor], list["torch.Tensor | None"]]
 
 
-def _gmm_split_rows(xs: list[torch.Tensor], ws: list[torch.Tensor], group_list: object, group_list_type: int,
-                    split_item: int, pts: object) -> _Parts:
+def _gmm_split_rows(
+    xs: list[torch.Tensor],
+    ws: list[torch.Tensor],
+    group_list: object,
+    group_list_type: int,
+    split_item: int,
+    pts: object,
+) -> _Parts:
     """group_type 0: x rows, weight and per-token scales of each group along M."""
     if split_item not in (2, 3):
         raise err(GMM, f"split_item must be 2 or 3 for group_type 0, got {split_item}")
@@ -120,16 +134,20 @@ def _gmm_split_rows(xs: list[torch.Tensor], ws: list[torch.Tensor], group_list: 
     return [x0[lo:hi] for lo, hi in spans], weights, [pts[0][lo:hi] for lo, hi in spans]
 
 
-def _gmm_pairs(xs: list[torch.Tensor], ws: list[torch.Tensor], group_list: object, split_item: int,
-               pts: object) -> _Parts:
+def _gmm_pairs(
+    xs: list[torch.Tensor], ws: list[torch.Tensor], group_list: object, split_item: int, pts: object
+) -> _Parts:
     """group_type -1: independent (x_i, weight_i) pairs."""
     if group_list is not None:
         raise err(GMM, f"group_list must be None for group_type -1, got {type(group_list).__name__}")
     if split_item not in (0, 1):
         raise err(GMM, f"split_item must be 0 or 1 for group_type -1, got {split_item}")
     if len(xs) != len(ws) or any(t.dim() != 2 for t in [*xs, *ws]):
-        raise err(GMM, f"group_type -1 needs as many 2-D x as 2-D weight tensors, got x "
-                         f"{[list(t.shape) for t in xs]} and weight {[list(t.shape) for t in ws]}")
+        raise err(
+            GMM,
+            f"group_type -1 needs as many 2-D x as 2-D weight tensors, got x "
+            f"{[list(t.shape) for t in xs]} and weight {[list(t.shape) for t in ws]}",
+        )
     if pts is None:
         return xs, ws, [None] * len(xs)
     if not isinstance(pts, (list, tuple)) or len(pts) != len(xs):
@@ -151,8 +169,16 @@ def _per_weight(name: str, value: object, ws: list[torch.Tensor], groups: int) -
     return list(tensors)
 
 
-def _gmm_one(kind: str, out_dtype: torch.dtype, xg: torch.Tensor, wg: torch.Tensor, pg: torch.Tensor | None,
-             sg: torch.Tensor | None, aqs: torch.Tensor | None, aqo: torch.Tensor | None) -> torch.Tensor:
+def _gmm_one(
+    kind: str,
+    out_dtype: torch.dtype,
+    xg: torch.Tensor,
+    wg: torch.Tensor,
+    pg: torch.Tensor | None,
+    sg: torch.Tensor | None,
+    aqs: torch.Tensor | None,
+    aqo: torch.Tensor | None,
+) -> torch.Tensor:
     """One group: xg [m, K] with wg [K, N] (either maybe int4 packed in int32)."""
     x2 = unpack_int4(xg) if xg.dtype == torch.int32 else xg
     w2 = unpack_int4(wg) if wg.dtype == torch.int32 else wg
@@ -168,9 +194,12 @@ def _gmm_one(kind: str, out_dtype: torch.dtype, xg: torch.Tensor, wg: torch.Tens
     if kind == "fp8":
         check_dtype(GMM, "scale", sg, (torch.float32,))
     elif sg.dtype != _SCALE_FOR_OUTPUT[out_dtype]:  # the int8 rows of the dtype table pair them
-        raise err(GMM, f"scale dtype {dtype_name(sg.dtype)} with output_dtype {dtype_name(out_dtype)} is not a "
-                         f"supported combination for int8 x int8: bfloat16 scale -> bfloat16 output, float32 scale "
-                         f"-> float16 output")
+        raise err(
+            GMM,
+            f"scale dtype {dtype_name(sg.dtype)} with output_dtype {dtype_name(out_dtype)} is not a "
+            f"supported combination for int8 x int8: bfloat16 scale -> bfloat16 output, float32 scale "
+            f"-> float16 output",
+        )
     check_shape(GMM, "scale (per group)", sg, [w2.shape[1]])
     y = exact.to(torch.float32) * sg.to(torch.float32)
     if pg is not None:
@@ -191,8 +220,9 @@ def _undefined_tail(y: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([y, y.new_full((rows - y.shape[0], y.shape[1]), fill)], dim=0)
 
 
-def _dequant_weight(w: torch.Tensor, aqs: torch.Tensor | None, aqo: torch.Tensor | None,
-                    x_dtype: torch.dtype) -> torch.Tensor:
+def _dequant_weight(
+    w: torch.Tensor, aqs: torch.Tensor | None, aqo: torch.Tensor | None, x_dtype: torch.dtype
+) -> torch.Tensor:
     """(w + antiquant_offset) * antiquant_scale in float32, for w [K, N]."""
     k, n = w.shape
     scale = expand_over_k("antiquant_scale", aqs, k, n, x_dtype)
@@ -265,21 +295,43 @@ class GroupedMatmulOps:
         if len({t.dtype for t in xs}) != 1 or len({t.dtype for t in ws}) != 1:
             raise err(GMM, "all x tensors must share one dtype and all weight tensors another")
         if group_type == 0:
-            x_parts, w_parts, pts_parts = _gmm_split_rows(xs, ws, group_list, group_list_type, split_item,
-                                                          per_token_scale)
+            x_parts, w_parts, pts_parts = _gmm_split_rows(
+                xs, ws, group_list, group_list_type, split_item, per_token_scale
+            )
         elif group_type == -1:
             x_parts, w_parts, pts_parts = _gmm_pairs(xs, ws, group_list, split_item, per_token_scale)
         else:
             raise err(GMM, f"group_type must be -1 (no grouping) or 0 (group along M), got {group_type}")
-        kind, out_dtype = self._gmm_kind(xs[0].dtype, ws[0].dtype, scale is not None, per_token_scale is not None,
-                                         antiquant_scale is not None, output_dtype, len(xs) == len(ws) == 1)
-        per_weight = [_per_weight(name, value, ws, len(w_parts)) for name, value in
-                      (("scale", scale), ("antiquant_scale", antiquant_scale), ("antiquant_offset", antiquant_offset))]
+        kind, out_dtype = self._gmm_kind(
+            xs[0].dtype,
+            ws[0].dtype,
+            scale is not None,
+            per_token_scale is not None,
+            antiquant_scale is not None,
+            output_dtype,
+            len(xs) == len(ws) == 1,
+        )
+        per_weight = [
+            _per_weight(name, value, ws, len(w_parts))
+            for name, value in (
+                ("scale", scale),
+                ("antiquant_scale", antiquant_scale),
+                ("antiquant_offset", antiquant_offset),
+            )
+        ]
         outs = [_gmm_one(kind, out_dtype, *group) for group in zip(x_parts, w_parts, pts_parts, *per_weight)]
         return outs if group_type == -1 else [_undefined_tail(torch.cat(outs, dim=0), xs[0].shape[0])]
 
-    def _gmm_kind(self, xd: torch.dtype, wd: torch.dtype, has_scale: bool, has_pts: bool, has_aq: bool,
-                  output_dtype: object, all_single: bool) -> tuple[str, torch.dtype]:
+    def _gmm_kind(
+        self,
+        xd: torch.dtype,
+        wd: torch.dtype,
+        has_scale: bool,
+        has_pts: bool,
+        has_aq: bool,
+        output_dtype: object,
+        all_single: bool,
+    ) -> tuple[str, torch.dtype]:
         """Classify the dtype pairing and settle the output dtype."""
         if output_dtype is not None and not isinstance(output_dtype, torch.dtype):
             raise err(GMM, f"output_dtype must be a torch.dtype or None, got {output_dtype!r}")
@@ -294,15 +346,19 @@ class GroupedMatmulOps:
             return "float", xd
         if xd in HALF and wd in (torch.int8, torch.int32):
             if not has_aq or has_scale or has_pts:
-                raise err(GMM, f"{pair} (weight-only quantization) needs antiquant_scale and no scale or "
-                                 "per_token_scale")
+                raise err(
+                    GMM, f"{pair} (weight-only quantization) needs antiquant_scale and no scale or per_token_scale"
+                )
             if output_dtype not in (None, xd):
                 raise err(GMM, f"output_dtype for {pair} must be None or {dtype_name(xd)}, got {out}")
             return "antiquant", xd
         fp8 = xd in FP8_MAX and wd in FP8_MAX
         if xd == wd == torch.int32:  # A4W4: only an NZ weight with a uint64 scale, neither modelled
-            raise err(GMM, f"{pair} (int4 x int4) is not a documented ND pairing: int4 weights are listed for "
-                             "weight-only quantization with float x; supported pairings: " + GMM_PAIRINGS)
+            raise err(
+                GMM,
+                f"{pair} (int4 x int4) is not a documented ND pairing: int4 weights are listed for "
+                "weight-only quantization with float x; supported pairings: " + GMM_PAIRINGS,
+            )
         if not (fp8 or (xd == wd == torch.int8)):
             raise err(GMM, f"unsupported dtype pairing {pair}; supported pairings: {GMM_PAIRINGS}")
         if fp8 and self.generation != "A5":

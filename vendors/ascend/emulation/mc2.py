@@ -52,8 +52,11 @@ class Mc2Ops:
         if group is None:
             raise err(op, f"group_ep {name!r} is not a communicator of this process")
         if dist.get_world_size(group) != world or dist.get_rank(group) != rank:
-            raise err(op, f"ep_world_size/ep_rank_id {world}/{rank} do not match the communicator "
-                          f"({dist.get_world_size(group)}/{dist.get_rank(group)})")
+            raise err(
+                op,
+                f"ep_world_size/ep_rank_id {world}/{rank} do not match the communicator "
+                f"({dist.get_world_size(group)}/{dist.get_rank(group)})",
+            )
         return group
 
     def _check_shapes(self, op: str, h: int, bs: int, k: int) -> None:
@@ -71,11 +74,26 @@ class Mc2Ops:
                 raise err(op, f"BS must be in (0, 256] on Atlas {self.generation}, got {bs}")
 
     def npu_moe_distribute_dispatch(
-        self, x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_world_size: int, ep_rank_id: int,
-        moe_expert_num: int, *, scales: torch.Tensor | None = None, x_active_mask: torch.Tensor | None = None,
-        expert_scales: torch.Tensor | None = None, group_tp: str = "", tp_world_size: int = 0, tp_rank_id: int = 0,
-        expert_shard_type: int = 0, shared_expert_num: int = 1, shared_expert_rank_num: int = 0, quant_mode: int = 0,
-        global_bs: int = 0, expert_token_nums_type: int = 1,
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        group_ep: str,
+        ep_world_size: int,
+        ep_rank_id: int,
+        moe_expert_num: int,
+        *,
+        scales: torch.Tensor | None = None,
+        x_active_mask: torch.Tensor | None = None,
+        expert_scales: torch.Tensor | None = None,
+        group_tp: str = "",
+        tp_world_size: int = 0,
+        tp_rank_id: int = 0,
+        expert_shard_type: int = 0,
+        shared_expert_num: int = 1,
+        shared_expert_rank_num: int = 0,
+        quant_mode: int = 0,
+        global_bs: int = 0,
+        expert_token_nums_type: int = 1,
     ) -> tuple[torch.Tensor, ...]:
         """Send each (token, slot) pair's row to the rank of its expert; rows grouped by local expert."""
         op = "npu_moe_distribute_dispatch"
@@ -84,10 +102,19 @@ class Mc2Ops:
         if expert_ids.dtype != torch.int32 or tuple(expert_ids.shape[:1]) != (x.shape[0],) or expert_ids.dim() != 2:
             raise err(op, f"expert_ids must be int32 [BS, K], got {expert_ids.dtype} {tuple(expert_ids.shape)}")
         unsupported = {"scales": scales, "x_active_mask": x_active_mask, "expert_scales": expert_scales}
-        if any(v is not None for v in unsupported.values()) or group_tp or tp_world_size or shared_expert_rank_num \
-                or expert_shard_type or global_bs:
-            raise err(op, "the emulation computes the plain EP form only (no smooth scales, active mask, TP "
-                          "domain, shared-expert ranks or global_bs)")
+        if (
+            any(v is not None for v in unsupported.values())
+            or group_tp
+            or tp_world_size
+            or shared_expert_rank_num
+            or expert_shard_type
+            or global_bs
+        ):
+            raise err(
+                op,
+                "the emulation computes the plain EP form only (no smooth scales, active mask, TP "
+                "domain, shared-expert ranks or global_bs)",
+            )
         if quant_mode not in (0, 2):
             raise err(op, f"quant_mode must be 0 (none) or 2 (dynamic per token) here, got {quant_mode}")
         if expert_token_nums_type not in (0, 1):
@@ -142,19 +169,45 @@ class Mc2Ops:
         expand_idx = mine.gather(0, owner[None]).reshape(-1).to(torch.int32)
         token_nums = counts if expert_token_nums_type == 1 else counts.cumsum(0)
         ep_recv_counts = recv.reshape(-1).cumsum(0).to(torch.int32)
-        return (expand_x.to(out_dtype).to(x.device), dyn.to(x.device), expand_idx.to(x.device),
-                token_nums.to(x.device), ep_recv_counts.to(x.device), torch.zeros(0, dtype=torch.int32),
-                torch.zeros(0, dtype=torch.float32))
+        return (
+            expand_x.to(out_dtype).to(x.device),
+            dyn.to(x.device),
+            expand_idx.to(x.device),
+            token_nums.to(x.device),
+            ep_recv_counts.to(x.device),
+            torch.zeros(0, dtype=torch.int32),
+            torch.zeros(0, dtype=torch.float32),
+        )
 
     def npu_moe_distribute_combine(
-        self, expand_x: torch.Tensor, expert_ids: torch.Tensor, expand_idx: torch.Tensor, ep_send_counts: torch.Tensor,
-        expert_scales: torch.Tensor, group_ep: str, ep_world_size: int, ep_rank_id: int, moe_expert_num: int, *,
-        tp_send_counts: torch.Tensor | None = None, x_active_mask: torch.Tensor | None = None,
-        activation_scale: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
-        group_list: torch.Tensor | None = None, expand_scales: torch.Tensor | None = None,
-        shared_expert_x: torch.Tensor | None = None, group_tp: str = "", tp_world_size: int = 0, tp_rank_id: int = 0,
-        expert_shard_type: int = 0, shared_expert_num: int = 1, shared_expert_rank_num: int = 0, global_bs: int = 0,
-        out_dtype: int = 0, comm_quant_mode: int = 0, group_list_type: int = 0,
+        self,
+        expand_x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        expand_idx: torch.Tensor,
+        ep_send_counts: torch.Tensor,
+        expert_scales: torch.Tensor,
+        group_ep: str,
+        ep_world_size: int,
+        ep_rank_id: int,
+        moe_expert_num: int,
+        *,
+        tp_send_counts: torch.Tensor | None = None,
+        x_active_mask: torch.Tensor | None = None,
+        activation_scale: torch.Tensor | None = None,
+        weight_scale: torch.Tensor | None = None,
+        group_list: torch.Tensor | None = None,
+        expand_scales: torch.Tensor | None = None,
+        shared_expert_x: torch.Tensor | None = None,
+        group_tp: str = "",
+        tp_world_size: int = 0,
+        tp_rank_id: int = 0,
+        expert_shard_type: int = 0,
+        shared_expert_num: int = 1,
+        shared_expert_rank_num: int = 0,
+        global_bs: int = 0,
+        out_dtype: int = 0,
+        comm_quant_mode: int = 0,
+        group_list_type: int = 0,
     ) -> torch.Tensor:
         """Bring each pair's expert output row home and sum a token's rows weighted by `expert_scales`."""
         op = "npu_moe_distribute_combine"
@@ -162,13 +215,31 @@ class Mc2Ops:
             raise err(op, f"expand_x must be a 2-D bf16/fp16 tensor, got {expand_x.dtype} {tuple(expand_x.shape)}")
         bs, k = expert_ids.shape
         if expert_scales.dtype != torch.float32 or tuple(expert_scales.shape) != (bs, k):
-            raise err(op, f"expert_scales must be float32 [BS, K] = {[bs, k]}, got {expert_scales.dtype} "
-                          f"{tuple(expert_scales.shape)}")
+            raise err(
+                op,
+                f"expert_scales must be float32 [BS, K] = {[bs, k]}, got {expert_scales.dtype} "
+                f"{tuple(expert_scales.shape)}",
+            )
         if expand_idx.dtype != torch.int32 or tuple(expand_idx.shape) != (bs * k,):
-            raise err(op, f"expand_idx must be int32 [BS * K] = [{bs * k}], got {expand_idx.dtype} "
-                          f"{tuple(expand_idx.shape)}")
-        if any(v is not None for v in (tp_send_counts, x_active_mask, activation_scale, weight_scale, group_list,
-                                       expand_scales, shared_expert_x)) or group_tp or comm_quant_mode:
+            raise err(
+                op, f"expand_idx must be int32 [BS * K] = [{bs * k}], got {expand_idx.dtype} {tuple(expand_idx.shape)}"
+            )
+        if (
+            any(
+                v is not None
+                for v in (
+                    tp_send_counts,
+                    x_active_mask,
+                    activation_scale,
+                    weight_scale,
+                    group_list,
+                    expand_scales,
+                    shared_expert_x,
+                )
+            )
+            or group_tp
+            or comm_quant_mode
+        ):
             raise err(op, "the emulation computes the plain EP form only")
         group = self._group(op, group_ep, ep_world_size, ep_rank_id)
         self._check_shapes(op, expand_x.shape[1], bs, k)

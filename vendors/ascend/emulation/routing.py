@@ -6,15 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from vendors.ascend.emulation.common import (
-    err,
-    tensor_arg,
-    check_dtype,
-    check_shape,
-    quantize_rows,
-    FLOAT,
-    INT8_MAX,
-)
+from vendors.ascend.emulation.common import err, tensor_arg, check_dtype, check_shape, quantize_rows, FLOAT, INT8_MAX
 
 
 class RoutingOps:
@@ -66,16 +58,31 @@ class RoutingOps:
         check_dtype(op, "x", x, (*FLOAT, torch.int8))
         check_dtype(op, "expert_idx", expert_idx, (torch.int32,))
         if x.dim() != 2 or expert_idx.dim() != 2 or x.shape[0] != expert_idx.shape[0]:
-            raise err(op, f"x [NUM_ROWS, H] and expert_idx [NUM_ROWS, K] must be 2-D with equal rows, "
-                           f"got {list(x.shape)} and {list(expert_idx.shape)}")
+            raise err(
+                op,
+                f"x [NUM_ROWS, H] and expert_idx [NUM_ROWS, K] must be 2-D with equal rows, "
+                f"got {list(x.shape)} and {list(expert_idx.shape)}",
+            )
         self._check_routing_version(op, expert_idx.numel(), active_num, active_expert_range)
-        start, end = self._routing_options(op, x, offset, active_num, expert_num, drop_pad_mode,
-                                           expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
-                                           active_expert_range, row_idx_type)
+        start, end = self._routing_options(
+            op,
+            x,
+            offset,
+            active_num,
+            expert_num,
+            drop_pad_mode,
+            expert_tokens_num_type,
+            expert_tokens_num_flag,
+            quant_mode,
+            active_expert_range,
+            row_idx_type,
+        )
         self._check_routing_scale(op, x, scale, quant_mode, end - start)
         ids = expert_idx.reshape(-1).to(torch.int64)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= expert_num):
-            raise err(op, f"expert ids must be in [0, {expert_num}), got values in [{int(ids.min())}, {int(ids.max())}]")
+            raise err(
+                op, f"expert ids must be in [0, {expert_num}), got values in [{int(ids.min())}, {int(ids.max())}]"
+            )
         pairs = ids.numel()
         rows_out = pairs if active_num <= 0 else min(active_num, pairs)
         active = ((ids >= start) & (ids < end)).nonzero().squeeze(1)
@@ -114,22 +121,41 @@ class RoutingOps:
                 expanded_scale[:n_kept] = scale.to(torch.float32)[tokens]
         return expanded_x, row_idx, counts, expanded_scale
 
-    def _routing_options(self, op: str, x: torch.Tensor, offset: object, active_num: int, expert_num: int,
-                         drop_pad_mode: int, num_type: int, num_flag: bool, quant_mode: int,
-                         active_expert_range: Sequence[int] | None, row_idx_type: int) -> tuple[int, int]:
+    def _routing_options(
+        self,
+        op: str,
+        x: torch.Tensor,
+        offset: object,
+        active_num: int,
+        expert_num: int,
+        drop_pad_mode: int,
+        num_type: int,
+        num_flag: bool,
+        quant_mode: int,
+        active_expert_range: Sequence[int] | None,
+        row_idx_type: int,
+    ) -> tuple[int, int]:
         """Validate the integer options; returns the active expert range [start, end)."""
         limit = 5120 if num_type == 2 else 10240
         rules = (
             (offset is None, "offset must be None (neither supported mode uses it), got a tensor"),
             (drop_pad_mode == 0, f"drop_pad_mode: only 0 (dropless) is supported, got {drop_pad_mode}"),
-            (num_type in (1, 2), f"expert_tokens_num_type: only 1 and 2 are supported (count, key_value), got {num_type}"),
+            (
+                num_type in (1, 2),
+                f"expert_tokens_num_type: only 1 and 2 are supported (count, key_value), got {num_type}",
+            ),
             (num_flag is True, f"expert_tokens_num_flag: only True is supported, got {num_flag}"),
             (quant_mode in (-1, 1), f"quant_mode: only -1 (none) and 1 (dynamic int8) are supported, got {quant_mode}"),
-            (quant_mode != 1 or x.dtype != torch.int8, "quant_mode must be -1 when x is int8 (no requantization), got 1"),
+            (
+                quant_mode != 1 or x.dtype != torch.int8,
+                "quant_mode must be -1 when x is int8 (no requantization), got 1",
+            ),
             (row_idx_type in (0, 1), f"row_idx_type must be 0 (gather) or 1 (scatter), got {row_idx_type}"),
             (active_num >= -1, f"active_num must be >= -1, got {active_num}"),
-            (0 < expert_num <= limit, f"expert_num must be in (0, {limit}] for expert_tokens_num_type {num_type}, "
-                                      f"got {expert_num}"),
+            (
+                0 < expert_num <= limit,
+                f"expert_num must be in (0, {limit}] for expert_tokens_num_type {num_type}, got {expert_num}",
+            ),
         )
         for ok, message in rules:
             if not ok:
@@ -138,12 +164,16 @@ class RoutingOps:
             return 0, expert_num
         bounds = list(active_expert_range)
         if len(bounds) != 2 or not 0 <= bounds[0] < bounds[1] <= expert_num:
-            raise err(op, f"active_expert_range must be [start, end) with 0 <= start < end <= expert_num "
-                           f"({expert_num}), got {bounds}")
+            raise err(
+                op,
+                f"active_expert_range must be [start, end) with 0 <= start < end <= expert_num "
+                f"({expert_num}), got {bounds}",
+            )
         return int(bounds[0]), int(bounds[1])
 
-    def _check_routing_version(self, op: str, pairs: int, active_num: int,
-                               active_expert_range: Sequence[int] | None) -> None:
+    def _check_routing_version(
+        self, op: str, pairs: int, active_num: int, active_expert_range: Sequence[int] | None
+    ) -> None:
         """Rules of the older schemas: 2.8's meta function wants active_expert_range as two ints;
         before 2.13 the docs want active_num equal to the pair count (its -1 default is
         documented as valid only from 2.13; the reference notes)."""
@@ -151,12 +181,16 @@ class RoutingOps:
         if version == "2.8" and (active_expert_range is None or len(active_expert_range) != 2):
             raise err(op, f"active_expert_range must be int[2] in torch_npu 2.8, got {active_expert_range!r}")
         if version != "2.13" and active_num != pairs:
-            raise err(op, f"active_num must equal NUM_ROWS*K = {pairs} in torch_npu {version} (pass it "
-                           f"explicitly), got {active_num}")
+            raise err(
+                op,
+                f"active_num must equal NUM_ROWS*K = {pairs} in torch_npu {version} (pass it "
+                f"explicitly), got {active_num}",
+            )
 
     @staticmethod
-    def _check_routing_scale(op: str, x: torch.Tensor, scale: torch.Tensor | None, quant_mode: int,
-                             experts: int) -> None:
+    def _check_routing_scale(
+        op: str, x: torch.Tensor, scale: torch.Tensor | None, quant_mode: int, experts: int
+    ) -> None:
         if scale is None:
             return
         scale = tensor_arg(op, "scale", scale)
@@ -200,8 +234,11 @@ class RoutingOps:
         check_dtype(op, "expanded_permuted_rows", rows, FLOAT)
         padded = drop_pad_mode in (1, 3)  # [E, C, H] rows (the meta function's drop-pad branch)
         if rows.dim() != (3 if padded else 2):
-            raise err(op, f"expanded_permuted_rows must be {'3-D [E, C, H]' if padded else '2-D [NUM_ROWS*K, H]'} "
-                           f"for drop_pad_mode {drop_pad_mode}, got {list(rows.shape)}")
+            raise err(
+                op,
+                f"expanded_permuted_rows must be {'3-D [E, C, H]' if padded else '2-D [NUM_ROWS*K, H]'} "
+                f"for drop_pad_mode {drop_pad_mode}, got {list(rows.shape)}",
+            )
         rows = rows.reshape(-1, rows.shape[-1])
         top_k = scales.shape[1] if isinstance(scales, torch.Tensor) and scales.dim() == 2 else k
         total = rows.shape[0] if drop_pad_mode == 0 else src.numel()
@@ -212,10 +249,16 @@ class RoutingOps:
         check_shape(op, "expanded_src_to_dst_row", src, [num_rows * top_k])
         low = 0 if drop_pad_mode == 0 else -1  # -1: a dropped route (drop_pad_mode 1-3), contributing 0
         if src.numel() and (int(src.min()) < low or int(src.max()) >= rows.shape[0]):
-            raise err(op, f"expanded_src_to_dst_row values must be in [{low}, {rows.shape[0] - 1}] for "
-                           f"drop_pad_mode {drop_pad_mode}, got values in [{int(src.min())}, {int(src.max())}]")
-        for name, t, shape in (("scales", scales, [num_rows, top_k]), ("skip1", skip1, [num_rows, hidden]),
-                               ("skip2", skip2, [num_rows, hidden])):
+            raise err(
+                op,
+                f"expanded_src_to_dst_row values must be in [{low}, {rows.shape[0] - 1}] for "
+                f"drop_pad_mode {drop_pad_mode}, got values in [{int(src.min())}, {int(src.max())}]",
+            )
+        for name, t, shape in (
+            ("scales", scales, [num_rows, top_k]),
+            ("skip1", skip1, [num_rows, hidden]),
+            ("skip2", skip2, [num_rows, hidden]),
+        ):
             if t is not None:
                 check_dtype(op, name, tensor_arg(op, name, t), (rows.dtype,))
                 check_shape(op, name, t, shape)
@@ -238,8 +281,7 @@ class RoutingOps:
         return out.to(rows.dtype)
 
     @staticmethod
-    def _finalize_bias(op: str, rows: torch.Tensor, bias: torch.Tensor,
-                       experts: torch.Tensor | None) -> torch.Tensor:
+    def _finalize_bias(op: str, rows: torch.Tensor, bias: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor:
         """bias[expert(i, k)] as float32 [NUM_ROWS, K, H]."""
         bias = tensor_arg(op, "bias", bias)
         check_dtype(op, "bias", bias, (rows.dtype,))
@@ -249,6 +291,9 @@ class RoutingOps:
             raise err(op, "export_for_source_row is required when bias is given, got None")
         ids = experts.to(torch.int64)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= bias.shape[0]):
-            raise err(op, f"export_for_source_row values must be in [0, {bias.shape[0]}), "
-                           f"got values in [{int(ids.min())}, {int(ids.max())}]")
+            raise err(
+                op,
+                f"export_for_source_row values must be in [0, {bias.shape[0]}), "
+                f"got values in [{int(ids.min())}, {int(ids.max())}]",
+            )
         return bias.to(torch.float32)[ids]

@@ -120,7 +120,9 @@ class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps, Mc2Ops):
         target = torch.int8 if dst_type is None else dst_type
         if not isinstance(target, torch.dtype) or target not in allowed:
             names = ", ".join(dtype_name(d) for d in allowed)
-            raise err(op, f"dst_type on {self.soc_name} ({self.generation}) must be None or one of [{names}], got {dst_type}")
+            raise err(
+                op, f"dst_type on {self.soc_name} ({self.generation}) must be None or one of [{names}], got {dst_type}"
+            )
         return target, allowed[target]
 
     def _smooth_factors(
@@ -173,6 +175,7 @@ class EmulatedTorchNpu(GroupedMatmulOps, RoutingOps, Mc2Ops):
 
 def _versioned(op: str, impl):  # type: ignore[no-untyped-def]
     """`op` bound against the instance's modelled schema, then computed by `impl`."""
+
     def call(self: EmulatedTorchNpu, *args, **kwargs):  # type: ignore[no-untyped-def]
         return impl(self, **bind(self.version, op, args, kwargs))
 
@@ -180,8 +183,13 @@ def _versioned(op: str, impl):  # type: ignore[no-untyped-def]
     return call
 
 
-for _op in ("npu_dynamic_quant", "npu_grouped_matmul", "npu_swiglu", "npu_moe_init_routing_v2",
-            "npu_moe_finalize_routing"):
+for _op in (
+    "npu_dynamic_quant",
+    "npu_grouped_matmul",
+    "npu_swiglu",
+    "npu_moe_init_routing_v2",
+    "npu_moe_finalize_routing",
+):
     setattr(EmulatedTorchNpu, _op, _versioned(_op, getattr(EmulatedTorchNpu, _op)))
 
 # Storage formats (FRACTAL_NZ), emulated as a tag: see `vendors.ascend.emulation.npu_format`.

@@ -26,8 +26,14 @@ class EmulatedAscendVendor(AscendVendor):
     priority = -50
     description = "EMULATED: the Ascend vendor on a CPU emulation of torch_npu (tests and CI, not an NPU)"
 
-    def __init__(self, soc_name: str | None = None, *, deep_ep: bool = True, torch_npu_version: str | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        soc_name: str | None = None,
+        *,
+        deep_ep: bool = True,
+        torch_npu_version: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         if torch_npu_version is None:
             torch_npu_version = (os.environ if environ is None else environ).get(VERSION_VARIABLE) or DEFAULT_VERSION
         version = check_version(torch_npu_version)

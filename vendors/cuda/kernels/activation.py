@@ -29,6 +29,7 @@ def swiglu(x: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     y = torch.empty((m, i), dtype=x.dtype, device=x.device)
     if m and i:
         block = min(1024, triton.next_power_of_2(i))
-        _swiglu[(m, triton.cdiv(i, block))](x, y, i, x.stride(0), y.stride(0), BLOCK=block, PDL=pdl,
-                                            num_warps=4, launch_pdl=pdl)
+        _swiglu[(m, triton.cdiv(i, block))](
+            x, y, i, x.stride(0), y.stride(0), BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        )
     return y

@@ -11,8 +11,20 @@ from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 
 @triton.jit(do_not_specialize=["R"])  # R (rows) changes per batch and only bounds a mask
-def _combine(rows_ptr, index_ptr, w_ptr, out_ptr, H, R, stride_r, stride_o,
-             TOPK: tl.constexpr, HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _combine(
+    rows_ptr,
+    index_ptr,
+    w_ptr,
+    out_ptr,
+    H,
+    R,
+    stride_r,
+    stride_o,
+    TOPK: tl.constexpr,
+    HAS_INDEX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -31,8 +43,14 @@ def _combine(rows_ptr, index_ptr, w_ptr, out_ptr, H, R, stride_r, stride_o,
     tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor,
-                     out_dtype: torch.dtype, *, pdl: bool = False) -> torch.Tensor:
+def weighted_combine(
+    rows: torch.Tensor,
+    index: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    pdl: bool = False,
+) -> torch.Tensor:
     """`out[t] = sum_j w[t, j] * rows[index[t*k + j]]` for rows `[R, H]` (contiguous last dim); an index
     outside `[0, R)` contributes nothing (never a read outside `rows`)."""
     t, k = topk_weights.shape
@@ -42,7 +60,19 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor | None, topk_weight
         weights = topk_weights.contiguous()
         block = min(1024, triton.next_power_of_2(h))
         _combine[(t, triton.cdiv(h, block))](
-            rows, index if index is not None else weights, weights, out, h, rows.shape[0], rows.stride(0),
+            rows,
+            index if index is not None else weights,
+            weights,
+            out,
+            h,
+            rows.shape[0],
+            rows.stride(0),
             out.stride(0),
-            TOPK=k, HAS_INDEX=index is not None, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl)
+            TOPK=k,
+            HAS_INDEX=index is not None,
+            BLOCK=block,
+            PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
+        )
     return out

@@ -30,4 +30,3 @@ def release_next(PDL: tl.constexpr):
     """Let the next kernel in the stream launch (its programs wait for this kernel to finish)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-

@@ -69,29 +69,71 @@ class TileConfig:
     def from_list(cls, values: list[int]) -> TileConfig:
         """The inverse of `as_list` (five elements mean `n_fastest=False`, six `group_m=1`, seven `tma=False`)."""
         sizes = list(values[:5])
-        if (len(values) not in (5, 6, 7, 8) or not all(isinstance(v, int) and v > 0 for v in sizes)
-                or not all(isinstance(v, int) for v in values[5:])
-                or (len(values) >= 7 and values[6] <= 0) or (len(values) == 8 and values[7] not in (0, 1))):
-            raise ValueError("a tile config is [block_m, block_n, block_k, warps, stages(, n_fastest(, group_m"
-                             f"(, tma)))] with tma 0 or 1, got {values}")
-        return cls(*sizes, n_fastest=bool(values[5]) if len(values) >= 6 else False,
-                   group_m=values[6] if len(values) >= 7 else 1, tma=bool(values[7]) if len(values) == 8 else False)
+        if (
+            len(values) not in (5, 6, 7, 8)
+            or not all(isinstance(v, int) and v > 0 for v in sizes)
+            or not all(isinstance(v, int) for v in values[5:])
+            or (len(values) >= 7 and values[6] <= 0)
+            or (len(values) == 8 and values[7] not in (0, 1))
+        ):
+            raise ValueError(
+                "a tile config is [block_m, block_n, block_k, warps, stages(, n_fastest(, group_m"
+                f"(, tma)))] with tma 0 or 1, got {values}"
+            )
+        return cls(
+            *sizes,
+            n_fastest=bool(values[5]) if len(values) >= 6 else False,
+            group_m=values[6] if len(values) >= 7 else 1,
+            tma=bool(values[7]) if len(values) == 8 else False,
+        )
 
 
 # M, E and M_BLOCKS change with every batch and only bound loops and masks: specializing on their
 # divisibility would compile a kernel per batch-size class and buy nothing.
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
-def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
-                  M, N, K, E, M_BLOCKS,
-                  stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
-                  stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
-                  SCALE_MODE: tl.constexpr, INT_ACC: tl.constexpr, IEEE: tl.constexpr, E_PAD: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_FASTEST: tl.constexpr,
-                  GATED: tl.constexpr, GATHER: tl.constexpr, PDL: tl.constexpr, SCALAR_WS: tl.constexpr,
-                  GROUP_M: tl.constexpr):
+def _grouped_gemm(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    xs_ptr,
+    ws_ptr,
+    counts_ptr,
+    index_ptr,
+    M,
+    N,
+    K,
+    E,
+    M_BLOCKS,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_ym,
+    stride_yn,
+    stride_xsm,
+    stride_xsk,
+    stride_wse,
+    stride_wsk,
+    stride_wsn,
+    SCALE_MODE: tl.constexpr,
+    INT_ACC: tl.constexpr,
+    IEEE: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,
+    GATED: tl.constexpr,
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,
+    SCALAR_WS: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     wait_for_previous(PDL)
-    group, row0, group_end, pid_n = program_tile(tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M,
-                                                 BLOCK_N, N_FASTEST, GROUP_M)
+    group, row0, group_end, pid_n = program_tile(
+        tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
+    )
     if group >= E:
         return
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -162,8 +204,9 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, counts_ptr, index_ptr,
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def default_tiles(m: int, n: int, groups: int, element_bytes: int, block_scaled: bool,
-                  gated: bool = False, tma: bool = False) -> TileConfig:
+def default_tiles(
+    m: int, n: int, groups: int, element_bytes: int, block_scaled: bool, gated: bool = False, tma: bool = False
+) -> TileConfig:
     """The built-in tile choice for a call's shape (used where no tuned table has an entry).
 
     Chosen from timings on an H100 (qwen3-30b-a3b projections, 1 to 4096 tokens): with few
@@ -208,11 +251,20 @@ def _default_tuple(m: int, groups: int, element_bytes: int, block_scaled: bool) 
     return 128, 256, block_k, 8, 3
 
 
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dtype: torch.dtype, *,
-                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                 scale_mode: int = SCALE_NONE,
-                 config: TileConfig | None = None, gated: bool = False,
-                 row_index: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+def grouped_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    counts: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    scale_mode: int = SCALE_NONE,
+    config: TileConfig | None = None,
+    gated: bool = False,
+    row_index: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from x `[M, K]`, w `[E, K, N]` and per-group row counts `[E]` (on the device).
 
     `row_index` (int32/int64 `[M]`): row i of the product reads x's row `row_index[i]` (x is then
@@ -249,11 +301,30 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         tiles = default_tiles(m, n, e, x.element_size(), block_scaled, gated, tma)
     if block_scaled and tiles.block_k != 128:
         raise ValueError(f"grouped_gemm: block-scaled operands need BLOCK_K = 128 (one scale block), got {tiles}")
-    if tiles.tma and block_scaled and (config is None or tma_fits(x, w, block_n=tiles.block_n, block_k=tiles.block_k,
-                                                                  gated=gated, gathered=row_index is not None)):
-        return grouped_gemm_tma(x, w, counts, y, x_scale, w_scale, block_m=tiles.block_m, block_n=tiles.block_n,
-                                warps=tiles.warps, stages=tiles.stages, n_fastest=tiles.n_fastest,
-                                group_m=tiles.group_m, gated=gated, pdl=pdl)
+    if (
+        tiles.tma
+        and block_scaled
+        and (
+            config is None
+            or tma_fits(x, w, block_n=tiles.block_n, block_k=tiles.block_k, gated=gated, gathered=row_index is not None)
+        )
+    ):
+        return grouped_gemm_tma(
+            x,
+            w,
+            counts,
+            y,
+            x_scale,
+            w_scale,
+            block_m=tiles.block_m,
+            block_n=tiles.block_n,
+            warps=tiles.warps,
+            stages=tiles.stages,
+            n_fastest=tiles.n_fastest,
+            group_m=tiles.group_m,
+            gated=gated,
+            pdl=pdl,
+        )
     # An upper bound on the row blocks: the groups' full blocks add up to at most M // BLOCK_M, and
     # each of the at most min(E, M) non-empty groups may end in one partial block. (At decode this
     # drops the programs of the untouched experts.)
@@ -270,14 +341,42 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, out_dty
         ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2))
     index = row_index if row_index is not None else counts
     _grouped_gemm[grid](
-        x, w, y, xs, ws, counts, index, m, n, k, e, m_blocks,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
-        *xs_strides, *ws_strides,
-        SCALE_MODE=scale_mode, INT_ACC=integer, IEEE=x.dtype == torch.float32,
+        x,
+        w,
+        y,
+        xs,
+        ws,
+        counts,
+        index,
+        m,
+        n,
+        k,
+        e,
+        m_blocks,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        y.stride(0),
+        y.stride(1),
+        *xs_strides,
+        *ws_strides,
+        SCALE_MODE=scale_mode,
+        INT_ACC=integer,
+        IEEE=x.dtype == torch.float32,
         E_PAD=max(16, triton.next_power_of_2(e)),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_FASTEST=tiles.n_fastest, GATED=gated,
-        GATHER=row_index is not None, PDL=pdl, GROUP_M=tiles.group_m,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        N_FASTEST=tiles.n_fastest,
+        GATED=gated,
+        GATHER=row_index is not None,
+        PDL=pdl,
+        GROUP_M=tiles.group_m,
         SCALAR_WS=scale_mode == SCALE_BLOCK128 and 128 % tiles.block_n == 0 and (not gated or n % 128 == 0),
-        num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        launch_pdl=pdl,
     )
     return y

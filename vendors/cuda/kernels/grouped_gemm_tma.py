@@ -38,13 +38,38 @@ TMA_ALIGN = 16
 
 
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
-def _grouped_gemm_tma(x_desc, w_desc, y_ptr, xs_ptr, ws_ptr, counts_ptr, M, N, K, E, M_BLOCKS, W_ROWS,
-                      stride_ym, stride_xsm, stride_xsk, stride_wse, stride_wsk, stride_wsn,
-                      E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      N_FASTEST: tl.constexpr, GROUP_M: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
+def _grouped_gemm_tma(
+    x_desc,
+    w_desc,
+    y_ptr,
+    xs_ptr,
+    ws_ptr,
+    counts_ptr,
+    M,
+    N,
+    K,
+    E,
+    M_BLOCKS,
+    W_ROWS,
+    stride_ym,
+    stride_xsm,
+    stride_xsk,
+    stride_wse,
+    stride_wsk,
+    stride_wsn,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    GATED: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
-    group, row0, group_end, pid_n = program_tile(tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M,
-                                                 BLOCK_N, N_FASTEST, GROUP_M)
+    group, row0, group_end, pid_n = program_tile(
+        tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
+    )
     if group >= E:
         return
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -74,8 +99,7 @@ def _grouped_gemm_tma(x_desc, w_desc, y_ptr, xs_ptr, ws_ptr, counts_ptr, M, N, K
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < N)[None, :])
 
 
-def tma_fits(x: torch.Tensor, w: torch.Tensor, *, block_n: int, block_k: int, gated: bool,
-             gathered: bool) -> bool:
+def tma_fits(x: torch.Tensor, w: torch.Tensor, *, block_n: int, block_k: int, gated: bool, gathered: bool) -> bool:
     """Whether the TMA kernel can run this block-scaled call (else the pointer kernel runs it)."""
     if TensorDescriptor is None or gathered or block_k != 128 or 128 % block_n:
         return False
@@ -84,8 +108,15 @@ def tma_fits(x: torch.Tensor, w: torch.Tensor, *, block_n: int, block_k: int, ga
         return False
     if x.device.type == "cuda" and not _has_tma(x.device.index):  # (the interpreter's tensors are on the CPU)
         return False
-    return (x.dim() == 2 and x.stride(1) == 1 and x.stride(0) % TMA_ALIGN == 0 and k % TMA_ALIGN == 0
-            and w.stride() == (k * n_all, 1, k) and x.data_ptr() % TMA_ALIGN == 0 and w.data_ptr() % TMA_ALIGN == 0)
+    return (
+        x.dim() == 2
+        and x.stride(1) == 1
+        and x.stride(0) % TMA_ALIGN == 0
+        and k % TMA_ALIGN == 0
+        and w.stride() == (k * n_all, 1, k)
+        and x.data_ptr() % TMA_ALIGN == 0
+        and w.data_ptr() % TMA_ALIGN == 0
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,9 +126,23 @@ def _has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def grouped_gemm_tma(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, y: torch.Tensor,
-                     x_scale: torch.Tensor, w_scale: torch.Tensor, *, block_m: int, block_n: int, warps: int,
-                     stages: int, n_fastest: bool, group_m: int, gated: bool, pdl: bool) -> torch.Tensor:
+def grouped_gemm_tma(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    counts: torch.Tensor,
+    y: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    *,
+    block_m: int,
+    block_n: int,
+    warps: int,
+    stages: int,
+    n_fastest: bool,
+    group_m: int,
+    gated: bool,
+    pdl: bool,
+) -> torch.Tensor:
     """Write `y` `[M, N]` (N: w's columns, halved when `gated`) from a call `tma_fits` accepted.
 
     `x_scale` `[M, ceil(K/128)]`, `w_scale` `[E, ceil(K/128), ceil(N_all/128)]`."""
@@ -108,9 +153,34 @@ def grouped_gemm_tma(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, y: 
     w_desc = TensorDescriptor(w, [e * n_all, k], [k, 1], [block_n, 128])  # w's storage: [E, N_all, K]
     m_blocks = m // block_m + min(e, m)
     _grouped_gemm_tma[(m_blocks * triton.cdiv(n, block_n),)](
-        x_desc, w_desc, y, x_scale, w_scale, counts, m, n, k, e, m_blocks, n_all,
-        y.stride(0), x_scale.stride(0), x_scale.stride(1), w_scale.stride(0), w_scale.stride(1), w_scale.stride(2),
-        E_PAD=max(16, triton.next_power_of_2(e)), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
-        N_FASTEST=n_fastest, GROUP_M=group_m, GATED=gated, PDL=pdl,
-        num_warps=warps, num_stages=stages, launch_pdl=pdl)
+        x_desc,
+        w_desc,
+        y,
+        x_scale,
+        w_scale,
+        counts,
+        m,
+        n,
+        k,
+        e,
+        m_blocks,
+        n_all,
+        y.stride(0),
+        x_scale.stride(0),
+        x_scale.stride(1),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        w_scale.stride(2),
+        E_PAD=max(16, triton.next_power_of_2(e)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=128,
+        N_FASTEST=n_fastest,
+        GROUP_M=group_m,
+        GATED=gated,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
     return y

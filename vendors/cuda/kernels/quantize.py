@@ -28,9 +28,23 @@ _RNE_SHIFT: tl.constexpr = tl.constexpr(12582912.0)
 
 # M changes with every batch and only bounds a mask.
 @triton.jit(do_not_specialize=["M"])
-def _quantize_rows(x_ptr, q_ptr, s_ptr, M, H, stride_x, stride_q, stride_s, stride_sg,
-                   QMAX: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                   LOOP: tl.constexpr, PDL: tl.constexpr):
+def _quantize_rows(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    H,
+    stride_x,
+    stride_q,
+    stride_s,
+    stride_sg,
+    QMAX: tl.constexpr,
+    ROUND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOOP: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     group = tl.program_id(1)
@@ -69,8 +83,9 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, M, H, stride_x, stride_q, stride_s, stri
         tl.store(s_ptr + rows * stride_s + group * stride_sg, step, mask=rows < M)
 
 
-def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None, *, qmax: float,
-                  rounds: bool, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, target: torch.dtype, group: int | None, *, qmax: float, rounds: bool, pdl: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric quantization of `x` `[M, H]` (contiguous last dim) to a one-byte `target` (int8, float8_e4m3fn).
 
     `group=None`: one fp32 scale per row `[M]`; `group=128`: one per row and 128 channels
@@ -92,7 +107,22 @@ def quantize_rows(x: torch.Tensor, target: torch.dtype, group: int | None, *, qm
     rows = 1 if loop else max(1, TILE_ELEMENTS // block)  # one variant per width: masked rows cost no traffic
     if m:
         _quantize_rows[(triton.cdiv(m, rows), groups)](
-            x, q, scale, m, h, x.stride(0), q.stride(0), scale.stride(0), stride_sg,
-            QMAX=qmax, ROUND=rounds, ROWS=rows, BLOCK=block, LOOP=loop, PDL=pdl,
-            num_warps=4 if rows * block <= 4096 else 8, launch_pdl=pdl)
+            x,
+            q,
+            scale,
+            m,
+            h,
+            x.stride(0),
+            q.stride(0),
+            scale.stride(0),
+            stride_sg,
+            QMAX=qmax,
+            ROUND=rounds,
+            ROWS=rows,
+            BLOCK=block,
+            LOOP=loop,
+            PDL=pdl,
+            num_warps=4 if rows * block <= 4096 else 8,
+            launch_pdl=pdl,
+        )
     return q, scale

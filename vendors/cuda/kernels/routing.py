@@ -23,9 +23,20 @@ SMALL_BATCH = 256
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes with every batch and only bounds a mask
-def _softmax_topk(logits_ptr, w_ptr, ids_ptr, T, E, stride_l,
-                  K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROWS: tl.constexpr,
-                  RENORMALIZE: tl.constexpr, PDL: tl.constexpr):
+def _softmax_topk(
+    logits_ptr,
+    w_ptr,
+    ids_ptr,
+    T,
+    E,
+    stride_l,
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
@@ -56,8 +67,9 @@ def _softmax_topk(logits_ptr, w_ptr, ids_ptr, T, E, stride_l,
     tl.store(ids_ptr + out, ids.to(tl.int64), mask=keep)
 
 
-def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool, *,
-                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool, *, pdl: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(weights fp32 [T, k], ids int64 [T, k])` for float logits `[T, E]` (contiguous last dim), E <= MAX_EXPERTS."""
     t, e = logits.shape
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
@@ -66,9 +78,21 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool, *,
         e_pad = triton.next_power_of_2(e)
         rows, warps = launch_shape(t, e_pad)
         _softmax_topk[(triton.cdiv(t, rows),)](
-            logits, weights, ids, t, e, logits.stride(0),
-            K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, ROWS=rows, RENORMALIZE=renormalize,
-            PDL=pdl, num_warps=warps, launch_pdl=pdl)
+            logits,
+            weights,
+            ids,
+            t,
+            e,
+            logits.stride(0),
+            K=top_k,
+            K_PAD=triton.next_power_of_2(top_k),
+            E_PAD=e_pad,
+            ROWS=rows,
+            RENORMALIZE=renormalize,
+            PDL=pdl,
+            num_warps=warps,
+            launch_pdl=pdl,
+        )
     return weights, ids
 
 

@@ -16,8 +16,18 @@ import triton.language as tl
 
 
 @triton.jit
-def program_tile(pid, counts_ptr, N, E, M_BLOCKS, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, N_FASTEST: tl.constexpr, GROUP_M: tl.constexpr):
+def program_tile(
+    pid,
+    counts_ptr,
+    N,
+    E,
+    M_BLOCKS,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    N_FASTEST: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     """`(group, row0, group_end, pid_n)` of program `pid`: its rows are `row0 + arange(BLOCK_M)` below
     `group_end`, its columns column block `pid_n`. `group == E`: past the last block, nothing to do."""
     if GROUP_M > 1:

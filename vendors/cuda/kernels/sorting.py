@@ -53,8 +53,20 @@ RANK_MAX_EXPERTS = 512
 
 
 @triton.jit(do_not_specialize=["P", "E"])  # per-batch counts; they only bound loops and masks
-def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, E_PAD: tl.constexpr,
-                CHUNK: tl.constexpr, TOPK: tl.constexpr, TOKENS: tl.constexpr, PDL: tl.constexpr):
+def _sort_pairs(
+    ids_ptr,
+    order_ptr,
+    inverse_ptr,
+    counts_ptr,
+    token_ptr,
+    P,
+    E,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOKENS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     experts = tl.arange(0, E_PAD)
@@ -80,8 +92,20 @@ def _sort_pairs(ids_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, E_
 
 
 @triton.jit(do_not_specialize=["P", "E"])
-def _sort_by_rank(ids_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, P_PAD: tl.constexpr,
-                  E_PAD: tl.constexpr, TOPK: tl.constexpr, TOKENS: tl.constexpr, PDL: tl.constexpr):
+def _sort_by_rank(
+    ids_ptr,
+    order_ptr,
+    inverse_ptr,
+    counts_ptr,
+    token_ptr,
+    P,
+    E,
+    P_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOKENS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     pairs = tl.arange(0, P_PAD)
@@ -128,8 +152,9 @@ def _padded_and_chunk(num_experts: int) -> tuple[int, int]:
     return e_pad, max(16, min(128, 8192 // e_pad))
 
 
-def _flat_and_outputs(topk_ids: torch.Tensor, num_experts: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flat_and_outputs(
+    topk_ids: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ids as one contiguous row, and the uninitialised `(order, inverse, counts)` the kernels fill."""
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
@@ -139,8 +164,9 @@ def _flat_and_outputs(topk_ids: torch.Tensor, num_experts: int
     return flat, order, torch.empty_like(order), counts
 
 
-def sort_pairs(topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False, pdl: bool = False,
-               by_rank: bool | None = None) -> tuple[torch.Tensor, ...]:
+def sort_pairs(
+    topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False, pdl: bool = False, by_rank: bool | None = None
+) -> tuple[torch.Tensor, ...]:
     """`(order, inverse, counts)` as `hal.reference.sort_by_expert` returns them, in one launch; with `tokens`
     also the token of each sorted row (`order // k`), written by the same launch. `by_rank`: the rank
     sort (True) or the counting passes (False); None: the rank sort where `rank_sort_fits`."""
@@ -154,14 +180,40 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False
     elif by_rank and p_pad > RANK_MAX_PAIRS:
         raise ValueError(f"sort_pairs: the rank sort takes at most {RANK_MAX_PAIRS} pairs, got {pairs}")
     if by_rank:
-        _sort_by_rank[(1,)](flat, order, inverse, counts, token, pairs, num_experts, P_PAD=p_pad, E_PAD=e_pad,
-                            TOPK=_top_k(topk_ids), TOKENS=tokens, PDL=pdl,
-                            num_warps=8 if max(p_pad, e_pad) * p_pad >= 8192 else 4, launch_pdl=pdl)
+        _sort_by_rank[(1,)](
+            flat,
+            order,
+            inverse,
+            counts,
+            token,
+            pairs,
+            num_experts,
+            P_PAD=p_pad,
+            E_PAD=e_pad,
+            TOPK=_top_k(topk_ids),
+            TOKENS=tokens,
+            PDL=pdl,
+            num_warps=8 if max(p_pad, e_pad) * p_pad >= 8192 else 4,
+            launch_pdl=pdl,
+        )
         return (order, inverse, counts, token) if tokens else (order, inverse, counts)
     chunk = min(chunk, max(16, triton.next_power_of_2(pairs)))  # decode: a one-hot block no larger than the pairs
-    _sort_pairs[(1,)](flat, order, inverse, counts, token, pairs, num_experts, E_PAD=e_pad, CHUNK=chunk,
-                      TOPK=_top_k(topk_ids), TOKENS=tokens, PDL=pdl, num_warps=8 if chunk * e_pad >= 8192 else 4,
-                      launch_pdl=pdl)
+    _sort_pairs[(1,)](
+        flat,
+        order,
+        inverse,
+        counts,
+        token,
+        pairs,
+        num_experts,
+        E_PAD=e_pad,
+        CHUNK=chunk,
+        TOPK=_top_k(topk_ids),
+        TOKENS=tokens,
+        PDL=pdl,
+        num_warps=8 if chunk * e_pad >= 8192 else 4,
+        launch_pdl=pdl,
+    )
     return (order, inverse, counts, token) if tokens else (order, inverse, counts)
 
 
@@ -193,9 +245,24 @@ def _count_spans(ids_ptr, table_ptr, P, E, SPAN, E_PAD: tl.constexpr, CHUNK: tl.
 
 
 @triton.jit(do_not_specialize=["P", "E", "SPAN", "SPANS"])
-def _place_spans(ids_ptr, table_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, SPAN, SPANS,
-                 E_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, TOPK: tl.constexpr,
-                 TOKENS: tl.constexpr, PDL: tl.constexpr):
+def _place_spans(
+    ids_ptr,
+    table_ptr,
+    order_ptr,
+    inverse_ptr,
+    counts_ptr,
+    token_ptr,
+    P,
+    E,
+    SPAN,
+    SPANS,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOKENS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     wait_for_previous(PDL)
     release_next(PDL)
     span = tl.program_id(0)
@@ -226,8 +293,9 @@ def _place_spans(ids_ptr, table_ptr, order_ptr, inverse_ptr, counts_ptr, token_p
         running += tl.sum(onehot, axis=0)
 
 
-def sort_pairs_spread(topk_ids: torch.Tensor, num_experts: int, max_spans: int | None = None, *,
-                      tokens: bool = False, pdl: bool = False) -> tuple[torch.Tensor, ...]:
+def sort_pairs_spread(
+    topk_ids: torch.Tensor, num_experts: int, max_spans: int | None = None, *, tokens: bool = False, pdl: bool = False
+) -> tuple[torch.Tensor, ...]:
     """`sort_pairs` for any number of pairs, in two launches of up to `max_spans` programs (default:
     `spans_for(num_experts)`)."""
     flat, order, inverse, counts = _flat_and_outputs(topk_ids, num_experts)
@@ -240,9 +308,27 @@ def sort_pairs_spread(topk_ids: torch.Tensor, num_experts: int, max_spans: int |
     span = triton.cdiv(triton.cdiv(pairs, max_spans or spans_for(num_experts)), chunk) * chunk
     spans = triton.cdiv(pairs, span)
     table = torch.empty((spans, e_pad), dtype=torch.int32, device=flat.device)
-    _count_spans[(spans,)](flat, table, pairs, num_experts, span, E_PAD=e_pad, CHUNK=chunk, PDL=pdl, num_warps=4,
-                          launch_pdl=pdl)
-    _place_spans[(spans,)](flat, table, order, inverse, counts, token, pairs, num_experts, span, spans,
-                           E_PAD=e_pad, CHUNK=chunk, ROWS=max(1, 4096 // e_pad), TOPK=_top_k(topk_ids),
-                           TOKENS=tokens, PDL=pdl, num_warps=8, launch_pdl=pdl)
+    _count_spans[(spans,)](
+        flat, table, pairs, num_experts, span, E_PAD=e_pad, CHUNK=chunk, PDL=pdl, num_warps=4, launch_pdl=pdl
+    )
+    _place_spans[(spans,)](
+        flat,
+        table,
+        order,
+        inverse,
+        counts,
+        token,
+        pairs,
+        num_experts,
+        span,
+        spans,
+        E_PAD=e_pad,
+        CHUNK=chunk,
+        ROWS=max(1, 4096 // e_pad),
+        TOPK=_top_k(topk_ids),
+        TOKENS=tokens,
+        PDL=pdl,
+        num_warps=8,
+        launch_pdl=pdl,
+    )
     return (order, inverse, counts, token) if tokens else (order, inverse, counts)
