@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hal import Groups, Vendor, accepts_keyword, grouped_matmul_keywords
+from hal import Groups, Vendor
 from moe import MoELayer
 
 
@@ -22,25 +22,18 @@ def direct_forward(vendor: Vendor, layer: MoELayer, x: torch.Tensor, logits: tor
     weights = layer.expert_weights
     top_k, experts = layer.top_k, layer.num_experts
     topk_weights, ids = vendor.softmax_topk(logits, top_k)
-    if accepts_keyword(type(vendor), "sort_by_expert", "tokens"):
-        _, inverse, counts, token = vendor.sort_by_expert(ids, experts, tokens=True)
-    else:  # an override older than the keyword: the layer divides too
-        order, inverse, counts = vendor.sort_by_expert(ids, experts)
-        token = torch.div(order, top_k, rounding_mode="floor")
+    _, inverse, counts, token = vendor.sort_by_expert(ids, experts, tokens=True)
     groups = Groups.from_counts(counts)
     plan = layer.plan
     q = vendor.quantize(x, plan.resolved, layout=plan.scale_layout)
     gemm = layer.scheme.gemm_kind().spec  # the dispatched rows are its operand as they are (bf16, fp8 block)
-    through_index = "row_index" in grouped_matmul_keywords(type(vendor))
-    rows = q if through_index else q.rows(token)
-    index = {"row_index": token} if through_index else {}
     act = vendor.grouped_matmul(
-        rows.data if gemm.is_float else rows,
+        q.data if gemm.is_float else q,
         weights.w13,
         groups,
         out_dtype=torch.bfloat16,
         activation=weights.activation,
-        **index,
+        row_index=token,
     )
     second = act if gemm.is_float else vendor.quantize(act, gemm.activation.dtype, layout=gemm.activation.layout)
     y = vendor.grouped_matmul(second, weights.w2, groups, out_dtype=torch.bfloat16)

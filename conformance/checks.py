@@ -11,7 +11,7 @@ from conformance.operands import random_codes_activation, random_codes_weight, s
 from conformance.reference import activation as reference_activation
 from conformance.reference import generator, grouped_matmul, worst
 from conformance.tolerances import gemm_bound, swiglu_bound
-from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, grouped_matmul_keywords, take_rows
+from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, take_rows
 from hal.reference import activation_value
 
 
@@ -41,8 +41,6 @@ def run_gemm_case(vendor, kind: GemmKind, counts: list[int], k: int = K, n: int 
     dtype, `spread=((low, high), (low, high))`: the activations' and the weights' scales (float
     kinds: rows and 128x128 tiles) multiplied by factors `10^[low, high]`, or `gather_from=T`:
     the product's rows read from T source rows through `row_index` (`index_dtype`, default int64)."""
-    if how.get("gather_from") is not None:
-        require_row_index(vendor)
     gen = generator("gemm", kind, counts, k, n, sorted(how.items(), key=str))
     source, row_index = _gathered_rows(kind, sum(counts), k, gen, how)
     x = random_codes_activation(kind.value, sum(counts), k, gen) if source is None else take_rows(source, row_index)
@@ -93,8 +91,6 @@ def run_activated_gemm_case(
     activation's rounding (`swiglu_bound`). A vendor may apply the activation to the rounded
     product or to its accumulators; both fall inside. `gather_from=T`: the rows are read from T
     source rows through `row_index`, as a dispatch hands them over."""
-    if gather_from is not None:
-        require_row_index(vendor)
     gen = generator(
         "gemm-activated", kind, counts, k, n, activation_kind.value, *(() if gather_from is None else (gather_from,))
     )
@@ -141,15 +137,6 @@ def run_activated_gemm_case(
     bound = 2 * carried + swiglu_bound(ref, act_magnitude, out_dtype)
     if not bool((error <= bound).all()):
         pytest.fail(f"{kind} with {activation_kind}: " + worst(error, bound) + _group_of_worst(error, bound, counts))
-
-
-def require_row_index(vendor: Vendor) -> None:
-    """Skip a case read through `row_index` where the vendor's `grouped_matmul` override does not take
-    the keyword (it predates it; the MoE layer gathers the rows for such a vendor)."""
-    if "row_index" not in grouped_matmul_keywords(type(vendor)):
-        pytest.skip(
-            f"vendor {vendor.name}: its grouped_matmul override takes no row_index (the layer gathers the rows for it)"
-        )
 
 
 def _gathered_rows(kind: GemmKind, rows: int, k: int, gen: torch.Generator, how: dict):

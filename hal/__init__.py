@@ -71,7 +71,6 @@ from hal.resolution import (
     resolve_dispatch_plan,
 )
 from hal.schemes import KNOWN_SCHEMES, SchemeTraits, parse_scheme
-from hal.overrides import accepts_keyword, grouped_matmul_keywords
 from hal.vendor import Vendor
 
 __all__ = [
@@ -116,8 +115,6 @@ __all__ = [
     "Platform",
     "ProbeResult",
     "Vendor",
-    "grouped_matmul_keywords",
-    "accepts_keyword",
     "VendorOps",
     "ReferenceOps",
     "OpSource",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from hal.activations import Activation, ActivationKind
+from hal.activations import Activation
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.gemm_kinds import GemmKind
 
@@ -114,14 +114,9 @@ class VendorOps(abc.ABC):
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(first half) * second half` of the last dimension."""
 
+    @abc.abstractmethod
     def activate(self, x: torch.Tensor, *, activation: Activation) -> torch.Tensor:
-        """The experts' activation of `x`; SiLU-GLU goes to `swiglu`, the other kinds to the reference
-        unless a subclass overrides this."""
-        if activation.kind is ActivationKind.SILU_GLU:
-            return self.swiglu(x)
-        from hal.reference.activation import apply_activation
-
-        return apply_activation(x, activation)
+        """The experts' activation of `x` (see `hal.Activation`); SiLU-GLU is `swiglu`."""
 
     def grouped_matmul_activated(
         self,
@@ -162,11 +157,9 @@ class VendorOps(abc.ABC):
             rows, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
         )
 
+    @abc.abstractmethod
     def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
-        """`y` `[M, N]` plus the bias row `[N]` of each row's group (the reference unless overridden)."""
-        from hal.reference.bias import add_group_bias
-
-        return add_group_bias(y, bias, groups)
+        """`y` `[M, N]` plus the bias row `[N]` of each row's group."""
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """Start `work` beside what the caller issues next and return the function that waits for its
@@ -183,10 +176,10 @@ class VendorOps(abc.ABC):
         hidden_size: int,
         dtype: DispatchDtype,
         capacity: int | None,
-        layout: ScaleLayout | None = None,
+        layout: ScaleLayout | None,
     ) -> None:
-        """Allocate what dispatcher `name` needs for a layer of this size (see `hal.Vendor.prepare_ep`).
-        Nothing by default."""
+        """Allocate what dispatcher `name` needs for a layer of this size (see `hal.Vendor.prepare_ep`),
+        refusing what it cannot serve. Nothing by default."""
 
     def ep_dispatch(
         self,
@@ -197,15 +190,17 @@ class VendorOps(abc.ABC):
         dtype: DispatchDtype,
         num_experts: int,
         process_group: object,
-        topk_weights: torch.Tensor | None = None,
-        capacity: int | None = None,
+        topk_weights: torch.Tensor | None,
+        capacity: int | None,
+        layout: ScaleLayout | None,
     ) -> tuple[QuantizedTensor, torch.Tensor, object]:
         """The vendor's own expert-parallel dispatch `name`: rows for this rank's experts, grouped by local
         expert, in `dtype` (rows past the counts' sum are padding), int64 counts per local expert, and
         the handle `ep_combine` needs (optionally a fourth element, the received row of each sorted row:
         the rows are then `payload[row_index]`); with `capacity`, the masked low-latency layout. Only vendors that
-        declare `name` in `ep_dispatchers` implement it. `topk_weights` and `capacity` are passed only
-        when given."""
+        declare `name` in `ep_dispatchers` implement it. `topk_weights` (None: the combine applies the
+        weights), `capacity` (None: normal mode) and `layout` (the layer's planned scale layout for
+        `dtype`; None: the dtype's default) are always passed."""
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability(f"no expert-parallel dispatcher {name!r} in these ops")
@@ -243,12 +238,9 @@ class VendorOps(abc.ABC):
         once, at load (a layout change, a tile permutation...). The reference keeps it as it is."""
         return weight
 
+    @abc.abstractmethod
     def softmax_topk(self, logits: torch.Tensor, *, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax top-k routing of logits `[T, E]`: fp32 weights and int64 ids `[T, k]` (the reference
-        unless a subclass overrides this)."""
-        from hal.reference.routing import topk_of_softmax
-
-        return topk_of_softmax(logits, top_k, renormalize)
+        """Softmax top-k routing of logits `[T, E]`: fp32 weights and int64 ids `[T, k]`."""
 
     @abc.abstractmethod
     def sort_by_expert(

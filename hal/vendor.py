@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+from typing import Any
+
 import torch
 
 from hal import checks
@@ -29,6 +31,7 @@ from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
 from hal.ops import OpSource
+from hal.final import redefined_methods
 from hal.vendor_ep import ExpertParallelOps
 from hal.vendor_tuning import TuningOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
@@ -37,7 +40,23 @@ __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
 class Vendor(ExpertParallelOps, TuningOps, Platform):
-    """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`."""
+    """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`.
+
+    The op methods are final: a vendor implements ops in the `hal.VendorOps` its `_make_ops` returns
+    (a `hal.reference.ReferenceOps` subclass), never by redefining them here, so every vendor's ops
+    get the same checked arguments and one signature. A subclass that redefines one is refused when
+    it is defined (`TypeError`, naming the methods), so a plugin doing so fails to load with that reason.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        redefined = redefined_methods(cls, Vendor, (Vendor, ExpertParallelOps, TuningOps))
+        if redefined:
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__} redefines hal.Vendor's op method(s) {', '.join(redefined)}: "
+                "those methods check arguments for every vendor and are final; implement the op in a "
+                "hal.reference.ReferenceOps subclass and return an instance of it from _make_ops()"
+            )
 
     # -- activations -----------------------------------------------------------------------------
 
@@ -389,15 +408,5 @@ class Vendor(ExpertParallelOps, TuningOps, Platform):
     # -- provenance ------------------------------------------------------------------------------
 
     def op_sources(self) -> list[OpSource]:
-        """Which ops run on the vendor's own code and which on the reference (`hal caps` shows it).
-
-        An op method a vendor class overrides directly (instead of through its ops object)
-        counts as the vendor's own.
-        """
-        found = []
-        for source in self.ops.sources():
-            owner = next((c for c in type(self).__mro__ if source.op in vars(c)), Vendor)
-            if owner not in (Vendor, ExpertParallelOps, TuningOps):
-                source = OpSource(source.op, True, f"{owner.__qualname__}.{source.op} (vendor method)")
-            found.append(source)
-        return found
+        """Which ops run on the vendor's own code and which on the reference (`hal caps` shows it)."""
+        return self.ops.sources()

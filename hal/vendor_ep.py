@@ -9,7 +9,6 @@ import torch
 from hal import checks
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, UnsupportedCapability, invalid, positive_int
-from hal.overrides import accepts_keyword
 
 if TYPE_CHECKING:
     from hal.capabilities import Capabilities
@@ -48,7 +47,6 @@ class ExpertParallelOps:
         parsed = checks.concrete_dtype(dtype)
         for label, value in (("num_experts", num_experts), ("hidden_size", hidden_size)):
             positive_int(label, value)
-        extra = _layout_keyword(self.ops, "prepare_ep", parsed, layout)
         self.ops.prepare_ep(
             name,
             process_group=process_group,
@@ -56,7 +54,7 @@ class ExpertParallelOps:
             hidden_size=hidden_size,
             dtype=parsed,
             capacity=capacity,
-            **extra,
+            layout=_layout(parsed, layout),
         )
 
     def ep_dispatch(
@@ -104,14 +102,16 @@ class ExpertParallelOps:
                 f"x: expected at most max_dispatch_tokens_per_rank={capacity} tokens for "
                 f"low-latency dispatch, got {x.shape[0]}"
             )
-        extra: dict[str, object] = {}
-        if topk_weights is not None and accepts_keyword(type(self.ops), "ep_dispatch", "topk_weights"):
-            extra["topk_weights"] = topk_weights  # ops from before the keyword combine at home
-        if capacity is not None:
-            extra["capacity"] = capacity
-        extra.update(_layout_keyword(self.ops, "ep_dispatch", parsed, layout))
         return self.ops.ep_dispatch(
-            x, topk_ids, name=name, dtype=parsed, num_experts=num_experts, process_group=process_group, **extra
+            x,
+            topk_ids,
+            name=name,
+            dtype=parsed,
+            num_experts=num_experts,
+            process_group=process_group,
+            topk_weights=topk_weights,
+            capacity=capacity,
+            layout=_layout(parsed, layout),
         )
 
     def ep_combine(
@@ -146,13 +146,11 @@ class ExpertParallelOps:
                 )
 
 
-def _layout_keyword(
-    ops: VendorOps, method: str, dtype: DispatchDtype, layout: ScaleLayout | str | None
-) -> dict[str, ScaleLayout]:
-    """`{"layout": parsed}` for ops whose `method` takes it (ops from before the keyword get nothing)."""
-    if layout is None or not accepts_keyword(type(ops), method, "layout"):
-        return {}
+def _layout(dtype: DispatchDtype, layout: ScaleLayout | str | None) -> ScaleLayout | None:
+    """The parsed scale layout (None: the dtype's default), refused when `dtype` does not have it."""
+    if layout is None:
+        return None
     parsed = ScaleLayout(layout)
     if parsed not in dtype.scale_layouts():
         raise invalid("layout", f"a scale layout of {dtype} ({', '.join(map(str, dtype.scale_layouts()))})", parsed)
-    return {"layout": parsed}
+    return parsed

@@ -31,10 +31,8 @@ from hal import (
     UnsupportedCapability,
     Vendor,
     environ_mapping,
-    grouped_matmul_keywords,
     invalid,
     load_plugins,
-    take_rows,
 )
 from moe.dispatch.base import DispatchFormat, DispatchOutput, padded_counts
 from moe.schemes import SCHEMES, QuantScheme
@@ -302,11 +300,7 @@ def _both_projections(
     operand = scheme.first_operand(vendor, rows, weights)
     activated = first_projection(vendor, operand, weights, groups, out_dtype, row_index=row_index)
     return vendor.grouped_matmul(
-        scheme.second_operand(vendor, activated, weights),
-        weights.w2,
-        groups,
-        out_dtype=out_dtype,
-        **_bias(weights.w2_bias),
+        scheme.second_operand(vendor, activated, weights), weights.w2, groups, out_dtype=out_dtype, bias=weights.w2_bias
     )
 
 
@@ -348,31 +342,16 @@ def first_projection(
 ) -> torch.Tensor:
     """The gate/up GEMM and the experts' activation, as one `hal` call (the vendor may apply the
     activation in the GEMM's epilogue), over the operand's rows `row_index` when given (the vendor
-    may read them through the index). A vendor class whose `grouped_matmul` override predates the
-    `activation` or `row_index` keyword gets the rows gathered first, and the GEMM and `activate` as
-    two calls."""
-    takes = grouped_matmul_keywords(type(vendor))
-    if row_index is not None and "row_index" not in takes:
-        operand, row_index = take_rows(operand, row_index), None
-    gather = {} if row_index is None else {"row_index": row_index}
-    if "activation" in takes:
-        return vendor.grouped_matmul(
-            operand,
-            weights.w13,
-            groups,
-            out_dtype=out_dtype,
-            activation=weights.activation,
-            **_bias(weights.w13_bias),
-            **gather,
-        )
-    gate_up = vendor.grouped_matmul(operand, weights.w13, groups, out_dtype=out_dtype, **_bias(weights.w13_bias))
-    return vendor.activate(gate_up, weights.activation)
-
-
-def _bias(bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The bias keyword only where there is one (vendors that override `grouped_matmul` without it still serve
-    bias-free experts)."""
-    return {} if bias is None else {"bias": bias}
+    may read them through the index)."""
+    return vendor.grouped_matmul(
+        operand,
+        weights.w13,
+        groups,
+        out_dtype=out_dtype,
+        activation=weights.activation,
+        bias=weights.w13_bias,
+        row_index=row_index,
+    )
 
 
 def _flatten_rows(q: QuantizedTensor) -> QuantizedTensor:

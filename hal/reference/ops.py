@@ -18,11 +18,14 @@ from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind
 from hal.groups import Groups
 from hal.ops import VendorOps
-from hal.reference.activation import silu_glu
+from hal.activations import Activation, ActivationKind
+from hal.reference.activation import apply_activation, silu_glu
+from hal.reference.bias import add_group_bias
 from hal.reference.grouped_matmul import compute
 from hal.reference.int4 import encode_int4
 from hal.reference.permute import combine_rows, sort_pairs
 from hal.reference.quantize import dequantize, encode
+from hal.reference.routing import topk_of_softmax
 from hal.reference.weights import encode_weight
 
 
@@ -67,6 +70,21 @@ class ReferenceOps(VendorOps):
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """See `hal.reference.activation.swiglu`."""
         return silu_glu(x)
+
+    def activate(self, x: torch.Tensor, *, activation: Activation) -> torch.Tensor:
+        """SiLU-GLU through `swiglu` (which a subclass may accelerate); the other kinds as
+        `hal.reference.activation.apply_activation`."""
+        if activation.kind is ActivationKind.SILU_GLU:
+            return self.swiglu(x)
+        return apply_activation(x, activation)
+
+    def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:
+        """See `hal.reference.bias`."""
+        return add_group_bias(y, bias, groups)
+
+    def softmax_topk(self, logits: torch.Tensor, *, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `hal.reference.routing`."""
+        return topk_of_softmax(logits, top_k, renormalize)
 
     def sort_by_expert(
         self, topk_ids: torch.Tensor, *, num_experts: int

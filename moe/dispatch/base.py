@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, accepts_keyword, invalid, positive_int
+from hal import DispatchPlan, Groups, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
 from hal.reference import sort_by_expert, weighted_combine
 from moe.dispatch.tokens import Pending
 from moe.routing import Routing
@@ -131,14 +131,10 @@ class Dispatcher(abc.ABC):
 
     def sort_pairs(self, topk_ids: torch.Tensor, *, tokens: bool = False) -> tuple[torch.Tensor, ...]:
         """`(order, inverse, counts)` of the pairs sorted by expert, and with `tokens` the token of each
-        sorted row (see `hal.Vendor.sort_by_expert`; computed here for a vendor class whose override
-        predates the keyword)."""
-        if self.vendor is None:
-            sorted_pairs = sort_by_expert(topk_ids, self.num_experts)
-        elif tokens and accepts_keyword(type(self.vendor), "sort_by_expert", "tokens"):
-            return self.vendor.sort_by_expert(topk_ids, self.num_experts, tokens=True)
-        else:
-            sorted_pairs = self.vendor.sort_by_expert(topk_ids, self.num_experts)
+        sorted row (see `hal.Vendor.sort_by_expert`)."""
+        if self.vendor is not None:
+            return self.vendor.sort_by_expert(topk_ids, self.num_experts, tokens=tokens)
+        sorted_pairs = sort_by_expert(topk_ids, self.num_experts)
         if not tokens:
             return sorted_pairs
         return (*sorted_pairs, torch.div(sorted_pairs[0], topk_ids.shape[-1], rounding_mode="floor"))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 import torch
 import torch.distributed as dist
 
-from hal import Vendor, accepts_keyword
+from hal import Vendor
 from hal.reference import ReceivedTokens, reduce_received, sort_received, weighted_combine
 
 #: `sort(ids, num_experts) -> (order, inverse, counts[, token of each row])`, as `hal.Vendor.sort_by_expert`.
@@ -56,15 +56,11 @@ class Constants:
         return self._prefix("ones", n, device, lambda size: torch.ones(size, dtype=torch.float32, device=device))
 
     def sort(self, vendor: Vendor | None) -> SortFn | None:
-        """The sort `receive` takes: the vendor's `sort_by_expert`, with the token of each sorted row where the
-        vendor writes it in the sort's own pass (None: the reference)."""
+        """The sort `receive` takes: the vendor's `sort_by_expert`, with the token of each sorted row
+        (None: the reference)."""
         cached = self._sort
         if cached is None or cached[0] is not vendor:
-            fn: SortFn | None = None
-            if vendor is not None:
-                fn = vendor.sort_by_expert
-                if accepts_keyword(type(vendor), "sort_by_expert", "tokens"):
-                    fn = functools.partial(vendor.sort_by_expert, tokens=True)
+            fn = None if vendor is None else functools.partial(vendor.sort_by_expert, tokens=True)
             cached = self._sort = (vendor, fn)
         return cached[1]
 

@@ -91,20 +91,10 @@ def test_sort_by_expert_is_stable_and_counts_every_expert():
 @pytest.mark.parametrize("tokens", [1, 37])
 def test_the_direct_baseline_computes_the_layer_bit_for_bit(scheme, tokens):
     """`direct_forward` is only a fair baseline for the abstraction's overhead if it makes the layer's own
-    kernel calls: the same output bits, on a vendor that reads through the row index and on one whose
-    overrides predate it (both sides then gather and divide)."""
+    kernel calls: the same output bits."""
     from bench.baselines import direct_forward
     from moe import MoELayer
     from vendors.cpu import CpuVendor
-
-    class Older(CpuVendor):
-        name = "cpu-older-overrides"
-
-        def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
-            return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
-
-        def sort_by_expert(self, topk_ids, num_experts):
-            return super().sort_by_expert(topk_ids, num_experts)
 
     gen = torch.Generator().manual_seed(tokens)
     experts, hidden, inter, top_k = 16, 320, 96, 4
@@ -112,6 +102,6 @@ def test_the_direct_baseline_computes_the_layer_bit_for_bit(scheme, tokens):
     w2 = torch.randn(experts, inter, hidden, generator=gen) / inter**0.5
     x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
     logits = torch.randn(tokens, experts, generator=gen)
-    for vendor in (CpuVendor(), Older()):
+    for vendor in (CpuVendor(),):
         layer = MoELayer.from_float(w13, w2, top_k, scheme=scheme, vendor=vendor)
         assert torch.equal(direct_forward(vendor, layer, x, logits), layer(x, logits))

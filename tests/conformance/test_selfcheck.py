@@ -5,26 +5,37 @@ from __future__ import annotations
 import torch
 
 from conformance.doctor import run_doctor
+from hal.reference import ReferenceOps
 from vendors.cpu import CpuVendor
 
 
-class DropsLastGroup(CpuVendor):
-    """A broken vendor: its grouped matmul leaves the last group's rows at zero."""
+class DropsLastGroupOps(ReferenceOps):
+    """Broken ops: the grouped matmul leaves the last group's rows at zero."""
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None):
-        out = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
+        out = super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
         last = int(groups.counts()[-1])
         if last:
             out[-last:] = 0
         return out
 
 
-class SwappedSwiglu(CpuVendor):
-    """A broken vendor: gate and up halves swapped."""
+class SwappedSwigluOps(ReferenceOps):
+    """Broken ops: swiglu with the gate and up halves swapped."""
 
     def swiglu(self, x):
         half = x.shape[-1] // 2
         return super().swiglu(torch.cat([x[..., half:], x[..., :half]], dim=-1))
+
+
+class DropsLastGroup(CpuVendor):
+    def _make_ops(self):
+        return DropsLastGroupOps()
+
+
+class SwappedSwiglu(CpuVendor):
+    def _make_ops(self):
+        return SwappedSwigluOps()
 
 
 def test_reference_vendor_passes_every_check(cpu):

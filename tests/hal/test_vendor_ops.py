@@ -177,14 +177,36 @@ def test_op_sources_tell_native_ops_from_the_reference():
     assert sources["dequantize"].detail == "hal.reference"
 
 
-def test_an_op_overridden_on_the_vendor_class_counts_as_its_own():
-    class Patched(CpuVendor):
+def test_a_vendor_class_redefining_an_op_method_is_refused_with_the_methods_named():
+    with pytest.raises(TypeError, match=r"redefines hal.Vendor's op method\(s\) grouped_matmul, swiglu:.*_make_ops"):
+
+        class Patched(CpuVendor):
+            def swiglu(self, x):  # type: ignore[no-untyped-def]
+                return super().swiglu(x)
+
+            def grouped_matmul(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                return super().grouped_matmul(*args, **kwargs)
+
+    class Middle(CpuVendor):
+        pass
+
+    with pytest.raises(TypeError, match=r"op method\(s\) ep_dispatch, tune"):
+
+        class Below(Middle):
+            tune = ep_dispatch = staticmethod(lambda *a, **k: None)
+
+
+def test_ops_implemented_in_a_reference_ops_subclass_are_the_vendors_own():
+    class PatchedOps(ReferenceOps):
         def swiglu(self, x):  # type: ignore[no-untyped-def]
             return super().swiglu(x)
 
+    class Patched(CpuVendor):
+        def _make_ops(self):  # type: ignore[no-untyped-def]
+            return PatchedOps()
+
     sources = {s.op: s for s in Patched().op_sources()}
-    assert sources["swiglu"].native and "Patched.swiglu" in sources["swiglu"].detail
-    assert not sources["quantize"].native
+    assert sources["swiglu"].native and not sources["quantize"].native
 
 
 def test_caps_and_vendors_show_the_ops(capsys):

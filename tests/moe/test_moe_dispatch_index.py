@@ -1,6 +1,6 @@
 """The local dispatch hands the experts' first GEMM the tokens and each expert-sorted row's token
 (`DispatchOutput.source` / `.row_index`) instead of a gathered copy; the layer computes the same
-bits as for a vendor whose `grouped_matmul` override predates `row_index` (the layer gathers for it)."""
+bits as ops that gather the rows first."""
 
 from __future__ import annotations
 
@@ -8,36 +8,50 @@ import pytest
 import torch
 
 import moe
-from hal import DispatchConfig, QuantizedTensor, parse_scheme, resolve_dispatch_plan
+from hal import DispatchConfig, QuantizedTensor, parse_scheme, resolve_dispatch_plan, take_rows
+from hal.reference import ReferenceOps
 from tests.support.moe_reference import random_weights
 from vendors.cpu import CpuVendor
 
 E, H, I, K = 16, 320, 96, 4  # H and I off multiples of 128
 
 
-class RecordsRowIndex(CpuVendor):
-    """The CPU vendor, recording the row index each grouped-matmul call received."""
-
-    name = "cpu-records-row-index"
+class RecordingOps(ReferenceOps):
+    """The reference ops, recording the row index of every GEMM that reads its rows through one."""
 
     def __init__(self):
         super().__init__()
         self.row_indices = []
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None, row_index=None):
+    def grouped_matmul_gathered(self, x, row_index, weight, groups, *, kind, out_dtype, activation):
         self.row_indices.append(row_index)
-        return super().grouped_matmul(
-            x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation, row_index=row_index
+        return super().grouped_matmul_gathered(
+            x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
         )
 
 
-class PredatesRowIndex(CpuVendor):
-    """The CPU vendor behind a `grouped_matmul` override written before the `row_index` and `activation` keywords."""
+class RecordsRowIndex(CpuVendor):
+    """The CPU vendor, recording the row index each grouped matmul read its rows through."""
 
-    name = "cpu-predates-row-index"
+    name = "cpu-records-row-index"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None):
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias)
+    def _make_ops(self):
+        return RecordingOps()
+
+
+class GathersFirstOps(ReferenceOps):
+    """The reference ops computing a GEMM over indexed rows as a gather, the plain GEMM, then the activation."""
+
+    def grouped_matmul_gathered(self, x, row_index, weight, groups, *, kind, out_dtype, activation):
+        y = self.grouped_matmul(take_rows(x, row_index), weight, groups, kind=kind, out_dtype=out_dtype)
+        return y if activation is None else self.activate(y, activation=activation)
+
+
+class GathersFirst(CpuVendor):
+    name = "cpu-gathers-first"
+
+    def _make_ops(self):
+        return GathersFirstOps()
 
 
 def _inputs(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,11 +66,11 @@ def test_the_first_gemm_reads_the_tokens_through_the_dispatch_index(scheme, toke
     x, logits = _inputs(tokens, 54)
     recording = RecordsRowIndex()
     y = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=recording)(x, logits)
-    first, second = recording.row_indices
-    assert second is None and first is not None and first.numel() == tokens * K
+    [first] = recording.ops.row_indices  # the second projection reads its rows as they are
+    assert first.numel() == tokens * K
     assert torch.equal(torch.bincount(first, minlength=tokens), torch.full((tokens,), K))  # each token k times
-    legacy = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=PredatesRowIndex())(x, logits)
-    assert torch.equal(y, legacy)
+    gathered = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=GathersFirst())(x, logits)
+    assert torch.equal(y, gathered)
 
 
 @pytest.mark.slow
@@ -72,10 +86,10 @@ def test_through_the_index_at_a_realistic_shape(top_k):
     logits = torch.randn(tokens, experts, generator=gen)
     recording = RecordsRowIndex()
     y = moe.MoELayer.from_float(w13, w2, top_k, scheme="w8a8-fp8-block", vendor=recording)(x, logits)
-    index = recording.row_indices[0]
+    [index] = recording.ops.row_indices
     assert torch.equal(torch.bincount(index, minlength=tokens), torch.full((tokens,), top_k))
-    legacy = moe.MoELayer.from_float(w13, w2, top_k, scheme="w8a8-fp8-block", vendor=PredatesRowIndex())(x, logits)
-    assert torch.equal(y, legacy)
+    gathered = moe.MoELayer.from_float(w13, w2, top_k, scheme="w8a8-fp8-block", vendor=GathersFirst())(x, logits)
+    assert torch.equal(y, gathered)
 
 
 def test_the_payload_is_the_rows_sorted_by_expert_gathered_once():
@@ -98,39 +112,39 @@ def test_the_payload_is_the_rows_sorted_by_expert_gathered_once():
     assert out.payload is payload
 
 
-class SortPredatesTokens(CpuVendor):
-    """The CPU vendor behind a `sort_by_expert` override written before the `tokens` keyword."""
-
-    name = "cpu-sort-predates-tokens"
-
-    def sort_by_expert(self, topk_ids, num_experts):
-        return super().sort_by_expert(topk_ids, num_experts)
-
-
-class CountsSorts(CpuVendor):
-    """The CPU vendor, recording the keywords of each `sort_by_expert` call."""
-
-    name = "cpu-counts-sorts"
+class CountingSortOps(ReferenceOps):
+    """The reference ops, recording each sort the layer asks for: "tokens" (with the token of each row) or
+    "plain"."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
 
-    def sort_by_expert(self, topk_ids, num_experts, *, tokens=False):
-        self.calls.append(tokens)
-        return super().sort_by_expert(topk_ids, num_experts, tokens=tokens)
+    def sort_by_expert(self, topk_ids, *, num_experts):
+        self.calls.append("plain")
+        return super().sort_by_expert(topk_ids, num_experts=num_experts)
+
+    def sort_by_expert_tokens(self, topk_ids, *, num_experts):
+        self.calls.append("tokens")
+        order, inverse, counts = ReferenceOps.sort_by_expert(self, topk_ids, num_experts=num_experts)
+        return order, inverse, counts, torch.div(order, topk_ids.shape[-1], rounding_mode="floor")
+
+
+class CountsSorts(CpuVendor):
+    name = "cpu-counts-sorts"
+
+    def _make_ops(self):
+        return CountingSortOps()
 
 
 @pytest.mark.parametrize("tokens", [1, 33])
-def test_the_dispatch_takes_the_row_index_from_the_sort_and_serves_an_older_sort_override(tokens):
-    """One sort call gives the rows' tokens (no division after it); a vendor whose override predates the keyword
-    gets the division from the dispatcher, and both layers compute the same bits."""
+def test_the_dispatch_takes_the_row_index_from_the_sort(tokens):
+    """One sort call gives the rows' tokens (no division after it), and the layer computes the same bits as the
+    plain CPU vendor's."""
     w13, w2 = random_weights(E, H, I, 57)
     x, logits = _inputs(tokens, 58)
     counting = CountsSorts()
     y = moe.MoELayer.from_float(w13, w2, K, vendor=counting)(x, logits)
-    assert counting.calls == [True]
-    older = moe.MoELayer.from_float(w13, w2, K, vendor=SortPredatesTokens())(x, logits)
-    assert torch.equal(y, older)
+    assert counting.ops.calls == ["tokens"]
     plain = moe.MoELayer.from_float(w13, w2, K, vendor=CpuVendor())(x, logits)
     assert torch.equal(y, plain)

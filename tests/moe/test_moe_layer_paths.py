@@ -9,37 +9,42 @@ import pytest
 import torch
 
 import moe
-from hal import DispatchDtype, GemmKind, InvalidInput, UnsupportedCapability
+from hal import DispatchDtype, GemmKind, InvalidInput, ScaleLayout, UnsupportedCapability
+from hal.reference import ReferenceOps
 from tests.moe.test_moe_layer import E, H, I, K, WithoutInt4, _inputs
 from tests.support.moe_reference import random_weights, relative_error
 from vendors.cpu import CpuVendor
 
 
-class CountingGemms(CpuVendor):
-    """The CPU vendor, counting grouped-matmul calls."""
-
-    name = "cpu-counting"
+class CountingOps(ReferenceOps):
+    """The reference ops, counting grouped matmuls (every GEMM of the reference ends in `grouped_matmul`)."""
 
     def __init__(self):
         super().__init__()
         self.gemm_calls = 0
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None):
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
         self.gemm_calls += 1
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
+        return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
 
 
-class FusedInt8(CpuVendor):
-    """A CPU vendor declaring a fused W8A8-INT8 op, computed token by token with its own code."""
+class CountingGemms(CpuVendor):
+    """The CPU vendor, counting grouped-matmul calls (`ops.gemm_calls`)."""
 
-    name = "cpu-fused"
+    name = "cpu-counting"
+
+    def _make_ops(self):
+        return CountingOps()
+
+
+class FusedInt8Ops(ReferenceOps):
+    """A fused W8A8-INT8 op computed token by token with its own code, counting its calls."""
+
+    notes = {"fused_deep_moe": "token by token (a test double)"}
 
     def __init__(self):
         super().__init__()
         self.fused_calls = 0
-
-    def _detect_capabilities(self):
-        return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
 
     def fused_deep_moe(
         self,
@@ -50,25 +55,40 @@ class FusedInt8(CpuVendor):
         w2,
         *,
         scheme,
-        process_group=None,
-        dispatch_dtype=None,
-        max_tokens_per_rank=None,
+        process_group,
+        dispatch_dtype,
+        max_tokens_per_rank,
     ):
         self.fused_calls += 1
         w13f = w13.data.to(torch.float32) * w13.scale.unsqueeze(1)
         w2f = w2.data.to(torch.float32) * w2.scale.unsqueeze(1)
         inter = w2f.shape[1]
         out = torch.zeros(hidden_states.shape, dtype=torch.float32)
+
+        def int8(rows):
+            q = self.quantize(rows, dtype=DispatchDtype.INT8, layout=ScaleLayout.PER_TOKEN, global_scale=None)
+            return q.data.to(torch.float32) * q.scale.unsqueeze(-1)
+
         for t in range(hidden_states.shape[0]):
-            q = self.quantize(hidden_states[t : t + 1], DispatchDtype.INT8)
-            x = q.data.to(torch.float32) * q.scale.unsqueeze(-1)
+            x = int8(hidden_states[t : t + 1])
             for j in range(topk_ids.shape[1]):
                 e = int(topk_ids[t, j])
                 h = x @ w13f[e]
                 act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-                qa = self.quantize(act, DispatchDtype.INT8)
-                out[t] += float(topk_weights[t, j]) * (qa.data.to(torch.float32) * qa.scale.unsqueeze(-1) @ w2f[e])[0]
+                out[t] += float(topk_weights[t, j]) * (int8(act) @ w2f[e])[0]
         return out.to(hidden_states.dtype)
+
+
+class FusedInt8(CpuVendor):
+    """A CPU vendor declaring a fused W8A8-INT8 op (`FusedInt8Ops`; `ops.fused_calls` counts its calls)."""
+
+    name = "cpu-fused"
+
+    def _detect_capabilities(self):
+        return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
+
+    def _make_ops(self):
+        return FusedInt8Ops()
 
 
 def test_one_grouped_gemm_call_per_projection():
@@ -77,9 +97,9 @@ def test_one_grouped_gemm_call_per_projection():
     for scheme in ("unquantized", "w8a8-int8", "w4a4-int4"):
         layer = moe.MoELayer.from_float(w13, w2, K, scheme=scheme, vendor=vendor)
         for tokens in (1, 40):
-            vendor.gemm_calls = 0
+            vendor.ops.gemm_calls = 0
             layer(*_inputs(tokens, 52))
-            assert vendor.gemm_calls == 2
+            assert vendor.ops.gemm_calls == 2
 
 
 def test_fused_path_is_used_where_declared_and_equals_the_unfused_path():
@@ -90,12 +110,12 @@ def test_fused_path_is_used_where_declared_and_equals_the_unfused_path():
     unfused = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=CpuVendor())
     assert fused.fused and not unfused.fused and fused.runner is None
     y_fused, y_unfused = fused(x, logits), unfused(x, logits)
-    assert fused_vendor.fused_calls == 1
+    assert fused_vendor.ops.fused_calls == 1
     assert relative_error(y_fused, y_unfused.to(torch.float64)) < 0.01
     # Other schemes on the same vendor take the unfused path.
     plain = moe.MoELayer.from_float(w13, w2, K, scheme="unquantized", vendor=fused_vendor)
     plain(x, logits)
-    assert not plain.fused and fused_vendor.fused_calls == 1
+    assert not plain.fused and fused_vendor.ops.fused_calls == 1
 
 
 def test_the_fused_option_chooses_the_path():
@@ -105,10 +125,10 @@ def test_the_fused_option_chooses_the_path():
     forced = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=False)
     assert not forced.fused and forced.runner is not None
     forced(x, logits)
-    assert vendor.fused_calls == 0
+    assert vendor.ops.fused_calls == 0
     required = moe.MoELayer.from_float(w13, w2, K, scheme="w8a8-int8", vendor=vendor, fused=True)
     required(x, logits)
-    assert required.fused and vendor.fused_calls == 1
+    assert required.fused and vendor.ops.fused_calls == 1
     with pytest.raises(UnsupportedCapability, match="fused_deep_moe for scheme 'unquantized'"):
         moe.MoELayer(H, I, E, K, vendor=vendor, fused=True)
     with pytest.raises(InvalidInput, match="fused"):

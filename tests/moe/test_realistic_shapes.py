@@ -133,26 +133,17 @@ def test_model_features_with_128_experts_and_unaligned_dims(activation, top_k, b
     assert relative_error(layer(x, logits), ref) <= bound
 
 
-class _SortPredatesTokens(CpuVendor):
-    """The CPU vendor behind a `sort_by_expert` override written before the `tokens` keyword."""
-
-    name = "cpu-sort-predates-tokens"
-
-    def sort_by_expert(self, topk_ids, num_experts):
-        return super().sort_by_expert(topk_ids, num_experts)
-
-
 @pytest.mark.parametrize("tokens, top_k, experts", [(3000, 1, 128), (3000, 8, 128), (1500, 4, 1000), (2049, 6, 257)])
 def test_the_sorted_rows_tokens_at_realistic_sizes(tokens, top_k, experts):
-    """`sort_by_expert(tokens=True)` and the dispatcher's own division (for an override older than the keyword)
-    give the stable sort and each sorted row's token, against a plain argsort, at thousands of tokens."""
+    """`sort_by_expert(tokens=True)` and the reference sort with the dispatcher's own division give the stable sort
+    and each sorted row's token, against a plain argsort, at thousands of tokens."""
     gen = torch.Generator().manual_seed(tokens + top_k)
     ids = torch.rand(tokens, experts, generator=gen).argsort(dim=-1)[:, :top_k]
     order = torch.sort(ids.reshape(-1), stable=True).indices
     want = (order, torch.argsort(order), torch.bincount(ids.reshape(-1), minlength=experts), order // top_k)
     for got in (
         CpuVendor().sort_by_expert(ids, experts, tokens=True),
-        moe.LocalDispatcher(_plan(), experts, vendor=_SortPredatesTokens()).sort_pairs(ids, tokens=True),
+        moe.LocalDispatcher(_plan(), experts, vendor=None).sort_pairs(ids, tokens=True),
     ):
         assert len(got) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
 

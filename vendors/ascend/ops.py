@@ -87,9 +87,12 @@ class AscendOps(ReferenceOps):
         dtype: DispatchDtype,
         num_experts: int,
         process_group: object,
-        topk_weights: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None,
+        capacity: int | None,
+        layout: ScaleLayout | None,
     ) -> tuple[QuantizedTensor, torch.Tensor, object]:
-        """The MC2 dispatch (`vendors.ascend.mc2`); the routing weights are applied by the combine, at home."""
+        """The MC2 dispatch (`vendors.ascend.mc2`; normal mode only, per-token int8 scales): the routing
+        weights are applied by the combine, at home."""
         return mc2_dispatch(
             self.binding, x, topk_ids, dtype=dtype, num_experts=num_experts, process_group=process_group
         )

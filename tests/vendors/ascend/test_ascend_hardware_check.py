@@ -30,8 +30,11 @@ def test_a_wrong_op_is_reported_as_a_failure(monkeypatch, capsys):
     from vendors.ascend.emulation.vendor import EmulatedAscendVendor
 
     class Broken(EmulatedAscendVendor):
-        def grouped_matmul(self, x, weight, groups, **kwargs):  # type: ignore[no-untyped-def]
-            return super().grouped_matmul(x, weight, groups, **kwargs) * 1.1
+        def _make_ops(self):  # type: ignore[no-untyped-def]
+            ops = super()._make_ops()
+            right = ops.grouped_matmul
+            ops.grouped_matmul = lambda *args, **kwargs: right(*args, **kwargs) * 1.1  # every GEMM 10 % off
+            return ops
 
     script = _load()
     monkeypatch.setattr(script.hal, "get_vendor", lambda name=None: Broken())
