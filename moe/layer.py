@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hal import (
+    layer_problems,
     Activation,
     ActivationKind,
     DispatchConfig,
@@ -184,6 +185,11 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             environ=environ,
         )
         self._choice = choice
+        problems = layer_problems(caps, self.scheme.traits, hidden_size, activation=self.activation)
+        if problems:  # what `hal explain` refuses is refused here too, not at the first load
+            raise UnsupportedCapability(
+                f"vendor {self.vendor.name!r} ({caps.device_name}) cannot build this layer: " + "; ".join(problems)
+            )
         self.fused: bool = choice.fused
         self.runner: ExpertRunner | None = choice.runner
         layout = self.scheme.gemm_kind().spec.weight_layout

@@ -81,3 +81,22 @@ def test_explain_approves_a_plan_that_builds():
     done = _explain("--vendor", "cpu", "--scheme", "w8a8-fp8-block", "--hidden", "1000")
     payload = json.loads(done.stdout)
     assert done.returncode == 0 and payload["buildable"] is True and payload["problems"] == []
+
+
+@pytest.mark.parametrize("vendor_name", VENDORS)
+def test_a_layer_explain_refuses_is_refused_when_it_is_built_not_at_load(vendor_name):
+    vendor = get_vendor(vendor_name)
+    caps = vendor.capabilities()
+    for scheme, hidden in itertools.product(SCHEMES, HIDDEN):
+        try:
+            resolve_dispatch_plan(vendor, hidden, config=DispatchConfig(), scheme=parse_scheme(scheme), environ={})
+        except HalError:
+            continue  # refused by the plan's resolution, which the layer runs first
+        problems = layer_problems(caps, parse_scheme(scheme), hidden)
+        try:
+            quant = build_scheme(scheme) if scheme in KNOWN_SCHEMES else scheme
+            MoELayer(hidden, INTERMEDIATE, EXPERTS, TOP_K, scheme=quant, vendor=vendor)
+            refused = None
+        except HalError as exc:
+            refused = str(exc)
+        assert (refused is not None) == bool(problems), (scheme, hidden, problems, refused)
