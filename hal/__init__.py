@@ -11,7 +11,7 @@ interface and register themselves as plugins in the `hal.vendors` entry-point gr
 """
 
 from hal.activations import Activation, ActivationKind
-from hal.capabilities import Capabilities, Int8QuantMode, KernelLimits
+from hal.capabilities import Capabilities, DeclaredFallback, Int8QuantMode, KernelLimits
 from hal.discovery import (
     DEFAULT_PROBE_TIMEOUT,
     ENTRY_POINT_GROUP,
@@ -77,6 +77,7 @@ __all__ = [
     # capabilities and the tables of dtypes and grouped-matmul kinds
     "Capabilities",
     "Int8QuantMode",
+    "DeclaredFallback",
     "KernelLimits",
     "Activation",
     "ActivationKind",

@@ -42,13 +42,30 @@ class KernelLimits:
 
 
 @dataclass(frozen=True)
-class Capabilities:
-    """A frozen declaration of what one vendor can do on one device.
+class DeclaredFallback:
+    """What an unsupported dispatch dtype becomes (`target`; None: it is refused) and why, in words."""
 
-    `dispatch_fallbacks` maps an unsupported dispatch dtype to the dtype it becomes
-    (`None` = rejected). Whatever is not listed and not supported is rejected too.
-    `scale_layouts` names the activation scale layout a dtype is carried and quantized
-    with where it is not the dtype's default; fp8's entry is always `fp8_scale_layout`.
+    target: DispatchDtype | None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        target = None if self.target is None else DispatchDtype.parse(self.target)
+        if target is DispatchDtype.AUTO:
+            raise InvalidInput("DeclaredFallback.target: expected a concrete dtype or None, got 'auto'")
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "reason", str(self.reason))
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A frozen declaration of what one vendor can do on one device: only what cannot be derived.
+
+    `fallbacks` maps an unsupported dispatch dtype to a `DeclaredFallback` (the dtype it becomes, or None
+    for refused, and the reason); whatever is neither carried nor listed is refused too. A value
+    may be given as a bare dtype or None (no reason). `scale_layouts` names the activation scale
+    layout a dtype is carried and quantized with where it is not the dtype's default (fp8's default
+    is one scale per 128 channels). `supports_fp8_dispatch`, `int8_quant_mode`, `fp8_scale_layout`,
+    `dispatch_fallbacks` and `fallback_reasons` are derived views.
     """
 
     def __deepcopy__(self, memo: dict[int, object]) -> Capabilities:
@@ -57,12 +74,9 @@ class Capabilities:
 
     device_name: str
     dispatch_dtypes: frozenset[DispatchDtype]
-    dispatch_fallbacks: Mapping[DispatchDtype, DispatchDtype | None] = field(default_factory=dict)
-    fallback_reasons: Mapping[DispatchDtype, str] = field(default_factory=dict)
+    fallbacks: Mapping[DispatchDtype, DeclaredFallback] = field(default_factory=dict)
     default_dispatch_dtype: DispatchDtype = DispatchDtype.BF16
-    fp8_scale_layout: ScaleLayout = ScaleLayout.GROUP_128
     scale_layouts: Mapping[DispatchDtype, ScaleLayout] = field(default_factory=dict)
-    int8_quant_mode: Int8QuantMode = Int8QuantMode.NONE
     grouped_matmul: frozenset[GemmKind] = frozenset()
     fused_deep_moe: frozenset[str] = frozenset()
     activations: frozenset[ActivationKind] = frozenset(ActivationKind)  #: kinds `Vendor.activate` computes
@@ -91,23 +105,18 @@ class Capabilities:
         dtypes = frozenset(DispatchDtype.parse(d) for d in self.dispatch_dtypes)
         if DispatchDtype.AUTO in dtypes:
             raise InvalidInput("dispatch_dtypes: expected concrete dtypes, got 'auto' among them")
-        fallbacks: dict[DispatchDtype, DispatchDtype | None] = {}
-        for source, target in dict(self.dispatch_fallbacks).items():
+        fallbacks: dict[DispatchDtype, DeclaredFallback] = {}
+        for source, value in dict(self.fallbacks).items():
             src = DispatchDtype.parse(source)
-            dst = None if target is None else DispatchDtype.parse(target)
-            if DispatchDtype.AUTO in (src, dst):
-                raise InvalidInput(f"dispatch_fallbacks: expected concrete dtypes, got {source!r} -> {target!r}")
-            fallbacks[src] = dst
-        reasons = {DispatchDtype.parse(k): str(v) for k, v in dict(self.fallback_reasons).items()}
-        object.__setattr__(self, "fallback_reasons", MappingProxyType(reasons))
+            fallback = value if isinstance(value, DeclaredFallback) else DeclaredFallback(value)
+            if src is DispatchDtype.AUTO:
+                raise InvalidInput(f"fallbacks: expected concrete dtypes, got {source!r} -> {value!r}")
+            fallbacks[src] = fallback
         object.__setattr__(self, "dispatch_dtypes", dtypes)
-        object.__setattr__(self, "dispatch_fallbacks", MappingProxyType(fallbacks))
+        object.__setattr__(self, "fallbacks", MappingProxyType(fallbacks))
         object.__setattr__(self, "default_dispatch_dtype", DispatchDtype.parse(self.default_dispatch_dtype))
-        object.__setattr__(self, "fp8_scale_layout", ScaleLayout(self.fp8_scale_layout))
         layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
-        layouts[DispatchDtype.FP8] = self.fp8_scale_layout  # the named field is fp8's entry
         object.__setattr__(self, "scale_layouts", MappingProxyType(layouts))
-        object.__setattr__(self, "int8_quant_mode", Int8QuantMode(self.int8_quant_mode))
         object.__setattr__(self, "grouped_matmul", frozenset(GemmKind(k) for k in self.grouped_matmul))
         object.__setattr__(self, "fused_deep_moe", frozenset(self.fused_deep_moe))
         object.__setattr__(self, "activations", frozenset(ActivationKind(a) for a in self.activations))
@@ -140,13 +149,36 @@ class Capabilities:
         """Whether fp8 is carried natively (derived from `dispatch_dtypes`)."""
         return DispatchDtype.FP8 in self.dispatch_dtypes
 
+    @property
+    def dispatch_fallbacks(self) -> Mapping[DispatchDtype, DispatchDtype | None]:
+        """The target of each declared fallback (None: refused); a view of `fallbacks`."""
+        return MappingProxyType({k: v.target for k, v in self.fallbacks.items()})
+
+    @property
+    def fallback_reasons(self) -> Mapping[DispatchDtype, str]:
+        """The reason of each declared fallback that gives one; a view of `fallbacks`."""
+        return MappingProxyType({k: v.reason for k, v in self.fallbacks.items() if v.reason})
+
+    @property
+    def fp8_scale_layout(self) -> ScaleLayout:
+        """The scale layout fp8 is carried with (`layout_for(fp8)`)."""
+        return self.layout_for(DispatchDtype.FP8)
+
+    @property
+    def int8_quant_mode(self) -> Int8QuantMode:
+        """How activations are quantized to int8 for dispatch: per token, dynamic, where int8 is carried."""
+        if DispatchDtype.INT8 in self.dispatch_dtypes:
+            return Int8QuantMode.PER_TOKEN_DYNAMIC
+        return Int8QuantMode.NONE
+
     def supports_dispatch(self, dtype: DispatchDtype | str) -> bool:
         """Whether `dtype` is carried natively."""
         return DispatchDtype.parse(dtype) in self.dispatch_dtypes
 
     def fallback_for(self, dtype: DispatchDtype | str) -> DispatchDtype | None:
         """The declared fallback of an unsupported dtype, or `None` when it is rejected."""
-        return self.dispatch_fallbacks.get(DispatchDtype.parse(dtype))
+        found = self.fallbacks.get(DispatchDtype.parse(dtype))
+        return None if found is None else found.target
 
     def supports_gemm(self, kind: GemmKind | str) -> bool:
         """Whether a grouped-matmul kind is declared."""
@@ -185,11 +217,14 @@ class Capabilities:
                     f"scale layout {layout} declared for {dtype}, which is carried as "
                     f"{', '.join(map(str, dtype.scale_layouts()))}"
                 )
-        if (DispatchDtype.INT8 in self.dispatch_dtypes) != (self.int8_quant_mode is not Int8QuantMode.NONE):
-            problems.append(
-                f"int8_quant_mode is {self.int8_quant_mode} but int8 dispatch is "
-                f"{'declared' if DispatchDtype.INT8 in self.dispatch_dtypes else 'not declared'}"
-            )
+        for source, fallback in self.fallbacks.items():
+            seen, current = {source}, fallback.target
+            while current is not None and current in self.fallbacks and current not in self.dispatch_dtypes:
+                if current in seen:
+                    problems.append(f"fallbacks from {source} form a cycle")
+                    break
+                seen.add(current)
+                current = self.fallbacks[current].target
         for name in sorted(self.ep_low_latency - self.ep_dispatchers):
             problems.append(f"ep_low_latency names {name!r}, which is not among ep_dispatchers")
         for name in sorted(self.ep_dispatchers & set(self.ep_dispatchers_absent)):

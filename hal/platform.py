@@ -127,8 +127,9 @@ class Platform(abc.ABC):
     def capabilities(self) -> Capabilities:
         """The capabilities of this instance's device, resolved once.
 
-        Raises `VendorUnavailable` when the vendor is unavailable or its detection fails (a
-        failure is kept: detection is not retried).
+        Raises `VendorUnavailable` when the vendor is unavailable, its detection fails, or the table it
+        detects contradicts itself (`Capabilities.consistency_problems`, every reason named); a failure
+        is kept: detection is not retried.
         """
         if self._capabilities is None:
             self.require_available()
@@ -155,6 +156,11 @@ class Platform(abc.ABC):
             raise VendorUnavailable(
                 f"vendor {self.name!r}: capability detection returned "
                 f"{type(caps).__name__}, expected a hal.Capabilities"
+            )
+        problems = caps.consistency_problems()
+        if problems:  # a contradictory table would resolve plans by whichever entry is read first
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: its capability table contradicts itself: " + "; ".join(problems)
             )
         return caps
 

@@ -78,7 +78,7 @@ def test_what_the_reference_makes_fits_the_row(dtype, layout, hidden):
         environ={},
         scheme=SchemeTraits("probe", dtype, frozenset({dtype}), scale_layouts={dtype: layout}),
         capabilities=dataclasses.replace(
-            CpuVendor().capabilities(), dispatch_dtypes=frozenset(DispatchDtype.concrete()), dispatch_fallbacks={}
+            CpuVendor().capabilities(), dispatch_dtypes=frozenset(DispatchDtype.concrete()), fallbacks={}
         ),
     )
     rows = QuantizedTensor(
@@ -154,7 +154,9 @@ def test_what_a_vendor_quantizes_to_follows_its_table():
     assert caps.quantizes_to("int8") and caps.quantizes_to("bf16")  # int8: its GEMM kind consumes it
     assert not caps.quantizes_to("fp8") and not caps.quantizes_to("nvfp4")
     assert caps.layout_for("fp8") is ScaleLayout.GROUP_128 and caps.layout_for("int8") is ScaleLayout.PER_TOKEN
-    per_token = dataclasses.replace(caps, fp8_scale_layout=ScaleLayout.PER_TOKEN)
+    per_token = dataclasses.replace(
+        caps, scale_layouts={**caps.scale_layouts, DispatchDtype.FP8: ScaleLayout.PER_TOKEN}
+    )
     assert per_token.layout_for("fp8") is ScaleLayout.PER_TOKEN
     bad = Capabilities(device_name="t", dispatch_dtypes={"bf16"}, scale_layouts={"int8": "per-token-group-128"})
     assert any("scale layout per-token-group-128 declared for int8" in p for p in bad.consistency_problems())

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, InvalidInput, ScaleLayout
+from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, Int8QuantMode, InvalidInput, ScaleLayout
 from vendors.ascend.capabilities import generation_of
 from vendors.cuda.capabilities import cuda_capabilities
 
@@ -71,12 +71,7 @@ def test_bytes_per_token_rejects_bad_arguments():
 
 
 def _table(**overrides):
-    base = dict(
-        device_name="t",
-        dispatch_dtypes={"bf16", "int8"},
-        dispatch_fallbacks={"fp8": "int8"},
-        int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
-    )
+    base = dict(device_name="t", dispatch_dtypes={"bf16", "int8"}, fallbacks={"fp8": "int8"})
     base.update(overrides)
     return Capabilities(**base)
 
@@ -86,9 +81,9 @@ def test_capabilities_are_frozen_and_derive_fp8_support():
     with pytest.raises(dataclasses.FrozenInstanceError):
         caps.dispatch_dtypes = frozenset()  # type: ignore[misc]
     with pytest.raises(TypeError):
-        caps.dispatch_fallbacks[DispatchDtype.NVFP4] = None  # type: ignore[index]
+        caps.fallbacks[DispatchDtype.NVFP4] = None  # type: ignore[index]
     assert not caps.supports_fp8_dispatch
-    assert _table(dispatch_dtypes={"bf16", "fp8", "int8"}, dispatch_fallbacks={}).supports_fp8_dispatch
+    assert _table(dispatch_dtypes={"bf16", "fp8", "int8"}, fallbacks={}).supports_fp8_dispatch
     assert caps.fallback_for("FP8") is DispatchDtype.INT8 and caps.fallback_for("nvfp4") is None
     assert json.loads(json.dumps(caps.as_dict()))["dispatch_fallbacks"] == {"fp8": "int8"}
 
@@ -96,15 +91,35 @@ def test_capabilities_are_frozen_and_derive_fp8_support():
 def test_consistency_problems_are_found():
     assert _table().consistency_problems() == []
     problems = _table(
-        dispatch_fallbacks={"fp8": "nvfp4", "int8": "bf16"},
+        fallbacks={"fp8": "nvfp4", "int8": "bf16"},
         default_dispatch_dtype="fp8",
-        int8_quant_mode=Int8QuantMode.NONE,
+        scale_layouts={"int8": "per-token-group-128"},
     ).consistency_problems()
     text = " | ".join(problems)
     assert "fp8 -> nvfp4 targets an unsupported dtype" in text
     assert "fallback declared for int8" in text
     assert "default dispatch dtype fp8" in text
-    assert "int8_quant_mode is none" in text
+    assert "scale layout per-token-group-128 declared for int8" in text
+
+
+def test_one_fallback_map_with_reasons_and_derived_views():
+    caps = _table(
+        dispatch_dtypes={"bf16"},
+        fallbacks={
+            "fp8": DeclaredFallback("bf16", "no fp8 here"),
+            "nvfp4": DeclaredFallback(None, "no fp4"),
+            "int8": None,
+        },
+    )
+    assert caps.fallback_for("fp8") is DispatchDtype.BF16 and caps.fallback_for("nvfp4") is None
+    assert dict(caps.fallback_reasons) == {DispatchDtype.FP8: "no fp8 here", DispatchDtype.NVFP4: "no fp4"}
+    assert caps.fallbacks[DispatchDtype.INT8] == DeclaredFallback(None, "")
+    assert caps.int8_quant_mode is Int8QuantMode.NONE  # derived: int8 is not carried
+    assert _table().int8_quant_mode is Int8QuantMode.PER_TOKEN_DYNAMIC
+    assert caps.fp8_scale_layout is ScaleLayout.GROUP_128  # fp8's default
+    assert _table(scale_layouts={"fp8": "per-token"}).fp8_scale_layout is ScaleLayout.PER_TOKEN
+    with pytest.raises(InvalidInput, match="auto"):
+        DeclaredFallback("auto")
 
 
 def test_auto_is_not_a_capability():

@@ -38,9 +38,9 @@ def capability_tables(draw: st.DrawFn) -> Capabilities:
     return Capabilities(
         device_name="random",
         dispatch_dtypes=frozenset(supported),
-        dispatch_fallbacks=fallbacks,
+        fallbacks=fallbacks,
         default_dispatch_dtype=draw(st.sampled_from(sorted(supported))),
-        fp8_scale_layout=draw(st.sampled_from([ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN])),
+        scale_layouts={DispatchDtype.FP8: draw(st.sampled_from([ScaleLayout.GROUP_128, ScaleLayout.PER_TOKEN]))},
     )
 
 

@@ -31,7 +31,6 @@ from vendors.cpu import CpuVendor
 TABLE = Capabilities(
     device_name="platform-only",
     dispatch_dtypes={"bf16", "int8"},
-    int8_quant_mode="per-token-dynamic",
     grouped_matmul={GemmKind.BF16, GemmKind.INT8},
     limits=KernelLimits(max_groups=4),
 )

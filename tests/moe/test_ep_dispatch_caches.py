@@ -5,7 +5,6 @@ go empty and change top-k, beside another layer's, gives what a fresh dispatcher
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -15,6 +15,7 @@ import moe
 from conformance import dtype_facts
 from conformance.reference import moe_features
 from hal import (
+    DeclaredFallback,
     DTYPES,
     KNOWN_SCHEMES,
     Capabilities,
@@ -146,9 +147,7 @@ def _caps_without_fp32(cpu, **fallback):
 
 def test_a_declared_fallback_applies_with_its_reason_and_warns_once(cpu):
     caps = _caps_without_fp32(
-        cpu,
-        dispatch_fallbacks={FP32: BF16, DispatchDtype.NVFP4: None},
-        fallback_reasons={FP32: "no fp32 path on this device"},
+        cpu, fallbacks={FP32: DeclaredFallback(BF16, "no fp32 path on this device"), DispatchDtype.NVFP4: None}
     )
     assert caps.consistency_problems() == []
     with pytest.warns(DispatchFallbackWarning, match="no fp32 path"):
@@ -162,11 +161,7 @@ def test_a_declared_fallback_applies_with_its_reason_and_warns_once(cpu):
 
 @pytest.mark.parametrize("declared", ["absent", "rejected"])
 def test_a_model_dtype_the_vendor_cannot_carry_yields_to_the_schemes_dtype(cpu, declared):
-    extra = (
-        {"dispatch_fallbacks": {FP32: None}, "fallback_reasons": {FP32: "fp32 is rejected here"}}
-        if declared == "rejected"
-        else {}
-    )
+    extra = {"fallbacks": {FP32: DeclaredFallback(None, "fp32 is rejected here")}} if declared == "rejected" else {}
     caps = _caps_without_fp32(cpu, **extra)
     with pytest.warns(DispatchFallbackWarning):
         plan = _plan(cpu, moe.Unquantized(torch.float32).traits, caps=caps)
@@ -185,8 +180,7 @@ class _NoFp32Cpu(CpuVendor):
         return dataclasses.replace(
             caps,
             dispatch_dtypes=caps.dispatch_dtypes - {FP32},
-            dispatch_fallbacks={**caps.dispatch_fallbacks, FP32: BF16},
-            fallback_reasons={**caps.fallback_reasons, FP32: "test: fp32 travels as bf16"},
+            fallbacks={**caps.fallbacks, FP32: DeclaredFallback(BF16, "test: fp32 travels as bf16")},
         )
 
 

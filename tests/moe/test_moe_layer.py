@@ -10,7 +10,15 @@ import pytest
 import torch
 
 import moe
-from hal import DispatchConfig, DispatchDtype, DispatchFallbackWarning, GemmKind, InvalidInput, UnsupportedDispatchDtype
+from hal import (
+    DeclaredFallback,
+    DispatchConfig,
+    DispatchDtype,
+    DispatchFallbackWarning,
+    GemmKind,
+    InvalidInput,
+    UnsupportedDispatchDtype,
+)
 from tests.support.moe_reference import (
     EMULATED_TOLERANCE,
     TOLERANCE,
@@ -37,9 +45,10 @@ class CarriesInt8AsFp8(CpuVendor):
             caps,
             device_name="cpu (int8 carried as fp8)",
             dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8}),
-            dispatch_fallbacks={DispatchDtype.INT8: DispatchDtype.FP8, DispatchDtype.NVFP4: None},
-            fallback_reasons={DispatchDtype.INT8: "this test vendor carries int8 as fp8"},
-            int8_quant_mode="none",
+            fallbacks={
+                DispatchDtype.INT8: DeclaredFallback(DispatchDtype.FP8, "this test vendor carries int8 as fp8"),
+                DispatchDtype.NVFP4: None,
+            },
         )
 
 
@@ -50,12 +59,7 @@ class CarriesNvfp4(CpuVendor):
 
     def _detect_capabilities(self):
         caps = super()._detect_capabilities()
-        return dataclasses.replace(
-            caps,
-            dispatch_dtypes=caps.dispatch_dtypes | {DispatchDtype.NVFP4},
-            dispatch_fallbacks={},
-            fallback_reasons={},
-        )
+        return dataclasses.replace(caps, dispatch_dtypes=caps.dispatch_dtypes | {DispatchDtype.NVFP4}, fallbacks={})
 
 
 class WithoutInt4(CpuVendor):

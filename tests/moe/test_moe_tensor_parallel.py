@@ -11,7 +11,6 @@ bf16 outputs, rounded per shard before the sum).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits, ScaleLayout
+from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits, ScaleLayout
 
 #: npu_grouped_matmul's inner-dimension limit on A2/A3: the last dimension of every x and
 #: weight must stay below 65536.
@@ -38,13 +38,12 @@ def ascend_capabilities(
     """
     fp8 = generation in _FP8_GENERATIONS
     dispatch = {*_FLOAT_DISPATCH, DispatchDtype.INT8} | ({DispatchDtype.FP8} if fp8 else set())
-    fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.NVFP4: None}
-    reasons = {DispatchDtype.NVFP4: f"Atlas {generation} has no fp4 support"}
+    fallbacks = {DispatchDtype.NVFP4: DeclaredFallback(None, f"Atlas {generation} has no fp4 support")}
     if not fp8:
-        fallbacks[DispatchDtype.FP8] = DispatchDtype.INT8
-        reasons[DispatchDtype.FP8] = (
+        fallbacks[DispatchDtype.FP8] = DeclaredFallback(
+            DispatchDtype.INT8,
             f"Atlas {generation} has no fp8 matmul; activations are carried as int8 with per-token "
-            "dynamic scales (npu_dynamic_quant)"
+            "dynamic scales (npu_dynamic_quant)",
         )
     fused = fused and generation in FUSED_GENERATIONS
     fused_note = (
@@ -62,11 +61,9 @@ def ascend_capabilities(
     return Capabilities(
         device_name=device_name,
         dispatch_dtypes=frozenset(dispatch),
-        dispatch_fallbacks=fallbacks,
-        fallback_reasons=reasons,
+        fallbacks=fallbacks,
         default_dispatch_dtype=DispatchDtype.BF16,
-        fp8_scale_layout=ScaleLayout.PER_TOKEN,
-        int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
+        scale_layouts={DispatchDtype.FP8: ScaleLayout.PER_TOKEN},  # fp8 (A5) is carried with per-token scales
         grouped_matmul=_BASE_GEMMS | ({GemmKind.FP8_ROWWISE} if fp8 else frozenset()),
         fused_deep_moe=frozenset({FUSED_SCHEME}) if fused else frozenset(),
         ep_dispatchers=frozenset({MC2}) if mc2 else frozenset(),

@@ -6,21 +6,21 @@ from collections.abc import Mapping
 
 import torch
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, ProbeResult, ScaleLayout, Vendor
+from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, ProbeResult, Vendor
 
 _CPU_CAPABILITIES = Capabilities(
     device_name="cpu",
     dispatch_dtypes=frozenset(
         {DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.FP16, DispatchDtype.FP32}
     ),
-    dispatch_fallbacks={DispatchDtype.NVFP4: None},
-    fallback_reasons={
-        DispatchDtype.NVFP4: "the CPU reference dispatcher carries bf16, fp16, fp32, fp8 and int8 only; its nvfp4 "
-        "grouped matmul takes rows dispatched as bf16 and quantized to nvfp4 after dispatch"
+    fallbacks={
+        DispatchDtype.NVFP4: DeclaredFallback(
+            None,
+            "the CPU reference dispatcher carries bf16, fp16, fp32, fp8 and int8 only; its nvfp4 grouped matmul "
+            "takes rows dispatched as bf16 and quantized to nvfp4 after dispatch",
+        )
     },
     default_dispatch_dtype=DispatchDtype.BF16,
-    fp8_scale_layout=ScaleLayout.GROUP_128,
-    int8_quant_mode=Int8QuantMode.PER_TOKEN_DYNAMIC,
     grouped_matmul=frozenset(GemmKind),
     collective_backend="gloo",
     host_synchronous=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hal import Capabilities, DispatchDtype, GemmKind, Int8QuantMode, KernelLimits, ScaleLayout
+from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits
 from vendors.cuda.deepep import DEEPEP, DeepEpProbe
 from vendors.cuda.deepep_limits import LOW_LATENCY_HIDDEN, LOW_LATENCY_MAX_TOP_K
 
@@ -46,31 +46,31 @@ def cuda_capabilities(
     notes = [f"compute capability sm{sm}", path, *extra_notes]
     if sm >= 89:
         dispatch = {*_FLOAT_DISPATCH, DispatchDtype.FP8}
-        fallbacks: dict[DispatchDtype, DispatchDtype | None] = {DispatchDtype.INT8: DispatchDtype.FP8}
-        reasons = {DispatchDtype.INT8: _INT8_REASON}
+        fallbacks = {DispatchDtype.INT8: DeclaredFallback(DispatchDtype.FP8, _INT8_REASON)}
         kinds = _FLOAT_KINDS | {GemmKind.INT8, GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128}
     else:
         dispatch = set(_FLOAT_DISPATCH)
-        fallbacks = {DispatchDtype.INT8: DispatchDtype.BF16, DispatchDtype.FP8: DispatchDtype.BF16}
-        reasons = {
-            DispatchDtype.INT8: f"sm{sm} has no fp8; int8 dispatch is carried as bf16",
-            DispatchDtype.FP8: f"sm{sm} has no fp8 tensor cores (fp8 needs sm89+); carried as bf16",
+        fallbacks = {
+            DispatchDtype.INT8: DeclaredFallback(
+                DispatchDtype.BF16, f"sm{sm} has no fp8; int8 dispatch is carried as bf16"
+            ),
+            DispatchDtype.FP8: DeclaredFallback(
+                DispatchDtype.BF16, f"sm{sm} has no fp8 tensor cores (fp8 needs sm89+); carried as bf16"
+            ),
         }
         kinds = _FLOAT_KINDS | {GemmKind.INT8}
     if sm >= 100:
         dispatch.add(DispatchDtype.NVFP4)
     else:
-        fallbacks[DispatchDtype.NVFP4] = None
-        reasons[DispatchDtype.NVFP4] = f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
+        fallbacks[DispatchDtype.NVFP4] = DeclaredFallback(
+            None, f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
+        )
     ep = deepep_declaration(deepep, sm, kernels)
     return Capabilities(
         device_name=device_name,
         dispatch_dtypes=frozenset(dispatch),
-        dispatch_fallbacks=fallbacks,
-        fallback_reasons=reasons,
+        fallbacks=fallbacks,
         default_dispatch_dtype=DispatchDtype.BF16,
-        fp8_scale_layout=ScaleLayout.GROUP_128,
-        int8_quant_mode=Int8QuantMode.NONE,
         grouped_matmul=kinds,
         limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",

@@ -17,18 +17,18 @@ TEMPLATE_CAPABILITIES = hal.Capabilities(
     dispatch_dtypes=frozenset(
         {hal.DispatchDtype.BF16, hal.DispatchDtype.FP16, hal.DispatchDtype.FP32, hal.DispatchDtype.INT8}
     ),
-    dispatch_fallbacks={
-        hal.DispatchDtype.FP8: hal.DispatchDtype.INT8,
-        hal.DispatchDtype.NVFP4: None,  # None: rejected, with the reason below
-    },
-    fallback_reasons={
-        hal.DispatchDtype.FP8: "the template has no fp8 quantizer; int8 per-token costs the same "
-        "one byte per channel, so fp8 requests are dispatched as int8",
-        hal.DispatchDtype.NVFP4: "the template has no nvfp4 quantizer or grouped matmul, and no "
-        "4-bit dispatch format to fall back to",
+    fallbacks={
+        hal.DispatchDtype.FP8: hal.DeclaredFallback(
+            hal.DispatchDtype.INT8,
+            "the template has no fp8 quantizer; int8 per-token costs the same one byte per channel, so fp8 "
+            "requests are dispatched as int8",
+        ),
+        hal.DispatchDtype.NVFP4: hal.DeclaredFallback(
+            None,  # None: refused, with this reason
+            "the template has no nvfp4 quantizer or grouped matmul, and no 4-bit dispatch format to fall back to",
+        ),
     },
     default_dispatch_dtype=hal.DispatchDtype.BF16,
-    int8_quant_mode=hal.Int8QuantMode.PER_TOKEN_DYNAMIC,
     grouped_matmul=frozenset({hal.GemmKind.BF16, hal.GemmKind.FP16, hal.GemmKind.FP32, hal.GemmKind.INT8}),
     fused_deep_moe=frozenset(),
     limits=hal.KernelLimits(max_groups=512),  # hal refuses larger grouped matmuls before they reach the ops

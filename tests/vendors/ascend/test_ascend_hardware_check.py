@@ -4,7 +4,6 @@ so that the script an NPU owner runs is known to work; on hardware it tests what
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from tests.support.paths import REPO
 
 SCRIPT = REPO / "examples" / "ascend_hardware_check.py"

@@ -5,7 +5,6 @@ as strict as the op's documented limits; the layer refuses it where it cannot ru
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 import torch

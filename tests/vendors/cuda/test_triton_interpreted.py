@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 from importlib.util import find_spec
-from pathlib import Path
 
 import pytest
 from tests.support.paths import REPO
