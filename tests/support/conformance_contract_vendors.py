@@ -2,8 +2,9 @@
 conformance suite to catch: one writes into its inputs, one returns non-contiguous tensors, one
 has a grouped matmul whose results change from call to call (and one declares that, honestly).
 
-Each subclasses the CPU reference vendor; every result stays within the numeric tests' bounds,
-so only `conformance/suite/test_op_contracts.py` can see the faults.
+Each subclasses the CPU reference vendor and puts its fault in the ops its `_make_ops` returns (a
+`hal.reference.ReferenceOps` subclass); every result stays within the numeric tests' bounds, so only
+`conformance/suite/test_op_contracts.py` can see the faults.
 """
 
 from __future__ import annotations
@@ -28,17 +29,51 @@ def _round_trip_in_place(t):
         t.mul_(3).div_(3)
 
 
+class InputWritingOps(ReferenceOps):
+    """The reference ops, but the grouped matmul, after computing, scales its float operands in place and
+    back (the activations, the weights or their scales); the activated and gathered products go through it."""
+
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
+        y = super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
+        for t in (x, weight.data, weight.scale, weight.global_scale):
+            _round_trip_in_place(t)
+        return y
+
+
 class WritesIntoInput(CpuVendor):
     """A grouped matmul that, after computing, scales its float operands in place and back (the
     activations, the weights or their scales): each result is right, the caller's tensors drift."""
 
     name = "writes-into-input"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
-        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
-        for t in (x, weight.data, weight.scale, weight.global_scale):
-            _round_trip_in_place(t)
-        return y
+    def _make_ops(self):
+        return InputWritingOps()
+
+
+def _column_major(y):
+    """The same values, laid out column-major (not contiguous when both dimensions exceed 1)."""
+    return y.t().contiguous().t()
+
+
+class NonContiguousOps(ReferenceOps):
+    """The reference ops, but every grouped-matmul result (plain, activated, gathered, with a bias) comes
+    column-major, and the combine returns a view into a wider buffer."""
+
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
+        return _column_major(super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype))
+
+    def grouped_matmul_activated(self, x, weight, groups, *, kind, out_dtype, activation):
+        y = super().grouped_matmul_activated(x, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation)
+        return _column_major(y)
+
+    def add_expert_bias(self, y, bias, *, groups):
+        return _column_major(super().add_expert_bias(y, bias, groups=groups))
+
+    def weighted_combine(self, rows, index, topk_weights, *, out_dtype):
+        out = super().weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
+        wide = out.new_zeros(out.shape[0], out.shape[1] + 8)
+        wide[:, : out.shape[1]] = out
+        return wide[:, : out.shape[1]]
 
 
 class NonContiguousOutputs(CpuVendor):
@@ -46,15 +81,8 @@ class NonContiguousOutputs(CpuVendor):
 
     name = "non-contiguous-outputs"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
-        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
-        return y.t().contiguous().t()
-
-    def weighted_combine(self, rows, index, topk_weights, out_dtype):
-        out = super().weighted_combine(rows, index, topk_weights, out_dtype)
-        wide = out.new_zeros(out.shape[0], out.shape[1] + 8)
-        wide[:, : out.shape[1]] = out
-        return wide[:, : out.shape[1]]
+    def _make_ops(self):
+        return NonContiguousOps()
 
 
 class NoisyGemmOps(ReferenceOps):

@@ -1,7 +1,9 @@
 """Vendors with one deliberate fault each, installed as a real distribution for the suite to catch.
 
-Each subclasses the CPU reference vendor and breaks exactly one thing; the tests run
-`hal conformance` against them in a fresh interpreter and check which tests fail.
+Each subclasses the CPU reference vendor and breaks exactly one thing, in the ops its `_make_ops`
+returns (a `hal.reference.ReferenceOps` subclass: hal's checks still run before the fault);
+`RawErrors` alone redefines a `Vendor` op method, since skipping those checks is its fault. The
+tests run `hal conformance` against them in a fresh interpreter and check which tests fail.
 """
 
 from __future__ import annotations
@@ -16,30 +18,40 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from hal import DispatchDtype, Int8QuantMode, QuantizedTensor, QuantizedWeight, ScaleLayout, UnsupportedCapability
+from hal import DispatchDtype, Int8QuantMode, QuantizedTensor, QuantizedWeight, ScaleLayout
+from hal.reference import ReferenceOps
 from vendors.cpu import CpuVendor
 
 
-class DropsLastGroup(CpuVendor):
-    """Grouped matmul that leaves the rows of the last group at zero."""
+class DropsLastGroupOps(ReferenceOps):
+    """The reference ops, but the grouped matmul leaves the rows of the last group at zero (the activated
+    and gathered products go through it), and a per-expert bias is refused with a TypeError."""
 
-    name = "drops-last-group"
-
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, activation=None):
-        y = super().grouped_matmul(x, weight, groups, out_dtype=out_dtype)
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
+        y = super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
         last = int(groups.counts()[-1])
         if last:
             y[y.shape[0] - last:] = 0
-        return y if activation is None else self.activate(y, activation)
+        return y
+
+    def add_expert_bias(self, y, bias, *, groups):
+        raise TypeError("drops-last-group: this grouped matmul takes no bias")
 
 
-class TruncatingFp8(CpuVendor):
-    """fp8 quantization that truncates toward zero instead of rounding to nearest."""
+class DropsLastGroup(CpuVendor):
+    """Grouped matmul that leaves the rows of the last group at zero (and takes no per-expert bias)."""
 
-    name = "truncating-fp8"
+    name = "drops-last-group"
 
-    def quantize(self, x, dtype, *, layout=None, global_scale=None):
-        q = super().quantize(x, dtype, layout=layout, global_scale=global_scale)
+    def _make_ops(self):
+        return DropsLastGroupOps()
+
+
+class TruncatingFp8Ops(ReferenceOps):
+    """The reference ops, but fp8 quantization truncates toward zero instead of rounding to nearest."""
+
+    def quantize(self, x, *, dtype, layout, global_scale):
+        q = super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
         if q.dtype is not DispatchDtype.FP8:
             return q
         xf = x.to(torch.float32)
@@ -48,6 +60,15 @@ class TruncatingFp8(CpuVendor):
         v = xf / torch.where(scale == 0, torch.ones_like(scale), scale)
         truncated = (v.view(torch.int32) & ~0xFFFFF).view(torch.float32)  # keep 3 mantissa bits
         return QuantizedTensor(truncated.to(torch.float8_e4m3fn), q.dtype, q.layout, q.scale)
+
+
+class TruncatingFp8(CpuVendor):
+    """fp8 quantization that truncates toward zero instead of rounding to nearest."""
+
+    name = "truncating-fp8"
+
+    def _make_ops(self):
+        return TruncatingFp8Ops()
 
 
 class RawErrors(CpuVendor):
@@ -73,40 +94,60 @@ class Inconsistent(CpuVendor):
             int8_quant_mode=Int8QuantMode.NONE)
 
 
-class FusedInt8(CpuVendor):
-    """Declares fused_deep_moe for W8A8-INT8 and computes it right, token by token."""
+class FusedInt8Ops(ReferenceOps):
+    """The reference ops with a fused_deep_moe for W8A8-INT8, computed right, token by token (activations
+    quantized to int8 per token before each GEMM, as the unfused path does)."""
 
-    name = "fused-int8"
     uniform_weights = False
 
-    def _detect_capabilities(self):
-        return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
-
-    def fused_deep_moe(self, hidden_states, topk_ids, topk_weights, w13, w2, *, scheme, process_group=None,
-                       dispatch_dtype=None, max_tokens_per_rank=None):
-        if scheme not in self.capabilities().fused_deep_moe:
-            raise UnsupportedCapability(f"vendor {self.name!r} declares no fused_deep_moe for {scheme!r}")
+    def fused_deep_moe(self, hidden_states, topk_ids, topk_weights, w13, w2, *, scheme, process_group,
+                       dispatch_dtype, max_tokens_per_rank):
         w13f = w13.data.to(torch.float32) * w13.scale.unsqueeze(1)
         w2f = w2.data.to(torch.float32) * w2.scale.unsqueeze(1)
         inter = w2f.shape[1]
         k = topk_ids.shape[1]
         out = torch.zeros(hidden_states.shape, dtype=torch.float32)
         for t in range(hidden_states.shape[0]):
-            x = self.dequantize(self.quantize(hidden_states[t:t + 1], DispatchDtype.INT8))
+            x = self._int8_round_trip(hidden_states[t:t + 1])
             for j in range(k):
                 e = int(topk_ids[t, j])
                 h = x @ w13f[e]
-                act = self.dequantize(self.quantize(F.silu(h[:, :inter]) * h[:, inter:], DispatchDtype.INT8))
+                act = self._int8_round_trip(F.silu(h[:, :inter]) * h[:, inter:])
                 weight = 1.0 / k if self.uniform_weights else float(topk_weights[t, j])
                 out[t] += weight * (act @ w2f[e])[0]
         return out.to(hidden_states.dtype)
+
+    def _int8_round_trip(self, x):
+        """`x` quantized to int8 per token and back in fp32."""
+        q = self.quantize(x, dtype=DispatchDtype.INT8, layout=ScaleLayout.PER_TOKEN, global_scale=None)
+        return self.dequantize(q, out_dtype=torch.float32)
+
+
+class FusedInt8(CpuVendor):
+    """Declares fused_deep_moe for W8A8-INT8 and computes it right, token by token."""
+
+    name = "fused-int8"
+
+    def _detect_capabilities(self):
+        return dataclasses.replace(super()._detect_capabilities(), fused_deep_moe=frozenset({"w8a8-int8"}))
+
+    def _make_ops(self):
+        return FusedInt8Ops()
+
+
+class FusedIgnoresWeightsOps(FusedInt8Ops):
+    """The fused op of `FusedInt8Ops`, averaging the top-k experts instead of applying the routing weights."""
+
+    uniform_weights = True
 
 
 class FusedIgnoresWeights(FusedInt8):
     """A fused op that averages the top-k experts instead of applying the routing weights."""
 
     name = "fused-ignores-weights"
-    uniform_weights = True
+
+    def _make_ops(self):
+        return FusedIgnoresWeightsOps()
 
 
 # -- faults only realistic shapes show (tests/conformance/test_conformance_catches_shape_faults.py) ----------------
@@ -120,26 +161,32 @@ def _experts(weight, index):
                            pick(weight.global_scale))
 
 
+class SixteenGroupsOps(ReferenceOps):
+    """The reference ops, but the grouped matmul's expert table holds 16 entries: group g >= 16 uses expert
+    g % 16's weights (the activated and gathered products go through it; a bias keeps its own group)."""
+
+    def grouped_matmul(self, x, weight, groups, *, kind, out_dtype):
+        count = groups.num_groups
+        if count > 16 and weight.num_experts == count:
+            weight = _experts(weight, torch.arange(count) % 16)
+        return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)
+
+
 class SixteenGroups(CpuVendor):
     """A grouped matmul whose expert table holds 16 entries: group g >= 16 uses expert g % 16's weights."""
 
     name = "sixteen-groups"
 
-    def grouped_matmul(self, x, weight, groups, *, out_dtype=None, bias=None, activation=None):
-        count = getattr(groups, "num_groups", 0)  # bad arguments go on to the checks unchanged
-        if count > 16 and isinstance(weight, QuantizedWeight) and weight.num_experts == count:
-            weight = _experts(weight, torch.arange(count) % 16)
-        return super().grouped_matmul(x, weight, groups, out_dtype=out_dtype, bias=bias, activation=activation)
+    def _make_ops(self):
+        return SixteenGroupsOps()
 
 
-class TailColumnsUnwritten(CpuVendor):
-    """A weight quantizer working in 128-column tiles that never writes a partial last tile: when N is
-    not a multiple of 128, the last N % 128 columns come out zero (scaled layouts only)."""
+class TailColumnsUnwrittenOps(ReferenceOps):
+    """The reference ops, but the weight quantizer leaves the columns of a partial last 128-column tile zero
+    (scaled layouts only)."""
 
-    name = "tail-columns-unwritten"
-
-    def quantize_weight(self, weight, layout, dtype=None):
-        q = super().quantize_weight(weight, layout, dtype)
+    def quantize_weight(self, weight, *, layout, dtype):
+        q = super().quantize_weight(weight, layout=layout, dtype=dtype)
         n = weight.shape[2]
         if q.layout is ScaleLayout.NONE or n % 128 == 0:
             return q
@@ -149,17 +196,43 @@ class TailColumnsUnwritten(CpuVendor):
         return QuantizedWeight(data, q.layout, q.scale, q.global_scale)
 
 
+class TailColumnsUnwritten(CpuVendor):
+    """A weight quantizer working in 128-column tiles that never writes a partial last tile: when N is
+    not a multiple of 128, the last N % 128 columns come out zero (scaled layouts only)."""
+
+    name = "tail-columns-unwritten"
+
+    def _make_ops(self):
+        return TailColumnsUnwrittenOps()
+
+
+class CombineWraps256Ops(ReferenceOps):
+    """The reference ops, but the combine reads the routing weights through a 256-token window."""
+
+    def weighted_combine(self, rows, index, topk_weights, *, out_dtype):
+        tokens = topk_weights.shape[0]
+        if tokens > 256:
+            topk_weights = topk_weights[torch.arange(tokens, device=topk_weights.device) % 256]
+        return super().weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
+
+
 class CombineWraps256(CpuVendor):
     """A combine whose weights are read through a 256-token window: token t >= 256 gets the routing
     weights of token t % 256."""
 
     name = "combine-wraps-256"
 
-    def weighted_combine(self, rows, index, topk_weights, out_dtype):
-        tokens = topk_weights.shape[0]
-        if tokens > 256:
-            topk_weights = topk_weights[torch.arange(tokens, device=topk_weights.device) % 256]
-        return super().weighted_combine(rows, index, topk_weights, out_dtype)
+    def _make_ops(self):
+        return CombineWraps256Ops()
+
+
+class TopOneUnweightedOps(ReferenceOps):
+    """The reference ops, but the combine ignores the routing weights at top-1."""
+
+    def weighted_combine(self, rows, index, topk_weights, *, out_dtype):
+        if topk_weights.shape[1] == 1:
+            topk_weights = torch.ones_like(topk_weights)
+        return super().weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
 
 
 class TopOneUnweighted(CpuVendor):
@@ -167,10 +240,20 @@ class TopOneUnweighted(CpuVendor):
 
     name = "top1-unweighted"
 
-    def weighted_combine(self, rows, index, topk_weights, out_dtype):
-        if topk_weights.shape[1] == 1:
-            topk_weights = torch.ones_like(topk_weights)
-        return super().weighted_combine(rows, index, topk_weights, out_dtype)
+    def _make_ops(self):
+        return TopOneUnweightedOps()
+
+
+class TransposedBlockScalesOps(ReferenceOps):
+    """The reference ops, but the fp8 block-128x128 weight quantizer writes the tile scales column-major."""
+
+    def quantize_weight(self, weight, *, layout, dtype):
+        q = super().quantize_weight(weight, layout=layout, dtype=dtype)
+        if q.layout is not ScaleLayout.BLOCK_128X128:
+            return q
+        experts, k_tiles, n_tiles = q.scale.shape
+        scale = q.scale.transpose(1, 2).contiguous().view(experts, k_tiles, n_tiles)
+        return QuantizedWeight(q.data, q.layout, scale, q.global_scale)
 
 
 class TransposedBlockScales(CpuVendor):
@@ -179,13 +262,8 @@ class TransposedBlockScales(CpuVendor):
 
     name = "transposed-block-scales"
 
-    def quantize_weight(self, weight, layout, dtype=None):
-        q = super().quantize_weight(weight, layout, dtype)
-        if q.layout is not ScaleLayout.BLOCK_128X128:
-            return q
-        experts, k_tiles, n_tiles = q.scale.shape
-        scale = q.scale.transpose(1, 2).contiguous().view(experts, k_tiles, n_tiles)
-        return QuantizedWeight(q.data, q.layout, scale, q.global_scale)
+    def _make_ops(self):
+        return TransposedBlockScalesOps()
 '''
 
 #: entry-point name -> class in the module above
