@@ -2,8 +2,9 @@
 
 Each subclasses the CPU reference vendor and breaks exactly one thing, in the ops its `_make_ops`
 returns (a `hal.reference.ReferenceOps` subclass: hal's checks still run before the fault);
-`RawErrors` alone redefines a `Vendor` op method, since skipping those checks is its fault. The
-tests run `hal conformance` against them in a fresh interpreter and check which tests fail.
+`RawErrors` (in a module of its own) redefines a `Vendor` op method to skip those checks, which
+hal refuses when the class is defined, so its plugin fails to load with the reason. The tests run
+`hal conformance` against them in a fresh interpreter and check which tests fail.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from hal import DispatchDtype, Int8QuantMode, QuantizedTensor, QuantizedWeight, ScaleLayout
+from hal import DispatchDtype, QuantizedTensor, QuantizedWeight, ScaleLayout
 from hal.reference import ReferenceOps
 from vendors.cpu import CpuVendor
 
@@ -71,16 +72,6 @@ class TruncatingFp8(CpuVendor):
         return TruncatingFp8Ops()
 
 
-class RawErrors(CpuVendor):
-    """swiglu without input validation: bad input surfaces as torch's own errors."""
-
-    name = "raw-errors"
-
-    def swiglu(self, x):
-        half = x.shape[-1] // 2
-        return F.silu(x[..., :half]) * x[..., half:]
-
-
 class Inconsistent(CpuVendor):
     """Declares an int8 -> nvfp4 fallback while carrying neither."""
 
@@ -90,8 +81,7 @@ class Inconsistent(CpuVendor):
         return dataclasses.replace(
             super()._detect_capabilities(),
             dispatch_dtypes=frozenset({DispatchDtype.BF16, DispatchDtype.FP8}),
-            dispatch_fallbacks={DispatchDtype.INT8: DispatchDtype.NVFP4, DispatchDtype.NVFP4: None},
-            int8_quant_mode=Int8QuantMode.NONE)
+            fallbacks={DispatchDtype.INT8: DispatchDtype.NVFP4, DispatchDtype.NVFP4: None})
 
 
 class FusedInt8Ops(ReferenceOps):
@@ -270,7 +260,6 @@ class TransposedBlockScales(CpuVendor):
 VENDORS = {
     "drops-last-group": "DropsLastGroup",
     "truncating-fp8": "TruncatingFp8",
-    "raw-errors": "RawErrors",
     "inconsistent": "Inconsistent",
     "fused-int8": "FusedInt8",
     "fused-ignores-weights": "FusedIgnoresWeights",
@@ -290,11 +279,34 @@ SHAPE_FAULTS = (
 )
 
 
+#: A vendor class redefining `Vendor.swiglu` (skipping hal's checks): refused when its module is imported.
+RAW_SOURCE = '''
+import torch.nn.functional as F
+
+from vendors.cpu import CpuVendor
+
+
+class RawErrors(CpuVendor):
+    """swiglu without input validation: bad input surfaces as torch's own errors."""
+
+    name = "raw-errors"
+
+    def swiglu(self, x):
+        half = x.shape[-1] // 2
+        return F.silu(x[..., :half]) * x[..., half:]
+'''
+
+
 def write_faulty_vendors(root: Path) -> Path:
-    """A distribution registering every vendor of `VENDORS` in `hal.vendors`."""
+    """A distribution registering every vendor of `VENDORS` in `hal.vendors`, and `raw-errors`."""
     return write_distribution(
         root,
         "hal-faulty-vendors",
-        {"hal.vendors": {name: f"faulty_vendors:{cls}" for name, cls in VENDORS.items()}},
-        {"faulty_vendors": SOURCE},
+        {
+            "hal.vendors": {
+                **{name: f"faulty_vendors:{cls}" for name, cls in VENDORS.items()},
+                "raw-errors": "faulty_raw:RawErrors",
+            }
+        },
+        {"faulty_vendors": SOURCE, "faulty_raw": RAW_SOURCE},
     )
