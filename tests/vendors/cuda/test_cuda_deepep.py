@@ -28,7 +28,7 @@ from hal import (
 from vendors.cuda.capabilities import cuda_capabilities
 from vendors.cuda.deepep import DEEPEP, DeepEp, DeepEpProbe
 from vendors.cuda.deepep_limits import BufferSize, check_request, memory_refusal
-from tests.support.paths import REPO
+from tests.support.paths import REPO, release_device_memory
 
 ROOT = REPO
 
@@ -339,6 +339,7 @@ def test_deepep_ops_on_two_gpus():
     """The ops check of scripts/deepep_check.py (normal and low-latency, bf16 and fp8) on 2 GPUs."""
     if not _deep_ep_importable():
         pytest.skip("deep_ep is not built here (docs/deepep.md)")
+    release_device_memory()
     done = subprocess.run(
         [
             sys.executable,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support.paths import REPO, SUPPORT
+from tests.support.paths import REPO, SUPPORT, release_device_memory
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,6 +23,7 @@ WORKER = SUPPORT / "ep_cuda_worker.py"
 
 def test_every_gpu_dispatcher_matches_the_single_rank_layer(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
+    release_device_memory()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), str(out)],
         capture_output=True,
