@@ -25,7 +25,7 @@ SOURCE = '''
 import dataclasses
 import os
 
-from hal import DispatchDtype, Int8QuantMode, ReferenceOps
+from hal import DeclaredFallback, DispatchDtype, ReferenceOps
 from vendors.cpu import CpuVendor
 
 SHORT = 1 - 2.0 ** -5
@@ -56,10 +56,10 @@ class Int8ToFp8Vendor(CpuVendor):
 
     def _detect_capabilities(self):
         caps = super()._detect_capabilities()
+        fp8 = DeclaredFallback(DispatchDtype.FP8, "test plugin: fp8 rows instead")
         return dataclasses.replace(
             caps, dispatch_dtypes=caps.dispatch_dtypes - {DispatchDtype.INT8},
-            dispatch_fallbacks={**caps.dispatch_fallbacks, DispatchDtype.INT8: DispatchDtype.FP8},
-            fallback_reasons={DispatchDtype.INT8: "test plugin: fp8 rows instead"}, int8_quant_mode=Int8QuantMode.NONE)
+            fallbacks={**caps.fallbacks, DispatchDtype.INT8: fp8})
 
 
 class RaisingOps(ReferenceOps):
