@@ -53,7 +53,7 @@ from hal.errors import (
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gemm_kind_of, gemm_kinds_consuming
 from hal.checks import environ_mapping
-from hal.plan_checks import layer_problems
+from hal.layer_spec import LayerProblem, LayerSpec
 from hal.tuning import GemmProblem
 from hal.groups import GroupListKind, Groups
 from hal.ops import OP_NAMES, OpSource, VendorOps
@@ -79,6 +79,9 @@ __all__ = [
     "Int8QuantMode",
     "DeclaredFallback",
     "KernelLimits",
+    # what a layer is, and why a vendor cannot build it
+    "LayerSpec",
+    "LayerProblem",
     "Activation",
     "ActivationKind",
     "DTYPES",
@@ -94,7 +97,6 @@ __all__ = [
     "gemm_kind_of",
     "gemm_kinds_consuming",
     "GemmProblem",
-    "layer_problems",
     "environ_mapping",
     "FLOAT_DTYPES",
     "FP8_GROUP_SIZE",

@@ -17,16 +17,14 @@ from typing import Any
 import torch
 
 from hal import (
-    layer_problems,
+    LayerSpec,
     Activation,
     ActivationKind,
     DispatchConfig,
     DispatchPlan,
     InvalidInput,
-    UnsupportedCapability,
     Vendor,
     invalid,
-    positive_int,
     resolve_dispatch_plan,
 )
 from moe.arguments import check_environ, choose_vendor
@@ -119,37 +117,39 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         check_routing: bool | None = None,
     ) -> None:
         super().__init__()
-        self.hidden_size = positive_int("hidden_size", hidden_size)
-        self.intermediate_size = positive_int("intermediate_size", intermediate_size)
-        self.num_experts = positive_int("num_experts", num_experts)
-        self.top_k = positive_int("top_k", top_k)
-        if top_k > num_experts:
-            raise InvalidInput(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
         if dispatch is not None and not isinstance(dispatch, DispatchConfig):
             raise invalid("dispatch", "a hal.DispatchConfig or None", type(dispatch).__name__)
-        for name, flag in (("bias", bias), ("check_routing", check_routing)):
-            if flag is not None and not isinstance(flag, bool):
-                raise invalid(name, "True or False" + (" or None" if name == "check_routing" else ""), flag)
+        if check_routing is not None and not isinstance(check_routing, bool):
+            raise invalid("check_routing", "True or False or None", check_routing)
         if shared_experts is not None and not isinstance(shared_experts, SharedExperts):
             raise invalid("shared_experts", "a moe.SharedExperts or None", type(shared_experts).__name__)
-        environ = check_environ(environ)
         if runners is not None and not isinstance(runners, RunnerRegistry):
             raise invalid("runners", "a moe.RunnerRegistry or None", type(runners).__name__)
+        environ = check_environ(environ)
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = choose_vendor(vendor, environ)
         self.scheme = make_scheme(scheme)
-        self.activation = Activation.parse(activation)
-        self.bias = bias
+        tp_size, tp_rank = group_size_and_rank(tp_group, "tp_group")
+        self.spec = LayerSpec(
+            hidden_size,
+            intermediate_size,
+            num_experts,
+            top_k,
+            scheme=self.scheme.traits,
+            activation=activation,
+            bias=bias,
+            fused=fused,
+            ep_ranks=group_size_and_rank(process_group)[0],
+            tp_ranks=tp_size,
+            expert_parallel=process_group is not None,
+            ep_dispatcher=self.dispatch_config.ep_dispatcher,
+        )
         caps = self.vendor.capabilities()
-        if not caps.supports_activation(self.activation):
-            raise UnsupportedCapability(
-                f"activation: vendor {self.vendor.name!r} ({caps.device_name}) does not declare {self.activation.kind} "
-                f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})"
-            )
-        if bias and not caps.expert_bias:
-            raise UnsupportedCapability(
-                f"bias: vendor {self.vendor.name!r} ({caps.device_name}) does not declare expert_bias"
-            )
+        self.spec.check(caps, self.vendor.name)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_experts, self.top_k = num_experts, top_k
+        self.activation = self.spec.parsed_activation
+        self.bias = bias
         self.check_routing = caps.host_synchronous if check_routing is None else check_routing
         self.router = router if router is not None else SoftmaxTopK(num_experts, top_k)
         if not isinstance(self.router, Router):
@@ -161,35 +161,16 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             )
         self.router.to(self.vendor.device)  # its tensors (a correction bias) live beside the weights
         self.process_group = process_group
-        world, _ = group_size_and_rank(process_group)
-        if num_experts % world:
-            raise InvalidInput(
-                f"num_experts: expected a multiple of the expert-parallel ranks ({world}), got {num_experts}"
-            )
         self.tp_group = tp_group
-        self.tensor_shard = TensorShard(*reversed(group_size_and_rank(tp_group, "tp_group")))
+        self.tensor_shard = TensorShard(tp_rank, tp_size)
         self.local_intermediate_size = self.tensor_shard.local_size(intermediate_size)
 
         self.plan: DispatchPlan = resolve_dispatch_plan(
             self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
         )
         self.dispatcher = self._make_dispatcher()
-        choice = choose_pipeline(
-            self.vendor,
-            self.scheme,
-            self.dispatcher,
-            runners,
-            fused,
-            activation=self.activation,
-            bias=bias,
-            environ=environ,
-        )
+        choice = choose_pipeline(self.vendor, self.scheme, self.spec, self.dispatcher, runners, environ=environ)
         self._choice = choice
-        problems = layer_problems(caps, self.scheme.traits, hidden_size, activation=self.activation)
-        if problems:  # what `hal explain` refuses is refused here too, not at the first load
-            raise UnsupportedCapability(
-                f"vendor {self.vendor.name!r} ({caps.device_name}) cannot build this layer: " + "; ".join(problems)
-            )
         self.fused: bool = choice.fused
         self.runner: ExpertRunner | None = choice.runner
         layout = self.scheme.gemm_kind().spec.weight_layout
@@ -209,19 +190,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
     def _make_dispatcher(self) -> Dispatcher:
         config = self.dispatch_config
         capacity, native, mode = config.max_dispatch_tokens_per_rank, config.ep_dispatcher, config.mode
-        if native is not None:
-            caps = self.vendor.capabilities()
-            if native not in caps.ep_dispatchers:
-                absent = caps.ep_dispatchers_absent.get(native)
-                raise UnsupportedCapability(
-                    f"dispatch.ep_dispatcher: vendor {self.vendor.name!r} declares no expert-parallel dispatcher "
-                    f"{native!r} (declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'})"
-                    + (f"; {native}: {absent}" if absent else "")
-                )
-            if self.process_group is None:
-                raise InvalidInput(
-                    f"dispatch.ep_dispatcher {native!r}: expected a process_group (it is an expert-parallel dispatcher)"
-                )
+        if native is not None:  # declared and given a process group: `LayerSpec` checked both
             return VendorEpDispatcher(
                 self.plan,
                 self.num_experts,

@@ -1,7 +1,7 @@
 """The layer's pipeline, chosen once: the fused op, or dispatch -> experts -> combine.
 
-`choose_pipeline` decides at construction, from what the vendor declares, whether the
-layer takes the vendor's `fused_deep_moe` or the unfused path, and for the unfused path
+`choose_pipeline` decides at construction, from the layer's `hal.LayerSpec` and what the vendor
+declares, whether the layer takes the vendor's `fused_deep_moe` or the unfused path, and for the unfused path
 which expert runner serves (dispatch format, grouped-matmul kind, scheme). `PipelineChoice.build`
 binds the choice to the loaded weights: the dispatch quantizer is made there, once. The
 layer's `forward` routes and calls the built pipeline; it decides nothing per call.
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hal import Activation, ActivationKind, DispatchPlan, UnsupportedCapability, Vendor, invalid
+from hal import DispatchPlan, LayerSpec, Vendor
 from moe.dispatch import DispatchFormat, Dispatcher, DispatchOutput
 from moe.routing import Routing
 from moe.runners import ExpertRunner, RunnerRegistry
@@ -122,47 +122,24 @@ class PipelineChoice:
 def choose_pipeline(
     vendor: Vendor,
     scheme: QuantScheme,
+    spec: LayerSpec,
     dispatcher: Dispatcher,
     runners: RunnerRegistry | None,
-    fused: bool | None,
     *,
-    activation: Activation = Activation(),
-    bias: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> PipelineChoice:
-    """Fused where the vendor declares `fused_deep_moe` for the scheme (or as `fused` demands),
-    else the unfused path with the runner registered for its key. The fused op computes
-    SiLU-GLU experts without biases; other experts take the unfused path. Without `runners`,
-    the default registry reads its settings from `environ` (the process environment when None).
+    """Fused where `spec` takes the vendor's `fused_deep_moe` (`LayerSpec.takes_fused`), else the
+    unfused path with the runner registered for its key (dispatch format, grouped-matmul kind,
+    scheme). Without `runners`, the default registry reads its settings from `environ` (the
+    process environment when None).
 
-    Raises `UnsupportedCapability` for `fused=True` without a declared fused op (or with
-    experts it does not compute), and for an unfused path whose grouped-matmul kind the
-    vendor does not declare.
+    Raises what `LayerSpec.check` raises for a spec this vendor cannot build.
     """
-    if fused is not None and not isinstance(fused, bool):
-        raise invalid("fused", "True, False or None", fused)
     caps = vendor.capabilities()
-    declared = scheme.name in caps.fused_deep_moe
-    if fused and not declared:
-        raise UnsupportedCapability(
-            f"fused: vendor {vendor.name!r} does not declare fused_deep_moe for scheme {scheme.name!r} "
-            f"(declared for: {', '.join(sorted(caps.fused_deep_moe)) or 'no scheme'})"
-        )
-    plain_experts = activation.kind is ActivationKind.SILU_GLU and not bias
-    if fused and not plain_experts:
-        raise UnsupportedCapability(
-            f"fused: the fused_deep_moe op computes SiLU-GLU experts without biases; this layer has "
-            f"activation {activation} and {'biases' if bias else 'no biases'}"
-        )
-    declared = declared and plain_experts
-    if declared if fused is None else fused:
+    spec.check(caps, vendor.name)
+    if spec.takes_fused(caps):
         return PipelineChoice(True, None)
     kind = scheme.gemm_kind()
-    if not caps.supports_gemm(kind):
-        raise UnsupportedCapability(
-            f"vendor {vendor.name!r} ({caps.device_name}) does not declare the {kind} grouped matmul that scheme "
-            f"{scheme.name!r} needs (declared: {', '.join(sorted(k.value for k in caps.grouped_matmul)) or 'none'})"
-        )
     registry = runners if runners is not None else RunnerRegistry.with_defaults(environ=environ)
     others = {
         fmt: registry.lookup(vendor.name, fmt, kind, scheme.name)

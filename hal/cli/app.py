@@ -121,6 +121,16 @@ def build_parser() -> OneLineParser:
         type=_converter(Activation.parse, "activation"),
         help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}",
     )
+    layer = explain.add_argument_group("layer settings (checked where given)")
+    for flag, what in (
+        ("--intermediate", "the experts' intermediate size"),
+        ("--experts", "the number of experts"),
+        ("--top-k", "experts per token"),
+        ("--ep-ranks", "expert-parallel ranks (default 1)"),
+        ("--tp-ranks", "tensor-parallel ranks (default 1)"),
+    ):
+        layer.add_argument(flag, type=positive_int_argument, help=what)
+    layer.add_argument("--bias", action="store_true", help="the experts have biases")
     explain.set_defaults(handler=commands.explain)
 
     _load_command_plugins(sub)

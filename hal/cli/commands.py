@@ -18,7 +18,7 @@ from hal.capabilities import Capabilities
 from hal.discovery import VendorRegistry
 from hal.entry_points import guarded, load_plugins
 from hal.ops import OpSource
-from hal.plan_checks import layer_problems
+from hal.layer_spec import LayerSpec
 from hal.platform import DispatchFallbackWarning
 from hal.resolution import DispatchConfig, resolve_dispatch_plan
 from hal.schemes import parse_scheme
@@ -229,17 +229,23 @@ def explain(args: argparse.Namespace, console: Console) -> int:
     messages = [str(w.message) for w in caught]
     # The fallback line below says what a DispatchFallbackWarning says; show only the others.
     others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
-    problems = layer_problems(
-        target.capabilities,
-        parse_scheme(scheme or "unquantized"),
-        args.hidden,
-        activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU,
-    )
     caps = target.capabilities
     wanted = getattr(args, "ep_dispatcher", None)
-    if wanted is not None and wanted not in caps.ep_dispatchers:
-        why = caps.ep_dispatchers_absent.get(wanted, f"declared: {', '.join(sorted(caps.ep_dispatchers)) or 'none'}")
-        problems.append(f"expert-parallel dispatcher {wanted!r} is not available: {why}")
+    ep_ranks = getattr(args, "ep_ranks", None)
+    spec = LayerSpec(
+        args.hidden,
+        getattr(args, "intermediate", None),
+        getattr(args, "experts", None),
+        getattr(args, "top_k", None),
+        scheme=parse_scheme(scheme or "unquantized"),
+        activation=getattr(args, "activation", None) or ActivationKind.SILU_GLU,
+        bias=bool(getattr(args, "bias", False)),
+        ep_ranks=ep_ranks or 1,
+        tp_ranks=getattr(args, "tp_ranks", None) or 1,
+        expert_parallel=wanted is not None or ep_ranks is not None,
+        ep_dispatcher=wanted,
+    )
+    problems = [p.message for p in spec.problems(caps)]
     if args.json:
         _emit_json(
             {

@@ -211,5 +211,5 @@ def test_explain_names_the_expert_parallel_dispatchers_and_refuses_an_absent_one
     status, out, _ = run(capsys, "explain", "--vendor", "cpu", "--ep-dispatcher", "deepep", "--json")
     assert status == 1
     report = json.loads(out)
-    assert not report["buildable"] and "'deepep' is not available" in report["problems"][0]
+    assert not report["buildable"] and "'deepep' is not declared" in report["problems"][0]
     assert report["ep_dispatchers"]["declared"] == []

@@ -1,0 +1,235 @@
+"""`LayerSpec`: a MoE layer's settings and every reason a vendor cannot build it.
+
+One owner for "can this layer be built, and why not": `moe.MoELayer` (at construction),
+`moe.pipeline.choose_pipeline` and `hal explain` all ask `LayerSpec.problems`. The checks read
+only the capability table and the scheme's traits, so they run without the hardware (on a
+declared device model too). A setting left None (`hal explain` knows only some) is not checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hal.activations import Activation, ActivationKind
+from hal.capabilities import Capabilities
+from hal.errors import InvalidInput, UnsupportedCapability, invalid, names, positive_int
+from hal.schemes import SchemeTraits, parse_scheme
+
+
+@dataclass(frozen=True)
+class LayerProblem:
+    """One reason a layer cannot be built: the setting it concerns and a sentence saying why.
+
+    `unsupported` is True where the vendor lacks a capability (`UnsupportedCapability`) and False
+    where the settings contradict each other on any vendor (`InvalidInput`)."""
+
+    setting: str
+    message: str
+    unsupported: bool
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What a MoE layer is, independent of its weights: sizes, scheme, experts' form and parallelism.
+
+    - `fused`: None takes the vendor's `fused_deep_moe` where declared for the scheme (SiLU-GLU
+      experts without biases), False never, True requires it.
+    - `ep_ranks` / `tp_ranks`: expert- and tensor-parallel group sizes; `expert_parallel` says a
+      process group is given (it may have one rank); `ep_dispatcher` names a vendor's own
+      expert-parallel dispatcher.
+    """
+
+    hidden_size: int
+    intermediate_size: int | None = None
+    num_experts: int | None = None
+    top_k: int | None = None
+    scheme: SchemeTraits | str = "unquantized"
+    activation: Activation | ActivationKind | str = ActivationKind.SILU_GLU
+    bias: bool = False
+    fused: bool | None = None
+    ep_ranks: int = 1
+    tp_ranks: int = 1
+    expert_parallel: bool = False
+    ep_dispatcher: str | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("hidden_size", self.hidden_size)
+        for name in ("intermediate_size", "num_experts", "top_k"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        positive_int("ep_ranks", self.ep_ranks)
+        positive_int("tp_ranks", self.tp_ranks)
+        for name, optional in (("bias", False), ("fused", True), ("expert_parallel", False)):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (optional and value is None):
+                raise invalid(name, "True or False" + (" or None" if optional else ""), value)
+        if self.ep_dispatcher is not None and not isinstance(self.ep_dispatcher, str):
+            raise invalid("ep_dispatcher", "a dispatcher name or None", self.ep_dispatcher)
+        object.__setattr__(self, "scheme", parse_scheme(self.scheme))
+        object.__setattr__(self, "activation", Activation.parse(self.activation))
+
+    @property
+    def traits(self) -> SchemeTraits:
+        """The scheme's traits (parsed)."""
+        return self.scheme  # type: ignore[return-value]
+
+    @property
+    def parsed_activation(self) -> Activation:
+        """The experts' activation (parsed)."""
+        return self.activation  # type: ignore[return-value]
+
+    @property
+    def plain_experts(self) -> bool:
+        """SiLU-GLU experts without biases: what a vendor's `fused_deep_moe` computes."""
+        return self.parsed_activation.kind is ActivationKind.SILU_GLU and not self.bias
+
+    def takes_fused(self, capabilities: Capabilities) -> bool:
+        """Whether a layer of this spec runs the vendor's fused op (given that it has no problems)."""
+        declared = self.traits.name in capabilities.fused_deep_moe and self.plain_experts
+        return declared if self.fused is None else self.fused
+
+    def problems(self, capabilities: Capabilities) -> list[LayerProblem]:
+        """Every reason a vendor with `capabilities` cannot build this layer (empty: it can)."""
+        return [*self._shape_problems(), *self._expert_problems(capabilities), *self._path_problems(capabilities)]
+
+    def check(self, capabilities: Capabilities, vendor: str) -> None:
+        """Raise for the problems of `problems`, naming every reason: `UnsupportedCapability` if the
+        vendor lacks something the layer needs, else (the settings contradict each other) `InvalidInput`."""
+        problems = self.problems(capabilities)
+        if not problems:
+            return
+        if not any(p.unsupported for p in problems):
+            raise InvalidInput("; ".join(p.message for p in problems))
+        raise UnsupportedCapability(
+            f"vendor {vendor!r} ({capabilities.device_name}) cannot build this layer: "
+            + "; ".join(p.message for p in problems)
+        )
+
+    def _shape_problems(self) -> list[LayerProblem]:
+        found = []
+        if self.top_k is not None and self.num_experts is not None and self.top_k > self.num_experts:
+            found.append(
+                LayerProblem(
+                    "top_k", f"top_k: expected at most num_experts ({self.num_experts}), got {self.top_k}", False
+                )
+            )
+        if self.num_experts is not None and self.num_experts % self.ep_ranks:
+            found.append(
+                LayerProblem(
+                    "num_experts",
+                    f"num_experts: expected a multiple of the expert-parallel ranks ({self.ep_ranks}), "
+                    f"got {self.num_experts}",
+                    False,
+                )
+            )
+        if self.intermediate_size is not None and self.intermediate_size % self.tp_ranks:
+            found.append(
+                LayerProblem(
+                    "intermediate_size",
+                    f"intermediate_size: expected a multiple of the tensor-parallel ranks ({self.tp_ranks}), "
+                    f"got {self.intermediate_size}",
+                    False,
+                )
+            )
+        if self.ep_dispatcher is not None and not self.expert_parallel:
+            found.append(
+                LayerProblem(
+                    "ep_dispatcher",
+                    f"dispatch.ep_dispatcher {self.ep_dispatcher!r}: expected a process_group "
+                    "(it is an expert-parallel dispatcher)",
+                    False,
+                )
+            )
+        return found
+
+    def _expert_problems(self, caps: Capabilities) -> list[LayerProblem]:
+        found = []
+        activation = self.parsed_activation
+        if not caps.supports_activation(activation):
+            found.append(
+                LayerProblem(
+                    "activation",
+                    f"the activation {activation.kind} is not declared (declared: {names(caps.activations)})",
+                    True,
+                )
+            )
+        if self.bias and not caps.expert_bias:
+            found.append(LayerProblem("bias", "bias: expert biases need expert_bias, which is not declared", True))
+        limit = caps.limits.max_inner_dim
+        if limit is not None and self.hidden_size > limit:
+            found.append(
+                LayerProblem(
+                    "hidden_size",
+                    f"hidden size {self.hidden_size} exceeds the grouped matmul's max_inner_dim {limit}",
+                    True,
+                )
+            )
+        wanted = self.ep_dispatcher
+        if wanted is not None and wanted not in caps.ep_dispatchers:
+            why = caps.ep_dispatchers_absent.get(wanted)
+            found.append(
+                LayerProblem(
+                    "ep_dispatcher",
+                    f"dispatch.ep_dispatcher: expert-parallel dispatcher {wanted!r} is not declared "
+                    f"(declared: {names(caps.ep_dispatchers)})" + (f"; {wanted}: {why}" if why else ""),
+                    True,
+                )
+            )
+        return found
+
+    def _path_problems(self, caps: Capabilities) -> list[LayerProblem]:
+        """The fused op where it is asked for, else the grouped matmul the scheme needs."""
+        scheme = self.traits
+        if self.fused:
+            found = []
+            if scheme.name not in caps.fused_deep_moe:
+                found.append(
+                    LayerProblem(
+                        "fused",
+                        f"fused: fused_deep_moe for scheme {scheme.name!r} is not declared "
+                        f"(declared for: {names(caps.fused_deep_moe) if caps.fused_deep_moe else 'no scheme'})",
+                        True,
+                    )
+                )
+            if not self.plain_experts:
+                found.append(
+                    LayerProblem(
+                        "fused",
+                        f"fused: the fused_deep_moe op computes SiLU-GLU experts without biases; this layer has "
+                        f"activation {self.parsed_activation} and {'biases' if self.bias else 'no biases'}",
+                        True,
+                    )
+                )
+            return found
+        if self.takes_fused(caps):
+            return []
+        kind = scheme.compute_kind
+        if kind is None:
+            return []
+        found = []
+        if not caps.supports_gemm(kind):
+            found.append(
+                LayerProblem(
+                    "scheme",
+                    f"the {kind} grouped matmul that scheme {scheme.name!r} needs is not declared "
+                    f"(declared: {names(caps.grouped_matmul)})",
+                    True,
+                )
+            )
+        multiple = kind.spec.k_multiple
+        if self.hidden_size % multiple:
+            found.append(
+                LayerProblem(
+                    "hidden_size",
+                    f"hidden size {self.hidden_size} is not a multiple of {multiple}, which the {kind} grouped "
+                    "matmul packs or scales together",
+                    True,
+                )
+            )
+        return found
+
+
+__all__ = ["LayerProblem", "LayerSpec"]
