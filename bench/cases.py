@@ -11,9 +11,9 @@ import torch
 from bench.baselines import direct_forward, per_expert_loop
 from bench.ceilings import Ceilings
 from bench.shapes import PRECISIONS, ModelShape
-from bench.timing import DeviceTimer, repeats_for
+from bench.timing import DeviceTimer, repeats_for, wall_us
 from hal import Vendor
-from moe import MoELayer
+from moe import GraphConfig, MoELayer
 
 #: Input sets cycled through, so that no repeat reads the previous one's activations from cache.
 ROTATING_INPUTS = 4
@@ -35,6 +35,10 @@ class CaseResult:
     weight_bytes: float = 0.0
     flops: float = 0.0
     roofline_us: float | None = None
+    #: wall time per call of back-to-back calls (one synchronisation): the plain eager layer, and the
+    #: layer replaying its own captures (`moe.GraphConfig`) where the vendor captures graphs
+    eager_wall_us: float | None = None
+    replayed_wall_us: float | None = None
 
     @property
     def best_us(self) -> float:
@@ -52,6 +56,8 @@ class CaseResult:
             "overhead_eager": _ratio(self.eager_us, self.direct_eager_us),
             "overhead_graph": _ratio(self.graph_us, self.direct_graph_us),
             "speedup_vs_loop": _ratio(self.loop_us, self.best_us),
+            "eager_wall_vs_graph": _ratio(self.eager_wall_us, self.graph_us),
+            "replayed_wall_vs_graph": _ratio(self.replayed_wall_us, self.graph_us),
         }
 
     def as_dict(self) -> dict[str, object]:
@@ -77,6 +83,23 @@ class ShapeBench:
         self.layers = {
             p: MoELayer.from_float(w13, w2, shape.top_k, scheme=PRECISIONS[p], vendor=vendor) for p in precisions
         }
+        self._weights = (w13, w2)
+        self._replaying: dict[str, MoELayer] = {}
+
+    def replaying(self, precision: str, tokens: int) -> MoELayer | None:
+        """The layer of `precision` replaying its own captures (None where the vendor captures no graphs);
+        built on first use (a second copy of the weights)."""
+        if not self.vendor.capabilities().graph_capture:
+            return None
+        layer = self._replaying.get(precision)
+        if layer is None or layer.graph_config.max_tokens < tokens:  # type: ignore[union-attr]
+            w13, w2 = self._weights
+            config = GraphConfig(max_tokens=max(tokens, 512), max_graphs=ROTATING_INPUTS * 16)
+            layer = MoELayer.from_float(
+                w13, w2, self.shape.top_k, scheme=PRECISIONS[precision], vendor=self.vendor, graphs=config
+            )
+            self._replaying[precision] = layer
+        return layer
 
     def inputs(self, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`ROTATING_INPUTS` (x, router logits) pairs."""
@@ -115,6 +138,10 @@ class ShapeBench:
             result.direct_graph_us = timer.median_us(
                 _graphed(direct_call, len(sets)), warmup=5, repeats=max(repeats, 50)
             )
+        result.eager_wall_us = wall_us(timer, layer_call)
+        replaying = self.replaying(precision, tokens)
+        if replaying is not None:
+            result.replayed_wall_us = wall_us(timer, _rotating(lambda x, r: replaying(x, r), sets))
         self._roofline(result, layer, sets, ceilings)
         return result
 

@@ -43,12 +43,18 @@ COLUMNS = (
     "ovh e",
     "loop µs",
     "vs loop",
+    "wall e µs",
+    "wall r µs",
+    "wall e/g",
+    "wall r/g",
 )
 LEGEND = (
     "times in µs; graph / eager: the layer under CUDA-graph replay / called eagerly; roof: max(touched "
     "weight bytes / copy bandwidth, flops / matmul peak); %rf g / e: roofline / measured time; GB/s and TF/s: "
     "achieved (best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
-    "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time"
+    "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time; wall e / r: wall time per "
+    "call of 50 back-to-back calls, the plain eager layer / the layer replaying its captures (moe.GraphConfig); "
+    "e/g, r/g: those over the graph time"
 )
 
 
@@ -73,6 +79,10 @@ def rows(results: list[CaseResult]) -> list[list[str]]:
                 _x(d["overhead_eager"]),
                 _us(r.loop_us),
                 _x(d["speedup_vs_loop"]),
+                _us(r.eager_wall_us),
+                _us(r.replayed_wall_us),
+                _x(d["eager_wall_vs_graph"]),
+                _x(d["replayed_wall_vs_graph"]),
             ]
         )
     return out
@@ -95,6 +105,8 @@ SHORT = {
     "TFLOP/s": "TF/s",
     "loop µs": "loop",
     "vs loop": "x loop",
+    "wall e µs": "wall e",
+    "wall r µs": "wall r",
 }
 
 

@@ -48,6 +48,21 @@ class DeviceTimer:
         return statistics.median(times)
 
 
+def wall_us(timer: DeviceTimer, fn: Callable[[int], object], *, calls: int = 50, rounds: int = 5) -> float:
+    """Wall time per call of `calls` back-to-back calls and one synchronisation (what an eager engine sees:
+    host time where the host is slower than the device), the median of `rounds` after one warm-up round."""
+    per_call = []
+    for r in range(rounds + 1):
+        timer.synchronize()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        timer.synchronize()
+        if r:
+            per_call.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(per_call)
+
+
 def repeats_for(estimate_us: float, budget_us: float = 200_000.0, low: int = 10, high: int = 200) -> int:
     """Repeats that fit `budget_us` for a call of about `estimate_us`, between `low` and `high`."""
     return max(low, min(high, int(budget_us / max(estimate_us, 1.0))))

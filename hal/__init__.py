@@ -55,6 +55,7 @@ from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gem
 from hal.checks import environ_mapping
 from hal.layer_spec import LayerProblem, LayerSpec
 from hal.tuning import GemmProblem
+from hal.graphs import CapturedCall, GraphSet
 from hal.groups import GroupListKind, Groups
 from hal.ops import OP_NAMES, OpSource, VendorOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
@@ -113,6 +114,8 @@ __all__ = [
     "QuantizedWeight",
     "GroupListKind",
     "Groups",
+    "GraphSet",
+    "CapturedCall",
     "take_rows",
     # vendors: the platform, the checked op methods, the op implementations
     "Platform",

@@ -89,6 +89,9 @@ class Capabilities:
     #: `grouped_matmul` takes groups covering fewer rows than its operand and leaves the rest uncomputed
     #: (unspecified): a fixed-shape dispatch can then hand over a padded tail without reading counts back
     grouped_matmul_padding: bool = False
+    #: the vendor captures a sequence of its ops once and replays it (`Vendor.graph_set`, e.g. CUDA graphs):
+    #: a layer built with `moe.GraphConfig` replays its forward instead of issuing every op from the host
+    graph_capture: bool = False
     #: the vendor's own expert-parallel dispatchers (`Vendor.ep_dispatch` / `ep_combine`), by name
     ep_dispatchers: frozenset[str] = frozenset()
     #: those of `ep_dispatchers` that also run in low-latency mode (a fixed per-rank token capacity,
@@ -124,6 +127,7 @@ class Capabilities:
         object.__setattr__(self, "host_synchronous", bool(self.host_synchronous))
         object.__setattr__(self, "deterministic", bool(self.deterministic))
         object.__setattr__(self, "grouped_matmul_padding", bool(self.grouped_matmul_padding))
+        object.__setattr__(self, "graph_capture", bool(self.graph_capture))
         object.__setattr__(self, "ep_dispatchers", frozenset(str(n) for n in self.ep_dispatchers))
         object.__setattr__(self, "ep_low_latency", frozenset(str(n) for n in self.ep_low_latency))
         object.__setattr__(
@@ -257,6 +261,7 @@ class Capabilities:
             "host_synchronous": self.host_synchronous,
             "deterministic": self.deterministic,
             "grouped_matmul_padding": self.grouped_matmul_padding,
+            "graph_capture": self.graph_capture,
             "ep_dispatchers": sorted(self.ep_dispatchers),
             "ep_low_latency": sorted(self.ep_low_latency),
             "ep_dispatchers_absent": dict(sorted(self.ep_dispatchers_absent.items())),

@@ -40,6 +40,7 @@ class LayerSpec:
     - `ep_ranks` / `tp_ranks`: expert- and tensor-parallel group sizes; `expert_parallel` says a
       process group is given (it may have one rank); `ep_dispatcher` names a vendor's own
       expert-parallel dispatcher.
+    - `graphs`: the layer captures its forward and replays it (`moe.GraphConfig`).
     """
 
     hidden_size: int
@@ -54,6 +55,7 @@ class LayerSpec:
     tp_ranks: int = 1
     expert_parallel: bool = False
     ep_dispatcher: str | None = None
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         positive_int("hidden_size", self.hidden_size)
@@ -62,7 +64,7 @@ class LayerSpec:
                 positive_int(name, getattr(self, name))
         positive_int("ep_ranks", self.ep_ranks)
         positive_int("tp_ranks", self.tp_ranks)
-        for name, optional in (("bias", False), ("fused", True), ("expert_parallel", False)):
+        for name, optional in (("bias", False), ("fused", True), ("expert_parallel", False), ("graphs", False)):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (optional and value is None):
                 raise invalid(name, "True or False" + (" or None" if optional else ""), value)
@@ -165,6 +167,12 @@ class LayerSpec:
                     "hidden_size",
                     f"hidden size {self.hidden_size} exceeds the grouped matmul's max_inner_dim {limit}",
                     True,
+                )
+            )
+        if self.graphs and not caps.graph_capture:
+            found.append(
+                LayerProblem(
+                    "graphs", "graphs: replaying a captured forward needs graph_capture, which is not declared", True
                 )
             )
         wanted = self.ep_dispatcher

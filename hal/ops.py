@@ -28,6 +28,7 @@ from hal.gemm_kinds import GemmKind
 
 if TYPE_CHECKING:
     from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+    from hal.graphs import GraphSet
     from hal.groups import Groups
     from hal.tuning import GemmProblem
 
@@ -166,6 +167,13 @@ class VendorOps(abc.ABC):
         result. Where the device has no concurrent queue (the default) the work runs at once."""
         result = work()
         return lambda: result
+
+    def graph_set(self, device: torch.device) -> GraphSet:
+        """A new set of captured calls on `device` (see `hal.GraphSet`); only vendors declaring
+        `graph_capture` implement it."""
+        from hal.errors import UnsupportedCapability
+
+        raise UnsupportedCapability("these ops capture no graphs")
 
     def prepare_ep(
         self,

@@ -29,6 +29,7 @@ from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GemmKind, gemm_kind_of
+from hal.graphs import GraphSet
 from hal.groups import Groups
 from hal.ops import OpSource
 from hal.final import redefined_methods
@@ -254,6 +255,19 @@ class Vendor(ExpertParallelOps, TuningOps, Platform):
         if not callable(work):
             raise invalid("work", "a callable", type(work).__name__)
         return self.ops.overlap(work)
+
+    def graph_set(self) -> GraphSet:
+        """A new `hal.GraphSet` on this vendor's device: calls captured once and replayed, sharing
+        memory, one at a time. Needs `capabilities().graph_capture`."""
+        caps = self.capabilities()
+        if not caps.graph_capture:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({caps.device_name}) does not declare graph_capture (captured, replayed calls)"
+            )
+        graphs = self.ops.graph_set(self.device)
+        if not isinstance(graphs, GraphSet):
+            raise invalid(f"{self.name} graph_set result", "a hal.GraphSet", type(graphs).__name__)
+        return graphs
 
     def prepare_fused(
         self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None = None

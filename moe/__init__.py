@@ -12,6 +12,7 @@ from moe.dispatch import (
     LocalDispatcher,
     LowLatencyDispatcher,
 )
+from moe.graphs import GraphConfig
 from moe.layer import MoELayer
 from moe.shared import SharedExperts
 from moe.sharding import TensorShard
@@ -40,6 +41,7 @@ __all__ = [
     "LocalDispatcher",
     "LowLatencyDispatcher",
     "MoELayer",
+    "GraphConfig",
     "GroupedSigmoidTopK",
     "GroupedTopK",
     "Router",

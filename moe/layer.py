@@ -38,6 +38,7 @@ from moe.dispatch import (
     VendorEpDispatcher,
 )
 from moe.dispatch.base import group_size_and_rank
+from moe.graphs import GraphConfig, LayerGraphs
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
 from moe.pipeline import Pipeline, choose_pipeline
@@ -69,6 +70,9 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
     - `fused`: None takes the vendor's `fused_deep_moe` where it declares one for the scheme
       (and the experts are plain SiLU-GLU without biases), False always takes the unfused
       path, True requires the fused op.
+    - `graphs`: a `moe.GraphConfig` makes the layer capture its forward per token count and replay
+      it (`moe.graphs`: eager callers get graph speed); needs the vendor's `graph_capture`, a
+      dispatcher that never reads counts back and `check_routing` off (its default with graphs).
     - `check_routing`: whether each forward checks that router logits (and precomputed
       weights) are finite and precomputed ids in range, raising `InvalidInput`; None checks
       where the vendor declares `host_synchronous` (reading values back costs no stall).
@@ -115,6 +119,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         shared_experts: SharedExperts | None = None,
         tp_group: Any = None,
         check_routing: bool | None = None,
+        graphs: GraphConfig | None = None,
     ) -> None:
         super().__init__()
         if dispatch is not None and not isinstance(dispatch, DispatchConfig):
@@ -125,6 +130,8 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             raise invalid("shared_experts", "a moe.SharedExperts or None", type(shared_experts).__name__)
         if runners is not None and not isinstance(runners, RunnerRegistry):
             raise invalid("runners", "a moe.RunnerRegistry or None", type(runners).__name__)
+        if graphs is not None and not isinstance(graphs, GraphConfig):
+            raise invalid("graphs", "a moe.GraphConfig or None", type(graphs).__name__)
         environ = check_environ(environ)
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = choose_vendor(vendor, environ)
@@ -143,6 +150,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             tp_ranks=tp_size,
             expert_parallel=process_group is not None,
             ep_dispatcher=self.dispatch_config.ep_dispatcher,
+            graphs=graphs is not None,
         )
         caps = self.vendor.capabilities()
         self.spec.check(caps, self.vendor.name)
@@ -150,7 +158,8 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         self.num_experts, self.top_k = num_experts, top_k
         self.activation = self.spec.parsed_activation
         self.bias = bias
-        self.check_routing = caps.host_synchronous if check_routing is None else check_routing
+        # a replayed forward reads nothing back: unchecked unless asked for (and then refused below)
+        self.check_routing = caps.host_synchronous and graphs is None if check_routing is None else check_routing
         self.router = router if router is not None else SoftmaxTopK(num_experts, top_k)
         if not isinstance(self.router, Router):
             raise invalid("router", "a moe.Router", type(self.router).__name__)
@@ -185,7 +194,37 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         if self.shared_experts is not None:
             self.shared_experts.store.prepare = self.vendor.prepare_weight
         self._pipeline: Pipeline | None = None
+        self.graph_config = graphs
+        self._graphs = self._make_graphs()
+        if self.shared_experts is not None:
+            self.shared_experts.store.on_change = OwnerCallback(self._drop_graphs)
         self._handle = register_layer(self)
+
+    def _make_graphs(self) -> LayerGraphs | None:
+        """The layer's captures (`moe.graphs`), or None without a `GraphConfig`."""
+        config = self.graph_config
+        if config is None:
+            return None
+        if self.check_routing:
+            raise InvalidInput(
+                "graphs: expected check_routing=False (checking routing reads values back on the host, "
+                "which a replayed forward cannot)"
+            )
+        if not self.dispatcher.capturable:
+            raise InvalidInput(
+                f"graphs: the dispatcher {self.dispatcher!r} reads counts back on the host every call, so its "
+                "forward cannot be replayed; use a low-latency dispatch (max_dispatch_tokens_per_rank) or no graphs"
+            )
+        return LayerGraphs(config, self.vendor.graph_set, self._run)
+
+    def _drop_graphs(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    @property
+    def graph_count(self) -> int:
+        """How many forward signatures the layer holds captured (0 without a `GraphConfig`)."""
+        return 0 if self._graphs is None else len(self._graphs)
 
     def _make_dispatcher(self) -> Dispatcher:
         config = self.dispatch_config
@@ -247,6 +286,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         return self.experts.weights
 
     def _rebuild(self) -> None:
+        self._drop_graphs()
         weights = self.experts.weights
         self._pipeline = (
             None
@@ -280,6 +320,8 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         logits, ids, weights = routing_inputs(self, hidden_states, router_logits, topk_ids, topk_weights, device)
         if torch.compiler.is_compiling():  # one opaque op: compiled and eager compute the same way
             out = moe_forward(x, logits, ids, weights, self._handle)
+        elif self._graphs is not None and self._pipeline is not None:
+            out = self._graphs.call(x, logits, ids, weights)
         else:
             out = self._run(x, logits, ids, weights)
         return out if out.shape == hidden_states.shape else out.view(hidden_states.shape)
@@ -331,10 +373,12 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self._graphs = self._make_graphs()  # a copy captures its own forward, over its own weights
         self._handle = register_layer(self)  # a copy (copy.deepcopy) is a layer of its own for the custom op
 
     def _apply(self, fn: Any, recurse: bool = True) -> MoELayer:
         super()._apply(fn, recurse)
+        self._drop_graphs()
         stored = self.experts.weights
         if stored is not None:  # the router follows the weights (moved, never cast)
             self.router.to(stored.w13.data.device)

@@ -38,6 +38,9 @@ from vendors.cuda import CudaVendor  # noqa: E402
 DEEPEP = "deepep"
 #: Relative error limits: bf16 rows (bf16 partial sums), fp8 rows against the same fp8 quantization.
 TOLERANCE = {"bf16": 1e-2, "fp8": 2e-2}
+#: fp8 in low-latency mode: DeepEP quantizes inside its kernel (`x * (448 / amax)`, ours `x / (amax / 448)`), so a
+#: value on a rounding boundary lands one e4m3 step away; in the top binade a step is 32 / 448 = 0.071 of the max.
+LOW_LATENCY_FP8_TOLERANCE = 0.08
 #: deepep against the torch.distributed dispatcher and the single-rank layer (fp8 experts compute in fp8).
 LAYER_TOLERANCE = {"bf16": 2e-2, "fp8": 5e-2}
 
@@ -162,7 +165,7 @@ def ops_case(vendor: hal.Vendor, report: Report, dtype: str, tokens: int, capaci
         tokens,
         {"vs dense": relative(out, ref), "counts off": counts_off},
         ms,
-        TOLERANCE[dtype],
+        LOW_LATENCY_FP8_TOLERANCE if dtype == "fp8" and capacity is not None else TOLERANCE[dtype],
         "  (dispatch+combine)",
     )
 

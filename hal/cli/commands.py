@@ -192,6 +192,7 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("expert_bias", "yes" if c.expert_bias else "no"),
         ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
         ("deterministic", "yes (bit-reproducible ops)" if c.deterministic else "no (ops are not bit-reproducible)"),
+        ("graph_capture", "yes (a layer may replay its forward: moe.GraphConfig)" if c.graph_capture else "no"),
         ("ep_dispatchers", _ep_text(c)),
         ("limits", limits),
         ("collective_backend", c.collective_backend),

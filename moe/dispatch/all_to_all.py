@@ -50,6 +50,7 @@ class AllToAllDispatcher(Dispatcher):
     """Normal-mode expert parallelism: experts split evenly across the group's ranks."""
 
     format = DispatchFormat.EP_NORMAL
+    capturable = False  # the receive counts are read back once per call
 
     def __init__(
         self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *, vendor: Vendor | None = None

@@ -27,6 +27,7 @@ class AutoDispatcher(Dispatcher):
     """Low-latency mode for calls whose largest batch (over the group) fits `capacity`, normal above."""
 
     format = DispatchFormat.EP_NORMAL
+    capturable = False  # the mode is chosen per call from the batch sizes read back
 
     def __init__(
         self,

@@ -97,6 +97,9 @@ class Dispatcher(abc.ABC):
     """
 
     format: ClassVar[DispatchFormat]
+    #: whether a dispatch and combine never wait for the host (no value read back), so that a graph can
+    #: capture them (`moe.GraphConfig`); dispatchers that size their work by received counts do not
+    capturable: bool = True
 
     def __init__(
         self, plan: DispatchPlan, num_experts: int, process_group: Any = None, *, vendor: Vendor | None = None

@@ -59,6 +59,7 @@ class VendorEpDispatcher(Dispatcher):
                 f"dispatcher {name!r} (declared for: {', '.join(sorted(caps.ep_low_latency)) or 'none'})"
             )
         self.name, self.mode, self.capacity = name, mode, capacity
+        self.capturable = mode == "low-latency"  # normal mode sizes its buffers by counts read back
         self._vendor = vendor
         self.format = _FORMATS[mode][-1] if mode != "auto" else DispatchFormat.EP_NORMAL
         self._last = self.format

@@ -75,6 +75,7 @@ def cuda_capabilities(
         limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",
         grouped_matmul_padding=kernels,  # the Triton grouped GEMM schedules the groups' rows only
+        graph_capture=True,
         ep_dispatchers=ep["ep_dispatchers"],
         ep_low_latency=ep["ep_low_latency"],
         ep_dispatchers_absent=ep["ep_dispatchers_absent"],

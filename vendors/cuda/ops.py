@@ -47,6 +47,7 @@ from hal import (
 )
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
+from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
@@ -124,6 +125,10 @@ class CudaOps(DeepEpOps, ReferenceOps):
         from vendors.cuda.tuner import tune
 
         return tune(problems, device, device_name, grouped_mm=self.torch_grouped_mm, progress=progress).as_dict()
+
+    def graph_set(self, device: torch.device) -> CudaGraphSet:
+        """CUDA graphs sharing a memory pool and a stream (`vendors.cuda.graphs`)."""
+        return CudaGraphSet(device)
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """`work` on a second stream of the device, joined when its result is asked for."""

@@ -1,0 +1,85 @@
+"""CUDA graphs for `hal.GraphSet`: one memory pool, one stream and one lock per set.
+
+Every call of every capture of a set runs on the set's stream: the caller's stream waits for
+nothing but is made to wait for the call's result, and the set's stream waits for the
+caller's work before copying the inputs in. One stream orders the captures' replays, so two
+captures of a set may share the memory of their intermediates (the pool) without ever running
+at once, whichever threads and streams they are called from.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from hal import GraphSet, InvalidInput, invalid
+
+#: warm-up runs before a capture (kernels compiled and tuned, lazily built constants made)
+WARMUP_RUNS = 2
+
+
+class CudaGraphSet(GraphSet):
+    """Captured calls on one CUDA device sharing a graph memory pool and a stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._pool = torch.cuda.graph_pool_handle()
+        self._lock = threading.Lock()
+
+    def capture(self, fn: Callable[..., torch.Tensor], example_inputs: Sequence[torch.Tensor]) -> CapturedGraph:
+        if not callable(fn):
+            raise invalid("fn", "a callable", type(fn).__name__)
+        inputs = tuple(example_inputs)
+        for i, t in enumerate(inputs):
+            if not isinstance(t, torch.Tensor) or t.device != self.device:
+                raise invalid(f"example_inputs[{i}]", f"a tensor on {self.device}", getattr(t, "device", t))
+        with self._lock:
+            return CapturedGraph(self, fn, inputs)
+
+
+class CapturedGraph:
+    """One captured call: copy the inputs into the capture's own, replay, copy the output out."""
+
+    def __init__(self, owner: CudaGraphSet, fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> None:
+        self._owner = owner
+        stream = owner._stream
+        caller = torch.cuda.current_stream(owner.device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            self._inputs = tuple(t.clone() for t in inputs)
+            for _ in range(WARMUP_RUNS):
+                fn(*self._inputs)
+        stream.synchronize()
+        self._graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads may keep working on the device while this one captures
+        with torch.cuda.graph(self._graph, pool=owner._pool, stream=stream, capture_error_mode="thread_local"):
+            output = fn(*self._inputs)
+        if not isinstance(output, torch.Tensor):
+            raise invalid("fn", "a function returning one tensor", type(output).__name__)
+        self._output = output
+        self._shapes = tuple((t.shape, t.dtype) for t in inputs)
+        caller.wait_stream(stream)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if tuple((t.shape, t.dtype) for t in inputs) != self._shapes:
+            raise InvalidInput(
+                f"captured call: expected inputs {[(tuple(s), d) for s, d in self._shapes]}, got "
+                f"{[(tuple(t.shape), t.dtype) for t in inputs]}"
+            )
+        owner = self._owner
+        stream = owner._stream
+        with owner._lock:
+            caller = torch.cuda.current_stream(owner.device)
+            stream.wait_stream(caller)
+            with torch.cuda.stream(stream):
+                for mine, given in zip(self._inputs, inputs):
+                    mine.copy_(given, non_blocking=True)
+                    given.record_stream(stream)  # the caller may free it before the copy ran
+                self._graph.replay()
+                result = self._output.clone()
+            caller.wait_stream(stream)
+            result.record_stream(caller)
+            return result
