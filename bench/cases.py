@@ -14,6 +14,7 @@ from bench.shapes import PRECISIONS, ModelShape
 from bench.timing import DeviceTimer, repeats_for, wall_us
 from hal import Vendor
 from moe import GraphConfig, MoELayer
+from moe.routing_traces import RoutingTrace
 
 #: Input sets cycled through, so that no repeat reads the previous one's activations from cache.
 ROTATING_INPUTS = 4
@@ -72,8 +73,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 class ShapeBench:
     """The layers of one model shape on one vendor (built once, used for every token count)."""
 
-    def __init__(self, vendor: Vendor, shape: ModelShape, precisions: list[str], seed: int = 0) -> None:
+    def __init__(
+        self,
+        vendor: Vendor,
+        shape: ModelShape,
+        precisions: list[str],
+        seed: int = 0,
+        routing: RoutingTrace | None = None,
+    ) -> None:
         self.vendor, self.shape = vendor, shape
+        self.routing = routing  #: the router logits' pattern (None: standard normal logits)
         device = vendor.device
         g = torch.Generator(device=device).manual_seed(seed)
         e, h, i = shape.experts, shape.hidden, shape.intermediate
@@ -105,13 +114,15 @@ class ShapeBench:
         """`ROTATING_INPUTS` (x, router logits) pairs."""
         device = self.vendor.device
         g = torch.Generator(device=device).manual_seed(tokens)
-        return [
-            (
-                torch.randn(tokens, self.shape.hidden, device=device, generator=g).to(torch.bfloat16),
-                torch.randn(tokens, self.shape.experts, device=device, generator=g),
-            )
-            for _ in range(ROTATING_INPUTS)
-        ]
+        sets = []
+        for i in range(ROTATING_INPUTS):
+            x = torch.randn(tokens, self.shape.hidden, device=device, generator=g).to(torch.bfloat16)
+            if self.routing is None:
+                logits = torch.randn(tokens, self.shape.experts, device=device, generator=g)
+            else:
+                logits = self.routing.logits(tokens, self.shape.experts, seed=tokens + i, device=str(device))
+            sets.append((x, logits))
+        return sets
 
     def run(
         self, precision: str, tokens: int, timer: DeviceTimer, ceilings: Ceilings | None, graphs: bool

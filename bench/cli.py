@@ -18,6 +18,7 @@ from bench.shapes import CPU_TOKENS, PRECISIONS, SHAPES, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
 from hal import Capabilities, HalError, InvalidInput, VendorRegistry
 from hal.cli import positive_int_argument
+from moe.routing_traces import RoutingTrace
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 NO_ROOFLINE = (
@@ -56,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="precisions",
         help="bf16 (unquantized) and/or fp8 (w8a8-fp8-block); default both where declared",
     )
+    parser.add_argument(
+        "--routing",
+        type=_routing,
+        metavar="PATTERN",
+        help="router logits following a pattern (uniform, zipf:S, hot:N:F; moe.routing_traces) instead of "
+        "standard normal ones",
+    )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON report to FILE")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -72,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def bench(args: argparse.Namespace, console: Console) -> int:
     """Run every (model, precision, tokens) case; print the table or the JSON (`--ep`: `bench.ep`)."""
-    if args.ep is not None:
+    if args.ep is not None:  # `--routing` given before `--ep` is refused there like the other options
         from bench.ep import from_hal
 
         return from_hal(args)
@@ -116,7 +124,7 @@ def bench(args: argparse.Namespace, console: Console) -> int:
     total = len(shapes) * len(precisions) * len(tokens)
     for shape in shapes:
         try:
-            built = ShapeBench(vendor, shape, precisions)
+            built = ShapeBench(vendor, shape, precisions, routing=args.routing)
         except HalError as exc:
             console.print(f"[red]error:[/red] {shape.name}: {exc}")
             return 1
@@ -142,6 +150,13 @@ def bench(args: argparse.Namespace, console: Console) -> int:
     else:
         print_report(console, payload, results)
     return 0
+
+
+def _routing(text: str) -> RoutingTrace:
+    try:
+        return RoutingTrace.parse(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def writable_file(option: str, path: Path | None) -> None:

@@ -42,6 +42,7 @@ from rich.console import Console
 
 import hal
 import moe
+from bench.ep_rebalance import print_rebalance, rebalance_rows
 from bench.ep_report import Row, print_tables, us
 from bench.ep_world import WARMUP, World
 
@@ -253,6 +254,15 @@ def _run(args: argparse.Namespace, vendor: hal.Vendor, caps: hal.Capabilities) -
             f"--experts: expected a multiple of the world size ({world.size}) so that every "
             f"rank holds the same number of experts, got {args.experts}"
         )
+    if args.routing is not None:
+        from moe.routing_traces import RoutingTrace
+
+        RoutingTrace.parse(args.routing)  # refused before any measurement
+        if args.redundant < 0 or (args.experts + args.redundant) % world.size:
+            raise hal.InvalidInput(
+                f"--redundant: expected an int >= 0 with --experts + --redundant a multiple of the world size "
+                f"({world.size}), got {args.redundant}"
+            )
     todo = cases(args, caps)
     bench = EpBench(vendor, args, world)
     progress = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -294,10 +304,19 @@ def _run(args: argparse.Namespace, vendor: hal.Vendor, caps: hal.Capabilities) -
         "seed": args.seed,
         "schemes": SCHEMES,
     }
+    rebalance: list[dict[str, Any]] = []
+    if args.routing is not None:
+        if world.rank == 0:
+            progress.print(f"skewed routing {args.routing} and a rebalance ...", markup=False)
+        with torch.inference_mode():
+            rebalance = rebalance_rows(bench, args, world)
     if world.rank == 0:
         if args.json_file is not None:
-            args.json_file.write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=2) + "\n")
-        print_tables(Console(highlight=False, width=None if sys.stdout.isatty() else 140), rows, meta)
+            payload = {**meta, "rows": [r.as_dict() for r in rows], "rebalance": rebalance}
+            args.json_file.write_text(json.dumps(payload, indent=2) + "\n")
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+        print_tables(console, rows, meta)
+        print_rebalance(console, rebalance)
     return 0
 
 
@@ -331,6 +350,7 @@ def from_hal(args: argparse.Namespace) -> int:
             ("--precision", args.precisions),
             ("--output", args.output),
             ("--markdown", args.markdown),
+            ("--routing (before --ep; give it after --ep)", args.routing),
             ("--json", args.json or None),
         )
         if v

@@ -78,6 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timed samples per measurement, after 3 warm-up calls (default 20)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    parser.add_argument(
+        "--routing",
+        metavar="PATTERN",
+        help="also time skewed routing and a rebalance (uniform, zipf:S, hot:N:F, rank-skew:F; "
+        "moe.routing_traces): the layer on uniform and skewed routing, then after layer.rebalance()",
+    )
+    parser.add_argument(
+        "--redundant",
+        type=int,
+        default=0,
+        metavar="R",
+        help="redundant expert slots of the --routing layers (experts + R must divide by the world size; default 0)",
+    )
 
 
 def build_parser(prog: str = "python -m bench.ep") -> argparse.ArgumentParser:

@@ -41,6 +41,8 @@ class LayerSpec:
       process group is given (it may have one rank); `ep_dispatcher` names a vendor's own
       expert-parallel dispatcher.
     - `graphs`: the layer captures its forward and replays it (`moe.GraphConfig`).
+    - `redundant_experts`: R physical expert slots beyond the E logical experts, replicating busy
+      ones (`moe.placement`); the E + R slots are split over the expert-parallel ranks.
     """
 
     hidden_size: int
@@ -56,6 +58,7 @@ class LayerSpec:
     expert_parallel: bool = False
     ep_dispatcher: str | None = None
     graphs: bool = False
+    redundant_experts: int = 0
 
     def __post_init__(self) -> None:
         positive_int("hidden_size", self.hidden_size)
@@ -64,6 +67,10 @@ class LayerSpec:
                 positive_int(name, getattr(self, name))
         positive_int("ep_ranks", self.ep_ranks)
         positive_int("tp_ranks", self.tp_ranks)
+        if isinstance(self.redundant_experts, bool) or not isinstance(self.redundant_experts, int):
+            raise invalid("redundant_experts", "an int >= 0", self.redundant_experts)
+        if self.redundant_experts < 0:
+            raise invalid("redundant_experts", "an int >= 0", self.redundant_experts)
         for name, optional in (("bias", False), ("fused", True), ("expert_parallel", False), ("graphs", False)):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (optional and value is None):
@@ -118,12 +125,21 @@ class LayerSpec:
                     "top_k", f"top_k: expected at most num_experts ({self.num_experts}), got {self.top_k}", False
                 )
             )
-        if self.num_experts is not None and self.num_experts % self.ep_ranks:
+        slots = None if self.num_experts is None else self.num_experts + self.redundant_experts
+        if slots is not None and slots % self.ep_ranks:
+            what = (
+                f"num_experts: expected a multiple of the expert-parallel ranks ({self.ep_ranks}), got {self.num_experts}"
+                if not self.redundant_experts
+                else f"num_experts + redundant_experts: expected a multiple of the expert-parallel ranks "
+                f"({self.ep_ranks}), got {self.num_experts} + {self.redundant_experts}"
+            )
+            found.append(LayerProblem("num_experts", what, False))
+        if self.redundant_experts and not self.traits.movable_experts:
             found.append(
                 LayerProblem(
-                    "num_experts",
-                    f"num_experts: expected a multiple of the expert-parallel ranks ({self.ep_ranks}), "
-                    f"got {self.num_experts}",
+                    "redundant_experts",
+                    f"redundant_experts: scheme {self.traits.name!r} does not declare movable_experts (its "
+                    "per-expert tensors may not be laid out expert-first), so its experts cannot be replicated or moved",
                     False,
                 )
             )

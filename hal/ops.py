@@ -55,6 +55,7 @@ OP_NAMES = (
     "prepare_ep",
     "ep_dispatch",
     "ep_combine",
+    "graph_set",
 )
 
 

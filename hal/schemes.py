@@ -48,6 +48,10 @@ class SchemeTraits:
     follows_model_dtype: bool = False  #: computes in the model's float dtype (unquantized)
     model_dtype: DispatchDtype | None = None  #: the model's float dtype, where the scheme asks for it
     gemm_kind: GemmKind | None = None  #: the grouped-matmul kind its experts run (None: unknown to hal)
+    #: its experts can be replicated and moved between slots and ranks (redundant experts, rebalancing):
+    #: every per-expert tensor has the expert dimension first and nothing per expert lives elsewhere
+    #: (activation scales are per token, or one per layer shared by all experts)
+    movable_experts: bool = False
 
     def __post_init__(self) -> None:
         layouts = {DispatchDtype.parse(k): ScaleLayout(v) for k, v in dict(self.scale_layouts).items()}
@@ -135,13 +139,21 @@ _ALL = frozenset(DispatchDtype.concrete())
 KNOWN_SCHEMES: dict[str, SchemeTraits] = {
     t.name: t
     for t in (
-        SchemeTraits("unquantized", DispatchDtype.BF16, _ALL, follows_model_dtype=True, gemm_kind=GemmKind.BF16),
+        SchemeTraits(
+            "unquantized",
+            DispatchDtype.BF16,
+            _ALL,
+            follows_model_dtype=True,
+            gemm_kind=GemmKind.BF16,
+            movable_experts=True,
+        ),
         SchemeTraits(
             "w8a8-int8",
             DispatchDtype.INT8,
             frozenset({DispatchDtype.INT8, DispatchDtype.FP8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.PER_TOKEN,
             gemm_kind=GemmKind.INT8,
+            movable_experts=True,
         ),
         SchemeTraits(
             "w8a8-fp8-block",
@@ -149,6 +161,7 @@ KNOWN_SCHEMES: dict[str, SchemeTraits] = {
             frozenset({DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.GROUP_128,
             gemm_kind=GemmKind.FP8_BLOCK128,
+            movable_experts=True,
         ),
         SchemeTraits(
             "w8a8-fp8",
@@ -156,14 +169,22 @@ KNOWN_SCHEMES: dict[str, SchemeTraits] = {
             frozenset({DispatchDtype.FP8, DispatchDtype.INT8, DispatchDtype.BF16}),
             fp8_layout=ScaleLayout.PER_TOKEN,
             gemm_kind=GemmKind.FP8_ROWWISE,
+            movable_experts=True,
         ),
-        SchemeTraits("w4a4-int4", DispatchDtype.BF16, frozenset({DispatchDtype.BF16}), gemm_kind=GemmKind.INT4),
+        SchemeTraits(
+            "w4a4-int4",
+            DispatchDtype.BF16,
+            frozenset({DispatchDtype.BF16}),
+            gemm_kind=GemmKind.INT4,
+            movable_experts=True,
+        ),
         SchemeTraits(
             "nvfp4",
             DispatchDtype.NVFP4,
             frozenset({DispatchDtype.NVFP4, DispatchDtype.BF16}),
             input_global_scale=True,
             gemm_kind=GemmKind.NVFP4,
+            movable_experts=True,
         ),
     )
 }

@@ -16,8 +16,6 @@ False.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 
 from typing import Any
 
@@ -29,18 +27,18 @@ from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GemmKind, gemm_kind_of
-from hal.graphs import GraphSet
 from hal.groups import Groups
 from hal.ops import OpSource
 from hal.final import redefined_methods
 from hal.vendor_ep import ExpertParallelOps
 from hal.vendor_tuning import TuningOps
+from hal.vendor_concurrency import ConcurrencyOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
-class Vendor(ExpertParallelOps, TuningOps, Platform):
+class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, Platform):
     """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`.
 
     The op methods are final: a vendor implements ops in the `hal.VendorOps` its `_make_ops` returns
@@ -51,7 +49,7 @@ class Vendor(ExpertParallelOps, TuningOps, Platform):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        redefined = redefined_methods(cls, Vendor, (Vendor, ExpertParallelOps, TuningOps))
+        redefined = redefined_methods(cls, Vendor, (Vendor, ExpertParallelOps, TuningOps, ConcurrencyOps))
         if redefined:
             raise TypeError(
                 f"{cls.__module__}.{cls.__qualname__} redefines hal.Vendor's op method(s) {', '.join(redefined)}: "
@@ -247,27 +245,6 @@ class Vendor(ExpertParallelOps, TuningOps, Platform):
                 f"(declared: {', '.join(sorted(a.value for a in caps.activations)) or 'none'})"
             )
         return parsed
-
-    def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-        """Run `work` (a function of hal ops returning a tensor) concurrently with what the caller issues
-        next, where the vendor can (CUDA: a second stream); returns the function that joins it and gives
-        its result. The MoE layer runs its shared experts this way beside the routed experts."""
-        if not callable(work):
-            raise invalid("work", "a callable", type(work).__name__)
-        return self.ops.overlap(work)
-
-    def graph_set(self) -> GraphSet:
-        """A new `hal.GraphSet` on this vendor's device: calls captured once and replayed, sharing
-        memory, one at a time. Needs `capabilities().graph_capture`."""
-        caps = self.capabilities()
-        if not caps.graph_capture:
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not declare graph_capture (captured, replayed calls)"
-            )
-        graphs = self.ops.graph_set(self.device)
-        if not isinstance(graphs, GraphSet):
-            raise invalid(f"{self.name} graph_set result", "a hal.GraphSet", type(graphs).__name__)
-        return graphs
 
     def prepare_fused(
         self, w13: QuantizedWeight, w2: QuantizedWeight, *, scheme: str, process_group: object | None = None

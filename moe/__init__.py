@@ -12,7 +12,9 @@ from moe.dispatch import (
     LocalDispatcher,
     LowLatencyDispatcher,
 )
+from moe.expert_load import ExpertLoad, LoadSnapshot, LoadStats, dump_expert_load
 from moe.graphs import GraphConfig
+from moe.placement import ExpertPlacement, balanced_placement, greedy_placement
 from moe.layer import MoELayer
 from moe.shared import SharedExperts
 from moe.sharding import TensorShard
@@ -42,6 +44,13 @@ __all__ = [
     "LowLatencyDispatcher",
     "MoELayer",
     "GraphConfig",
+    "ExpertLoad",
+    "LoadSnapshot",
+    "LoadStats",
+    "dump_expert_load",
+    "ExpertPlacement",
+    "balanced_placement",
+    "greedy_placement",
     "GroupedSigmoidTopK",
     "GroupedTopK",
     "Router",

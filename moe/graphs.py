@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -47,10 +48,18 @@ class GraphConfig:
 class LayerGraphs:
     """A layer's captures, keyed by `Signature`; `call` replays one or runs the plain forward."""
 
-    def __init__(self, config: GraphConfig, make_set: Callable[[], GraphSet], forward: Forward) -> None:
+    def __init__(
+        self,
+        config: GraphConfig,
+        make_set: Callable[[], GraphSet],
+        forward: Forward,
+        keep_state: Callable[[], Callable[[], None]] | None = None,
+    ) -> None:
         self.config = config
         self._make_set = make_set
         self._forward = forward
+        #: saves state the forward updates (load statistics) and returns its restore, around a capture
+        self._keep_state = keep_state
         self._lock = threading.Lock()
         self._graphs: dict[Signature, CapturedCall] = {}
         self._set: GraphSet | None = None
@@ -58,7 +67,7 @@ class LayerGraphs:
 
     def __deepcopy__(self, memo: dict[int, object]) -> LayerGraphs:
         """No captures: they read the original's tensors (the copy's layer makes its own set)."""
-        return LayerGraphs(self.config, self._make_set, self._forward)
+        return LayerGraphs(self.config, self._make_set, self._forward, self._keep_state)
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -100,15 +109,52 @@ class LayerGraphs:
             if self._set is None:
                 self._set = self._make_set()
             forward = self._forward
+            restore = None if self._keep_state is None else self._keep_state()
             if logits is not None:
                 found = self._set.capture(lambda rows, lg: forward(rows, lg, None, None), (x, logits))
             elif ids is not None and weights is not None:
                 found = self._set.capture(lambda rows, i, w: forward(rows, None, i, w), (x, ids, weights))
             else:
                 raise InvalidInput("forward: expected router_logits, or both topk_ids and topk_weights")
+            if restore is not None:
+                restore()
             self._graphs = {**self._graphs, key: found}  # readers outside the lock see a complete dict
             self.captures += 1
             return found
 
 
-__all__ = ["GraphConfig", "LayerGraphs"]
+class ReplayedForward:
+    """The `MoELayer` methods that manage its captures (`graphs=GraphConfig(...)`)."""
+
+    graph_config: GraphConfig | None
+    _graphs: LayerGraphs | None
+
+    def _make_graphs(self: Any) -> LayerGraphs | None:
+        """The layer's captures (`moe.graphs`), or None without a `GraphConfig`."""
+        config = self.graph_config
+        if config is None:
+            return None
+        if self.check_routing:
+            raise InvalidInput(
+                "graphs: expected check_routing=False (checking routing reads values back on the host, "
+                "which a replayed forward cannot)"
+            )
+        if not self.dispatcher.capturable:
+            raise InvalidInput(
+                f"graphs: the dispatcher {self.dispatcher!r} reads counts back on the host every call, so its "
+                "forward cannot be replayed; use a low-latency dispatch (max_dispatch_tokens_per_rank) or no graphs"
+            )
+        load = self.expert_load
+        return LayerGraphs(config, self.vendor.graph_set, self._run, None if load is None else load.saved)
+
+    def _drop_graphs(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    @property
+    def graph_count(self) -> int:
+        """How many forward signatures the layer holds captured (0 without a `GraphConfig`)."""
+        return 0 if self._graphs is None else len(self._graphs)
+
+
+__all__ = ["GraphConfig", "LayerGraphs", "ReplayedForward"]

@@ -38,10 +38,13 @@ from moe.dispatch import (
     VendorEpDispatcher,
 )
 from moe.dispatch.base import group_size_and_rank
-from moe.graphs import GraphConfig, LayerGraphs
+from moe.graphs import GraphConfig, ReplayedForward
+from moe.migration import Rebalancing
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
 from moe.pipeline import Pipeline, choose_pipeline
+from moe.expert_load import ExpertLoad, LoadStats
+from moe.placement import ExpertPlacement, PhysicalMap
 from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
@@ -51,7 +54,7 @@ from moe.stages import StagedForward
 from moe.weight_store import OwnerCallback, WeightStore
 
 
-class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
+class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch.nn.Module):
     """A Mixture-of-Experts feed-forward layer computed through `hal`.
 
     Expert e computes `act(x @ w13[e] + b13[e]) @ w2[e] + b2[e]` with `w13` `[E, H, 2I]`
@@ -73,6 +76,11 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
     - `graphs`: a `moe.GraphConfig` makes the layer capture its forward per token count and replay
       it (`moe.graphs`: eager callers get graph speed); needs the vendor's `graph_capture`, a
       dispatcher that never reads counts back and `check_routing` off (its default with graphs).
+    - `redundant_experts`: R extra physical expert slots replicating busy experts (`moe.placement`);
+      each chosen expert is served by one of its replicas, and `rebalance` moves the experts to the
+      placement recorded loads call for, in place, leaving the output unchanged.
+    - `load_stats`: a `moe.LoadStats` makes the layer count each expert's load on the device, with no
+      host synchronisation (`layer.expert_load`, `moe.expert_load`).
     - `check_routing`: whether each forward checks that router logits (and precomputed
       weights) are finite and precomputed ids in range, raising `InvalidInput`; None checks
       where the vendor declares `host_synchronous` (reading values back costs no stall).
@@ -120,6 +128,8 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         tp_group: Any = None,
         check_routing: bool | None = None,
         graphs: GraphConfig | None = None,
+        redundant_experts: int = 0,
+        load_stats: LoadStats | None = None,
     ) -> None:
         super().__init__()
         if dispatch is not None and not isinstance(dispatch, DispatchConfig):
@@ -130,6 +140,8 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             raise invalid("shared_experts", "a moe.SharedExperts or None", type(shared_experts).__name__)
         if runners is not None and not isinstance(runners, RunnerRegistry):
             raise invalid("runners", "a moe.RunnerRegistry or None", type(runners).__name__)
+        if load_stats is not None and not isinstance(load_stats, LoadStats):
+            raise invalid("load_stats", "a moe.LoadStats or None", type(load_stats).__name__)
         if graphs is not None and not isinstance(graphs, GraphConfig):
             raise invalid("graphs", "a moe.GraphConfig or None", type(graphs).__name__)
         environ = check_environ(environ)
@@ -151,11 +163,15 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
             expert_parallel=process_group is not None,
             ep_dispatcher=self.dispatch_config.ep_dispatcher,
             graphs=graphs is not None,
+            redundant_experts=redundant_experts,
         )
         caps = self.vendor.capabilities()
         self.spec.check(caps, self.vendor.name)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
+        #: where the experts live: `num_physical_experts` slots, logical expert ids per slot (`moe.placement`)
+        self.placement = ExpertPlacement.default(num_experts, redundant_experts)
+        self.num_physical_experts = self.placement.num_physical
         self.activation = self.spec.parsed_activation
         self.bias = bias
         # a replayed forward reads nothing back: unchecked unless asked for (and then refused below)
@@ -169,6 +185,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
                 f"got {self.router.num_experts} experts and top-{self.router.top_k}"
             )
         self.router.to(self.vendor.device)  # its tensors (a correction bias) live beside the weights
+        self._physical = PhysicalMap(self.placement, self.vendor.device) if redundant_experts else None
         self.process_group = process_group
         self.tp_group = tp_group
         self.tensor_shard = TensorShard(tp_rank, tp_size)
@@ -194,37 +211,16 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         if self.shared_experts is not None:
             self.shared_experts.store.prepare = self.vendor.prepare_weight
         self._pipeline: Pipeline | None = None
+        self.expert_load = (
+            None
+            if load_stats is None
+            else ExpertLoad(load_stats, num_experts, self.dispatcher.num_local_experts, self.vendor.device)
+        )
         self.graph_config = graphs
         self._graphs = self._make_graphs()
         if self.shared_experts is not None:
             self.shared_experts.store.on_change = OwnerCallback(self._drop_graphs)
         self._handle = register_layer(self)
-
-    def _make_graphs(self) -> LayerGraphs | None:
-        """The layer's captures (`moe.graphs`), or None without a `GraphConfig`."""
-        config = self.graph_config
-        if config is None:
-            return None
-        if self.check_routing:
-            raise InvalidInput(
-                "graphs: expected check_routing=False (checking routing reads values back on the host, "
-                "which a replayed forward cannot)"
-            )
-        if not self.dispatcher.capturable:
-            raise InvalidInput(
-                f"graphs: the dispatcher {self.dispatcher!r} reads counts back on the host every call, so its "
-                "forward cannot be replayed; use a low-latency dispatch (max_dispatch_tokens_per_rank) or no graphs"
-            )
-        return LayerGraphs(config, self.vendor.graph_set, self._run)
-
-    def _drop_graphs(self) -> None:
-        if self._graphs is not None:
-            self._graphs.clear()
-
-    @property
-    def graph_count(self) -> int:
-        """How many forward signatures the layer holds captured (0 without a `GraphConfig`)."""
-        return 0 if self._graphs is None else len(self._graphs)
 
     def _make_dispatcher(self) -> Dispatcher:
         config = self.dispatch_config
@@ -232,7 +228,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         if native is not None:  # declared and given a process group: `LayerSpec` checked both
             return VendorEpDispatcher(
                 self.plan,
-                self.num_experts,
+                self.num_physical_experts,
                 self.process_group,
                 vendor=self.vendor,
                 name=native,
@@ -242,16 +238,18 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         if mode == "auto":
             return AutoDispatcher(
                 self.plan,
-                self.num_experts,
+                self.num_physical_experts,
                 capacity,
                 self.process_group,  # type: ignore[arg-type]
                 vendor=self.vendor,
             )
         if mode == "low-latency":
-            return LowLatencyDispatcher(self.plan, self.num_experts, capacity, self.process_group, vendor=self.vendor)
+            return LowLatencyDispatcher(
+                self.plan, self.num_physical_experts, capacity, self.process_group, vendor=self.vendor
+            )
         if self.process_group is not None:
-            return AllToAllDispatcher(self.plan, self.num_experts, self.process_group, vendor=self.vendor)
-        return LocalDispatcher(self.plan, self.num_experts, vendor=self.vendor)
+            return AllToAllDispatcher(self.plan, self.num_physical_experts, self.process_group, vendor=self.vendor)
+        return LocalDispatcher(self.plan, self.num_physical_experts, vendor=self.vendor)
 
     @classmethod
     def from_float(
@@ -276,7 +274,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
 
     @property
     def local_experts(self) -> range:
-        """The global ids of the experts this rank holds."""
+        """The physical slots this rank holds (the global ids of its experts without redundant experts)."""
         first = self.dispatcher.first_expert
         return range(first, first + self.dispatcher.num_local_experts)
 
@@ -301,6 +299,7 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
                 self.dispatch_config.max_dispatch_tokens_per_rank
                 if self.dispatch_config.mode == "low-latency"
                 else None,
+                on_dispatch=None if self.expert_load is None else self.expert_load.record_received,
             )
         )
 
@@ -361,6 +360,10 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
         """The rows the routed experts take and their routing (Llama-4: rows scaled by the weight, weight 1)."""
         routed = route(self, logits, ids, weights)
         topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
+        if self.expert_load is not None:
+            self.expert_load.record_routing(topk_ids)
+        if self._physical is not None:  # each logical choice to one of its replicas
+            topk_ids = self._physical.to_physical(topk_ids)
         if not routed.weights_on_input:
             return x, Routing(topk_ids, topk_weights)
         return (x.to(torch.float32) * topk_weights).to(x.dtype), Routing(topk_ids, torch.ones_like(topk_weights))
@@ -386,10 +389,11 @@ class MoELayer(ExpertLoading, StagedForward, torch.nn.Module):
 
     def extra_repr(self) -> str:
         shared = "" if self.shared_experts is None else f", shared={self.shared_experts.config}"
+        redundant = f", redundant={self.placement.redundant}" if self.placement.redundant else ""
         tp = "" if self.tensor_shard.size == 1 else f", tp={self.tensor_shard.rank}/{self.tensor_shard.size}"
         return (
             f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, experts={self.num_experts}, "
-            f"top_k={self.top_k}, scheme={self.scheme!r}, activation={self.activation}, bias={self.bias}, "
+            f"top_k={self.top_k}{redundant}, scheme={self.scheme!r}, activation={self.activation}, bias={self.bias}, "
             f"vendor={self.vendor.name!r}, dispatch={self.plan.resolved} ({self.plan.source}), "
             f"dispatcher={self.dispatcher!r}, fused={self.fused}{tp}{shared}"
         )

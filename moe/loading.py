@@ -45,7 +45,9 @@ class ExpertLoading:
                 "w13, w2", f"shapes {(e, h, width)} and {(e, i, h)}", f"{tuple(w13.shape)} and {tuple(w2.shape)}"
             )
         b13, b2 = _check_biases(self.bias, w13_bias, w2_bias, (e, width), (e, h))
-        mine = slice(self.local_experts.start, self.local_experts.stop)
+        logical = self.local_logical_experts
+        contiguous = logical == tuple(range(logical[0], logical[0] + len(logical)))
+        mine: slice | list[int] = slice(logical[0], logical[0] + len(logical)) if contiguous else list(logical)
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13[mine], i, gated).to(device)
         w2_local = shard.second_projection(w2[mine], i).to(device)

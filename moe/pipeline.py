@@ -10,7 +10,7 @@ layer's `forward` routes and calls the built pipeline; it decides nothing per ca
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +71,14 @@ class UnfusedPipeline(Pipeline):
     quantize: Quantizer
     #: the runner of each further format the dispatcher may hand over (a dispatcher that changes mode per call)
     other_runners: Mapping[DispatchFormat, ExpertRunner] = field(default_factory=dict)
+    #: called with each dispatch's per-local-expert counts (load statistics), or None
+    on_dispatch: Callable[[torch.Tensor], None] | None = None
     fused = False
 
     def __call__(self, x: torch.Tensor, routing: Routing, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(x, routing, self.quantize)
+        if self.on_dispatch is not None:
+            self.on_dispatch(dispatched.expert_counts)
         expert_output = self.experts(dispatched)
         return self.dispatcher.combine(expert_output, dispatched, out_dtype or x.dtype)
 
@@ -101,8 +105,9 @@ class PipelineChoice:
         weights: ExpertWeights,
         process_group: Any,
         capacity: int | None,
+        on_dispatch: Callable[[torch.Tensor], None] | None = None,
     ) -> Pipeline:
-        """The pipeline over loaded weights."""
+        """The pipeline over loaded weights (`on_dispatch`: see `UnfusedPipeline`)."""
         if self.fused:
             if capacity is not None:  # the one-kernel form runs on weights the vendor prepares now, at load
                 vendor.prepare_fused(weights.w13, weights.w2, scheme=scheme.name, process_group=process_group)
@@ -116,6 +121,7 @@ class PipelineChoice:
             self.runner,
             quantize,  # type: ignore[arg-type]
             self.other_runners,
+            on_dispatch,
         )
 
 

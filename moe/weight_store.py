@@ -71,6 +71,10 @@ class WeightStore(torch.nn.Module):
         self._activation = weights.activation
         return self._rebuild()
 
+    def changed(self) -> ExpertWeights:
+        """The buffers were written in place (experts moved): rebuild the weights' view and tell the owner."""
+        return self._rebuild()
+
     def _rebuild(self, notify: bool = True) -> ExpertWeights:
         buffers = {name: t for name, t in self._buffers.items() if name in _FIELDS and t is not None}
         parts: dict[str, Any] = {}
