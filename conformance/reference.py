@@ -239,6 +239,7 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     """`||y - ref|| / ||ref||` in float64 (0 when both are empty)."""
     if ref.numel() == 0:
         return 0.0 if y.numel() == 0 else float("inf")
+    ref = ref.detach().cpu().double()  # either may live on the vendor's device
     return float((y.detach().cpu().double() - ref).norm() / ref.norm())
 
 
