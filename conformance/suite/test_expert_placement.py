@@ -1,5 +1,6 @@
 """Experts replicated and moved, for every scheme the vendor runs and declares movable: experts migrated
-to other slots (each keeping its number of replicas) leave the output unchanged bit for bit; replicas
+to other slots (each keeping its number of replicas) leave the output unchanged bit for bit (on a vendor
+declaring `deterministic`; within rounding otherwise); replicas
 added or removed change it only by rounding (a replica splits an expert's rows over two GEMM groups,
 and a group's row count may change a GEMM's summation order): a relative (norm) difference within
 2^-8, bf16's rounding step."""
@@ -46,7 +47,10 @@ def test_replicated_and_migrated_experts_leave_the_output_unchanged(hal_vendor, 
     moved = ExpertPlacement((2, 7, 1, 6, 5, 0, 4, 3, 1, 0, 2), EXPERTS)
     layer.rebalance(moved)
     assert layer.placement == moved
-    assert torch.equal(layer(x, logits), replicated), "moving experts changed the layer's output"
+    if hal_vendor.capabilities().deterministic:  # else two runs may differ anyway: rounding is all we can ask
+        assert torch.equal(layer(x, logits), replicated), "moving experts changed the layer's output"
+    else:
+        assert relative_error(layer(x, logits), replicated.double()) <= ROUNDING
     layer.rebalance(ExpertPlacement((1, 7, 1, 6, 5, 1, 4, 3, 2, 0, 1), EXPERTS))  # expert 1 takes three more
     error = relative_error(layer(x, logits), expected.double())
     assert error <= ROUNDING, f"a rebalance changed the output by {error:.3g} (relative, norm)"

@@ -28,6 +28,7 @@ OP_CONTIGUOUS = f"{CONTRACTS}::test_op_returns_contiguous_tensors"
 OP_REPEATS = f"{CONTRACTS}::test_op_repeats_bit_identically"
 LAYER_INPUTS = f"{CONTRACTS}::test_layer_keeps_its_inputs_and_returns_a_contiguous_output"
 LAYER_REPEATS = f"{CONTRACTS}::test_layer_repeats_bit_identically"
+PLACEMENT = "test_expert_placement.py::"
 #: the grouped-matmul op cases: the product, and the product with SiLU-GLU applied by the same call
 GEMM_FORMS = ("", "-silu-glu")
 #: the suite's other tests that compare two layer outputs bit for bit where the vendor declares determinism: a
@@ -110,7 +111,9 @@ def test_a_grouped_matmul_that_is_not_bit_reproducible(conformance):
     must |= {f"{OP_REPEATS}[grouped_matmul-bias]"}
     must |= {f"{LAYER_REPEATS}[{s}]" for s in KNOWN_SCHEMES}
     assert must <= failed, sorted(must - failed)
-    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING}, sorted(failed - must)
+    # moving experts between slots is checked bit for bit too, where the vendor declares deterministic ops
+    placement = {t for t in failed if t.startswith(PLACEMENT)}
+    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING} | placement, sorted(failed - must)
     assert len(_functions(failed)) >= 2 and result["exit"] == 1
 
 

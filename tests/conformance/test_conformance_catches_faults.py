@@ -51,6 +51,7 @@ GEMM_SWEEPS = ("test_shape_sweeps.py::test_grouped_matmul_sweep", "test_properti
 LAYER_SWEEP = "test_shape_sweeps.py::test_layer_sweep"
 #: The op-contract tests call grouped_matmul with a bias, which `drops-last-group` does not take.
 OP_CONTRACTS = "test_op_contracts.py::"
+PLACEMENT = "test_expert_placement.py::"  # replicas change the last group: a dropped one shows there too
 #: grouped-matmul cases whose last group has rows (see the suite's CASES)
 LAST_GROUP_USED = [
     "counts",
@@ -93,7 +94,7 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     layers |= {t for t in ran if t.startswith(MODEL_DTYPE) and "37-tokens" in t}
     may = {t for t in ran if t.startswith((LAYER, MODEL_DTYPE)) and ("1-tokens" in t or "w4a4" in t)}
     may.add("test_moe_features.py::test_state_dict_round_trip_onto_a_fresh_layer")  # rows left unwritten differ
-    may |= {t for t in ran if t.startswith((*GEMM_SWEEPS, LAYER_SWEEP, OP_CONTRACTS))}
+    may |= {t for t in ran if t.startswith((*GEMM_SWEEPS, LAYER_SWEEP, OP_CONTRACTS, PLACEMENT))}
     assert must | layers <= failed
     assert failed <= must | layers | may, sorted(failed - must - layers - may)
     assert any(t.startswith(GEMM_SWEEPS[0]) for t in failed)
