@@ -44,6 +44,7 @@ from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading
 from moe.pipeline import Pipeline, choose_pipeline
 from moe.expert_load import ExpertLoad, LoadStats
+from moe.explain import LayerExplanation, dispatcher_kind, explain_layer
 from moe.placement import ExpertPlacement, PhysicalMap
 from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
@@ -194,6 +195,7 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         self.plan: DispatchPlan = resolve_dispatch_plan(
             self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
         )
+        self._runners, self._environ = runners, environ
         self.dispatcher = self._make_dispatcher()
         choice = choose_pipeline(self.vendor, self.scheme, self.spec, self.dispatcher, runners, environ=environ)
         self._choice = choice
@@ -225,6 +227,7 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
     def _make_dispatcher(self) -> Dispatcher:
         config = self.dispatch_config
         capacity, native, mode = config.max_dispatch_tokens_per_rank, config.ep_dispatcher, config.mode
+        kind = dispatcher_kind(config, self.process_group is not None)
         if native is not None:  # declared and given a process group: `LayerSpec` checked both
             return VendorEpDispatcher(
                 self.plan,
@@ -235,7 +238,7 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
                 mode=mode,
                 capacity=capacity,
             )
-        if mode == "auto":
+        if kind == "auto":
             return AutoDispatcher(
                 self.plan,
                 self.num_physical_experts,
@@ -243,11 +246,11 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
                 self.process_group,  # type: ignore[arg-type]
                 vendor=self.vendor,
             )
-        if mode == "low-latency":
+        if kind == "low-latency":
             return LowLatencyDispatcher(
                 self.plan, self.num_physical_experts, capacity, self.process_group, vendor=self.vendor
             )
-        if self.process_group is not None:
+        if kind == "all-to-all":
             return AllToAllDispatcher(self.plan, self.num_physical_experts, self.process_group, vendor=self.vendor)
         return LocalDispatcher(self.plan, self.num_physical_experts, vendor=self.vendor)
 
@@ -277,6 +280,14 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         """The physical slots this rank holds (the global ids of its experts without redundant experts)."""
         first = self.dispatcher.first_expert
         return range(first, first + self.dispatcher.num_local_experts)
+
+    @property
+    def explanation(self) -> LayerExplanation:
+        """Why this layer runs the way it does: its dispatch dtype, pipeline, dispatcher and expert runner,
+        and for each alternative the reason it was not taken (`moe.explain`; `.text()` to log it)."""
+        return explain_layer(
+            self.vendor, self.spec, dispatch=self.dispatch_config, runners=self._runners, environ=self._environ
+        )
 
     @property
     def expert_weights(self) -> ExpertWeights | None:
