@@ -81,7 +81,9 @@ def _activations(gen: torch.Generator) -> torch.Tensor:
     return torch.randn(64, 512, generator=gen, dtype=torch.float64).to(torch.bfloat16)
 
 
-def _quantize(vendor: Vendor, dtype, layout, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+def _quantize(  # type: ignore[no-untyped-def]
+    vendor: Vendor, dtype, layout, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The round trip through the format, against one rounding of each value."""
     x = _activations(gen)
     ref = x.double()

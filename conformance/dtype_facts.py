@@ -6,15 +6,17 @@ suite checks what a vendor (and hal's own table) does against these rows, so a m
 in hal's table is caught rather than copied. A dtype added to hal gets its row here too;
 the suite's tests are parametrized over `hal.DispatchDtype` and pick it up from there.
 
-| dtype | bound on `|dequantize(quantize(x)) - x|` per element |
-|---|---|
-| bf16 | `2^-8 * |x|` (half a bf16 step; 0 for bf16 input) |
-| fp16 | `2^-11 * |x| + 2^-25` (round to nearest: half an fp16 step; half the smallest subnormal) |
-| fp32 | `2^-24 * |x|` (half an fp32 step; 0 for fp32, fp16 or bf16 input) |
-| int8, per token | `rowmax|x| / 254` (half a step of `rowmax/127`) |
-| fp8 e4m3 (per token or per 128 channels) | `2^-4 * |x| + 2^-16 * amax` of the scale group (half an e4m3 step; subnormals) |
-| nvfp4 (16-value blocks) | `1.13 * max(|x|, amax_block / 6) / 4` (half an e2m1 step at \\|x\\|, e4m3-rounded block scale) |
-| int4, per token (a compute format) | `rowmax|x| / 14` (half a step of `rowmax/7`) |
+The bound on `|dequantize(quantize(x)) - x|` per element, by dtype:
+
+- bf16: `2^-8 * |x|` (half a bf16 step; 0 for bf16 input)
+- fp16: `2^-11 * |x| + 2^-25` (round to nearest: half an fp16 step; half the smallest subnormal)
+- fp32: `2^-24 * |x|` (half an fp32 step; 0 for fp32, fp16 or bf16 input)
+- int8, per token: `rowmax|x| / 254` (half a step of `rowmax/127`)
+- fp8 e4m3 (per token or per 128 channels): `2^-4 * |x| + 2^-16 * amax` of the scale group (half
+  an e4m3 step; subnormals)
+- nvfp4 (16-value blocks): `1.13 * max(|x|, amax_block / 6) / 4` (half an e2m1 step at \\|x\\|,
+  e4m3-rounded block scale)
+- int4, per token (a compute format): `rowmax|x| / 14` (half a step of `rowmax/7`)
 
 Every bound also allows `2^-20 * rowmax` for fp32 scale arithmetic.
 """

@@ -5,19 +5,24 @@ References are float64. A bound is what the format or the output dtype cannot av
 allowance for fp32 arithmetic; a wrong group, a wrong scale or a lost token exceeds
 every bound by orders of magnitude.
 
-| check | bound on the absolute error of each element (unless stated) |
-|---|---|
-| quantize (per dtype) | one rounding of each value: the table in `conformance.dtype_facts` |
-| grouped matmul | `r(out) * |ref| + 2^-12 * (|a| @ |b|)`: output rounding plus fp32 accumulation |
-| swiglu | `2 * r(out) * |ref| + 2^-16 * |gate * up|`: at most two roundings to the output dtype |
-| weighted combine | `r(out) * |ref| + 4 * SLACK * sum |w * row|`: one output rounding, fp32 accumulation |
-| dispatch round trip (identity experts) | the dtype's quantize bound plus `r(out) * |x|` |
-| MoE layer | `||y - ref|| / ||ref||` at most `LAYER_TOLERANCE[(scheme, dispatch dtype)]` |
-| MoE layer, integer schemes | also at most `EMULATED_LAYER_TOLERANCE` against the MoE rounded where the scheme rounds |
-| MoE layer of an fp16 / fp32 model in its own dtype | `||y - ref|| / ||ref||` at most `MODEL_DTYPE_LAYER_TOLERANCE[dtype]` |
-| fused_deep_moe | `||fused - unfused|| / ||unfused||` at most `FUSED_TOLERANCE` |
-| quantize_weight (per kind) | one rounding of each weight in its scale group (`weight_quantize_bound`) |
-| nvfp4, any quantization | plus `NVFP4_SCALE_FLOOR * amax` of the global scale's tensor (e4m3 block scales underflow) |
+The bound on the absolute error of each element (unless stated), by check:
+
+- quantize (per dtype): one rounding of each value: the list in `conformance.dtype_facts`
+- grouped matmul: `r(out) * |ref| + 2^-12 * (|a| @ |b|)`: output rounding plus fp32 accumulation
+- swiglu: `2 * r(out) * |ref| + 2^-16 * |gate * up|`: at most two roundings to the output dtype
+- weighted combine: `r(out) * |ref| + 4 * SLACK * sum |w * row|`: one output rounding, fp32
+  accumulation
+- dispatch round trip (identity experts): the dtype's quantize bound plus `r(out) * |x|`
+- MoE layer: `||y - ref|| / ||ref||` at most `LAYER_TOLERANCE[(scheme, dispatch dtype)]`
+- MoE layer, integer schemes: also at most `EMULATED_LAYER_TOLERANCE` against the MoE rounded where
+  the scheme rounds
+- MoE layer of an fp16 / fp32 model in its own dtype: `||y - ref|| / ||ref||` at most
+  `MODEL_DTYPE_LAYER_TOLERANCE[dtype]`
+- fused_deep_moe: `||fused - unfused|| / ||unfused||` at most `FUSED_TOLERANCE`
+- quantize_weight (per kind): one rounding of each weight in its scale group
+  (`weight_quantize_bound`)
+- nvfp4, any quantization: plus `NVFP4_SCALE_FLOOR * amax` of the global scale's tensor (e4m3 block
+  scales underflow)
 
 `r(out)`, the relative rounding of an output dtype, is `OUTPUT_ROUNDING[out]` (plus one
 subnormal step, `OUTPUT_SUBNORMAL_STEP[out]`, absolute); every bound also allows

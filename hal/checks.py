@@ -292,7 +292,11 @@ def combine_operands(
     pairs = t * k
     if index is None:
         if rows.shape[0] != pairs:  # type: ignore[union-attr]
-            raise invalid("rows", f"{pairs} rows (one per token and slot) when index is None", tuple(rows.shape))  # type: ignore[union-attr]
+            raise invalid(
+                "rows",
+                f"{pairs} rows (one per token and slot) when index is None",
+                tuple(rows.shape),  # type: ignore[union-attr]
+            )
         return t, k
     if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.numel() != pairs:
         raise invalid("index", f"None or a 1-D int32/int64 tensor of {pairs} row indices", _describe(index))

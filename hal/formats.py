@@ -1,14 +1,14 @@
 """Quantized tensor formats exchanged between hal ops: activations and expert weights.
 
-These are plain, validated containers; vendors produce and consume them. The layouts:
+These are plain, validated containers; vendors produce and consume them. The layouts
+(dtype, layout: data; scale):
 
-| dtype | layout | data | scale |
-|---|---|---|---|
-| bf16 | none | `[..., H]` bf16 | none |
-| int8 | per-token | `[..., H]` int8 | `[...]` fp32 |
-| fp8 | per-token | `[..., H]` float8_e4m3fn | `[...]` fp32 |
-| fp8 | per-token-group-128 | `[..., H]` float8_e4m3fn | `[..., ceil(H/128)]` fp32 |
-| nvfp4 | block-16 | `[..., H/2]` uint8 (two e2m1 codes, low nibble first) | `[..., H/16]` float8_e4m3fn, plus `global_scale` fp32 scalar |
+- bf16, none: data `[..., H]` bf16; scale none
+- int8, per-token: data `[..., H]` int8; scale `[...]` fp32
+- fp8, per-token: data `[..., H]` float8_e4m3fn; scale `[...]` fp32
+- fp8, per-token-group-128: data `[..., H]` float8_e4m3fn; scale `[..., ceil(H/128)]` fp32
+- nvfp4, block-16: data `[..., H/2]` uint8 (two e2m1 codes, low nibble first); scale `[..., H/16]`
+  float8_e4m3fn, plus `global_scale` fp32 scalar
 
 Dequantization: `x = data * scale` (scale broadcast over its channels); nvfp4:
 `x = e2m1(code) * scale / global_scale`.
@@ -17,15 +17,16 @@ Int4 activations are a compute format, never a dispatch dtype (no dispatcher car
 them): `PackedInt4Tensor`, values in [-7, 7] per token, eight packed per int32 along the
 last dimension (value j of a word in bits 4j..4j+3, two's complement), fp32 scale `[...]`.
 
-Expert weights are `[E, K, N]` (the activation `[M, K]` times one expert's `[K, N]`):
+Expert weights are `[E, K, N]` (the activation `[M, K]` times one expert's `[K, N]`), by
+layout (layout: data; scale):
 
-| layout | data | scale |
-|---|---|---|
-| none | `[E, K, N]` bf16/fp16/fp32 | none |
-| per-channel | `[E, K, N]` int8 or float8_e4m3fn | `[E, N]` fp32 |
-| per-channel (int4) | `[E, K, N/8]` int32, eight int4 per word along N (as activations) | `[E, N]` fp32 |
-| block-128x128 | `[E, K, N]` float8_e4m3fn | `[E, ceil(K/128), ceil(N/128)]` fp32 |
-| block-16 (nvfp4) | `[E, K/2, N]` uint8, two e2m1 codes along K (k even in the low nibble) | `[E, K/16, N]` float8_e4m3fn, plus `global_scale` fp32 `[E]` or `[E, N]` |
+- none: data `[E, K, N]` bf16/fp16/fp32; scale none
+- per-channel: data `[E, K, N]` int8 or float8_e4m3fn; scale `[E, N]` fp32
+- per-channel (int4): data `[E, K, N/8]` int32, eight int4 per word along N (as activations);
+  scale `[E, N]` fp32
+- block-128x128: data `[E, K, N]` float8_e4m3fn; scale `[E, ceil(K/128), ceil(N/128)]` fp32
+- block-16 (nvfp4): data `[E, K/2, N]` uint8, two e2m1 codes along K (k even in the low nibble);
+  scale `[E, K/16, N]` float8_e4m3fn, plus `global_scale` fp32 `[E]` or `[E, N]`
 
 Dequantized weights: `w = data * scale`; nvfp4: `w = e2m1(code) * scale / global_scale[e]`, or
 `/ global_scale[e, n]` where the global scale is per output channel (a checkpoint whose gate and

@@ -56,7 +56,10 @@ class ActivationFormat:
             return _FLOAT_NAMES[self.float_dtype]
         if self.int4:
             return "int4 per-token"
-        if self.layout is self.dtype.spec.default_layout and len(self.dtype.spec.layouts) == 1:  # type: ignore[union-attr]
+        if (
+            self.layout is self.dtype.spec.default_layout  # type: ignore[union-attr]
+            and len(self.dtype.spec.layouts) == 1  # type: ignore[union-attr]
+        ):
             return str(self.dtype)
         return f"{self.dtype} {self.layout}"
 

@@ -128,7 +128,8 @@ class LayerSpec:
         slots = None if self.num_experts is None else self.num_experts + self.redundant_experts
         if slots is not None and slots % self.ep_ranks:
             what = (
-                f"num_experts: expected a multiple of the expert-parallel ranks ({self.ep_ranks}), got {self.num_experts}"
+                f"num_experts: expected a multiple of the expert-parallel ranks ({self.ep_ranks}), "
+                f"got {self.num_experts}"
                 if not self.redundant_experts
                 else f"num_experts + redundant_experts: expected a multiple of the expert-parallel ranks "
                 f"({self.ep_ranks}), got {self.num_experts} + {self.redundant_experts}"
@@ -139,7 +140,8 @@ class LayerSpec:
                 LayerProblem(
                     "redundant_experts",
                     f"redundant_experts: scheme {self.traits.name!r} does not declare movable_experts (its "
-                    "per-expert tensors may not be laid out expert-first), so its experts cannot be replicated or moved",
+                    "per-expert tensors may not be laid out expert-first), so its experts cannot be replicated "
+                    "or moved",
                     False,
                 )
             )

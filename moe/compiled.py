@@ -4,11 +4,11 @@ Under compilation the layer checks its inputs' shapes in traced code and hands t
 (routing and its value checks, dispatch, grouped matmuls whose group sizes depend on the
 data, combine, shared experts, the tensor-parallel all-reduce) to
 `torch.ops.moe_hal.moe_forward`, whose fake implementation only states the output's shape
-and dtype. Compiled and eager layers therefore compute bit for bit alike. The op finds its layer through an integer handle:
-torch custom ops take tensors and plain values, not Python objects. The handle table holds
-weak references only (a layer that is gone is gone from it); it is an identity table, not
-configuration, and nothing reads it but the op. A lock guards it: layers are built, copied and
-called from several threads.
+and dtype. Compiled and eager layers therefore compute bit for bit alike. The op finds its
+layer through an integer handle: torch custom ops take tensors and plain values, not Python
+objects. The handle table holds weak references only (a layer that is gone is gone from it);
+it is an identity table, not configuration, and nothing reads it but the op. A lock guards
+it: layers are built, copied and called from several threads.
 """
 
 from __future__ import annotations

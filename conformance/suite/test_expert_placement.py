@@ -27,7 +27,8 @@ def test_replicated_and_migrated_experts_leave_the_output_unchanged(hal_vendor, 
     require_scheme(hal_vendor, scheme)
     if expected_resolution(hal_vendor.capabilities(), None, KNOWN_SCHEMES[scheme]).outcome == "rejected":
         pytest.skip(
-            f"vendor {hal_vendor.name!r} carries no dispatch dtype of scheme {scheme} (test_moe_layer checks the refusal)"
+            f"vendor {hal_vendor.name!r} carries no dispatch dtype of scheme {scheme} "
+            "(test_moe_layer checks the refusal)"
         )
     gen = generator("placement", scheme)
     w13 = torch.randn(EXPERTS, HIDDEN, 2 * INTERMEDIATE, generator=gen) / HIDDEN**0.5

@@ -3,13 +3,18 @@
 Each projection arrives `[N, K]` (out, in); hal keeps `[E, K, N]`. So every weight is
 transposed and stacked over the local experts, gate and up concatenated along N (`w13`
 `[E, H, 2I]`, gate first; `[E, H, I]` from the up projection alone for a plain
-activation), the down projection giving `w2` `[E, I, H]`. Scales follow:
+activation), the down projection giving `w2` `[E, I, H]`. Scales follow, by format:
 
-| format | `w13.scale` / `w2.scale` | global scale |
-|---|---|---|
-| fp8 / int8 | per-channel fp32 `[E, N]`; a per-tensor scale repeated over its N channels | none |
-| fp8-block128 | each `weight_scale_inv` transposed: `[E, ceil(K/128), ceil(N/128)]` | none |
-| nvfp4 | each e4m3 `weight_scale` transposed: `[E, K/16, N]` | `1 / weight_scale_2`: fp32 `[E]`, or `[E, 2I]` where gate and up differ |
+- fp8 / int8
+  - `w13.scale` / `w2.scale`: per-channel fp32 `[E, N]`; a per-tensor scale repeated over its N
+    channels
+  - global scale: none
+- fp8-block128
+  - `w13.scale` / `w2.scale`: each `weight_scale_inv` transposed: `[E, ceil(K/128), ceil(N/128)]`
+  - global scale: none
+- nvfp4
+  - `w13.scale` / `w2.scale`: each e4m3 `weight_scale` transposed: `[E, K/16, N]`
+  - global scale: `1 / weight_scale_2`: fp32 `[E]`, or `[E, 2I]` where gate and up differ
 
 The nvfp4 bytes need no change: ModelOpt packs two e2m1 codes per byte along K with the
 even k in the low nibble, which is hal's layout once transposed. Only the reciprocal of

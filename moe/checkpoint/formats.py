@@ -1,14 +1,27 @@
 """The checkpoint formats the loader reads, one row each: what every tensor of a projection must be.
 
-A projection's weight is stored `[N, K]` (out, in), as `torch.nn.Linear` keeps it:
+A projection's weight is stored `[N, K]` (out, in), as `torch.nn.Linear` keeps it. By format:
 
-| format | `weight` | scales | hal weights built |
-|---|---|---|---|
-| `bf16`, `fp16`, `fp32` | that dtype `[N, K]` | none | none, same dtype |
-| `fp8-block128` | e4m3 `[N, K]` | `weight_scale_inv` fp32 `[ceil(N/128), ceil(K/128)]` | block-128x128 |
-| `fp8` | e4m3 `[N, K]` | `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]`; optional `input_scale` `[]` | per-channel fp8 |
-| `int8` | int8 `[N, K]` | `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]` | per-channel int8 |
-| `nvfp4` | uint8 `[N, K/2]` | `weight_scale` e4m3 `[N, K/16]`, `weight_scale_2` fp32 `[]`, `input_scale` fp32 `[]` | block-16 |
+- `bf16`, `fp16`, `fp32`
+  - `weight`: that dtype `[N, K]`
+  - scales: none
+  - hal weights built: none, same dtype
+- `fp8-block128`
+  - `weight`: e4m3 `[N, K]`
+  - scales: `weight_scale_inv` fp32 `[ceil(N/128), ceil(K/128)]`
+  - hal weights built: block-128x128
+- `fp8`
+  - `weight`: e4m3 `[N, K]`
+  - scales: `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]`; optional `input_scale` `[]`
+  - hal weights built: per-channel fp8
+- `int8`
+  - `weight`: int8 `[N, K]`
+  - scales: `weight_scale` fp32 `[]`, `[1]`, `[N]` or `[N, 1]`
+  - hal weights built: per-channel int8
+- `nvfp4`
+  - `weight`: uint8 `[N, K/2]`
+  - scales: `weight_scale` e4m3 `[N, K/16]`, `weight_scale_2` fp32 `[]`, `input_scale` fp32 `[]`
+  - hal weights built: block-16
 
 Scales may also come in bf16 or fp16 (widened to fp32, exactly). Every format takes an
 optional fp32/bf16/fp16 `bias` `[N]` per projection.

@@ -106,7 +106,9 @@ class VendorEpDispatcher(Dispatcher):
         )
         bound = None
         if low_latency:  # each received token holds at most min(k, L) of this rank's pairs
-            bound = self.capacity * self.world_size * min(routing.top_k, self.num_local_experts)  # type: ignore[operator]
+            bound = (
+                self.capacity * self.world_size * min(routing.top_k, self.num_local_experts)  # type: ignore[operator]
+            )
         return DispatchOutput(
             self._last, payload, counts, (handle, routing), row_index=(row_index or [None])[0], max_rows=bound
         )

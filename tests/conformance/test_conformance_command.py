@@ -324,7 +324,8 @@ from conformance.runner import ResultCollector, _sigterm_interrupts
 collector = ResultCollector("cpu")
 with _sigterm_interrupts(collector.interrupt):
     code = int(pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-c", "/dev/null"], plugins=[collector]))
-print(json.dumps({"code": code, "results": sorted(collector.results), "unfinished": [n for n, _ in collector.unfinished()]}))
+print(json.dumps({"code": code, "results": sorted(collector.results),
+                  "unfinished": [n for n, _ in collector.unfinished()]}))
 """
 
 

@@ -128,7 +128,8 @@ chosen = [hal.get_vendor(environ={"HAL_VENDOR": "cpu"}).name, hal.get_vendor("cp
           hal.VendorRegistry.discover().select(" CPU ").vendor.name]
 imported = {"spy": marker.exists(), "cuda": "vendors.cuda" in sys.modules, "ascend": "vendors.ascend" in sys.modules}
 names = hal.VendorRegistry.discover().names()
-print(json.dumps({"chosen": chosen, "imported_when_named": imported, "listed": names, "spy_after_listing": marker.exists()}))
+print(json.dumps({"chosen": chosen, "imported_when_named": imported, "listed": names,
+                  "spy_after_listing": marker.exists()}))
 """
 
 

@@ -3,10 +3,11 @@
 Each world (2 and 4 ranks) is spawned once (`tests/support/tp_worker.py`); every rank compares its
 parallel layer with the single-process layer built from the same global weights on its
 own tokens (the `ckpt-*` cases load each rank's experts and intermediate shard through
-`moe.checkpoint` from one synthetic FP8 block-128 checkpoint). fp32 layers must agree to 1e-5 relative (only the summation order differs);
-bf16 and quantized layers to their rounding (the partial sums are added in fp32, so the
-only difference is where the bf16/quantized rounding happens: the quantized grouped GEMMs give
-bf16 outputs, rounded per shard before the sum).
+`moe.checkpoint` from one synthetic FP8 block-128 checkpoint). fp32 layers must agree to
+1e-5 relative (only the summation order differs); bf16 and quantized layers to their
+rounding (the partial sums are added in fp32, so the only difference is where the
+bf16/quantized rounding happens: the quantized grouped GEMMs give bf16 outputs, rounded per
+shard before the sum).
 """
 
 from __future__ import annotations

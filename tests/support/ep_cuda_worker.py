@@ -1,7 +1,8 @@
-"""Expert parallelism on GPUs, one rank per device (launched by `tests/vendors/cuda/test_moe_expert_parallel_cuda.py` through
-torchrun): every dispatcher the vendor declares (the torch.distributed path in each mode, and its own, e.g.
-DeepEP) against the single-rank layer at realistic shapes, the per-call mode of "auto", and a low-latency
-forward captured in a CUDA graph. Rank 0 writes one JSON line per case to the file named by argv[1].
+"""Expert parallelism on GPUs, one rank per device (launched by
+`tests/vendors/cuda/test_moe_expert_parallel_cuda.py` through torchrun): every dispatcher the
+vendor declares (the torch.distributed path in each mode, and its own, e.g. DeepEP) against the
+single-rank layer at realistic shapes, the per-call mode of "auto", and a low-latency forward
+captured in a CUDA graph. Rank 0 writes one JSON line per case to the file named by argv[1].
 """
 
 from __future__ import annotations

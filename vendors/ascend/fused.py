@@ -138,7 +138,12 @@ class FusedWeights:
 
     def get(self, w13: QuantizedWeight, w2: QuantizedWeight) -> tuple[torch.Tensor, ...]:
         with self._lock:
-            key = (w13.data._version, w2.data._version, w13.scale._version, w2.scale._version)  # type: ignore[union-attr]
+            key = (
+                w13.data._version,
+                w2.data._version,
+                w13.scale._version,  # type: ignore[union-attr]
+                w2.scale._version,  # type: ignore[union-attr]
+            )
             entry = self._entry
             if entry is None or entry[0]() is not w13.data or entry[1]() is not w2.data or entry[2] != key:
                 entry = (weakref.ref(w13.data), weakref.ref(w2.data), key, self._prepare(w13, w2))

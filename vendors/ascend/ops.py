@@ -1,14 +1,16 @@
 """`AscendOps`: the hal ops through torch_npu (or any object with its op names), via a binding.
 
-What runs where:
+What runs where (hal op: torch_npu op):
 
-| hal op | torch_npu op |
-|---|---|
-| quantize int8 (fp8 on A5), per token | `npu_dynamic_quant` (fp16/bf16 input; fp32 input uses the same formula in torch ops, since the op takes no fp32) |
-| quantize_int4 | `npu_dynamic_quant(dst_type=torch.quint4x2)`: int4 packed eight per int32 |
-| grouped_matmul | `npu_grouped_matmul` in its MoE form: one x `[M, K]`, one weight `[E, K, N]`, `group_type=0`, `split_item=2`, `group_list` int64 as counts (`group_list_type=1`) or offsets (`0`) as hal gives it |
-| swiglu | `npu_swiglu` |
-| dequantize, quantize_weight | torch ops (the reference formulas; weights are quantized once, offline) |
+- quantize int8 (fp8 on A5), per token: `npu_dynamic_quant` (fp16/bf16 input; fp32 input uses the
+  same formula in torch ops, since the op takes no fp32)
+- quantize_int4: `npu_dynamic_quant(dst_type=torch.quint4x2)`: int4 packed eight per int32
+- grouped_matmul: `npu_grouped_matmul` in its MoE form: one x `[M, K]`, one weight `[E, K, N]`,
+  `group_type=0`, `split_item=2`, `group_list` int64 as counts (`group_list_type=1`) or offsets
+  (`0`) as hal gives it
+- swiglu: `npu_swiglu`
+- dequantize, quantize_weight: torch ops (the reference formulas; weights are quantized once,
+  offline)
 
 Quantized GEMMs with a bf16/fp16 output apply the per-token and per-channel scales inside the
 op (`per_token_scale`, `scale`); an fp32 output, which the op does not produce for quantized

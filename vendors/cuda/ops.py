@@ -1,21 +1,38 @@
 """`CudaOps`: the hal ops on CUDA devices, through Triton kernels and torch's grouped GEMMs.
 
-| op | kernel |
-|---|---|
-| quantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels | Triton, one pass (`kernels/quantize.py`) |
-| quantize, cast dtypes (bf16) | a cast |
-| grouped matmul bf16 | `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per group, else the Triton grouped GEMM |
-| grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block | the Triton grouped GEMM (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so |
-| grouped matmul + SiLU-GLU (the experts' first projection) | the Triton grouped GEMM with the activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after |
-| grouped matmul through a row index (the dispatch's gather) | the Triton grouped GEMM reads its rows through the index or gathers them first, as the tuned table says (without an entry, one-byte rows through the index up to 32 rows per group); torch._grouped_mm: a gather first |
-| swiglu | Triton, one pass |
-| softmax top-k routing | Triton, one launch: softmax, k rounds of argmax, renormalization (up to 1024 experts) |
-| sort by expert | Triton, one program at decode (up to 128 pairs: each pair's rank from one comparison of all pairs; else a counting sort over two chunks of pairs), two launches of spans above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the dispatch's row index) written in the same pass |
-| weighted combine | Triton, one pass: gather the k rows, weigh in fp32, write once |
-| weight quantization | the reference, then one-byte weights are stored K-major (each expert's `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read |
-| everything else (dequantize, int4, nvfp4) | the torch reference (`hal.reference.ReferenceOps`) |
-| expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine) | DeepEP v1.2.1's buffers, normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep` imports) |
-| every Triton launch (sm90+, Triton 3.4+) | programmatic dependent launch: each kernel's launch overlaps the tail of the one before; it waits for that kernel before reading (`kernels/dependent.py`; `CudaVendor(dependent_launch=False)` turns it off) |
+Each op and its kernel:
+
+- quantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels: Triton, one pass
+  (`kernels/quantize.py`)
+- quantize, cast dtypes (bf16): a cast
+- grouped matmul bf16: `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per
+  group, else the Triton grouped GEMM
+- grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
+  (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form
+  (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so
+- grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the
+  activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after
+- grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its
+  rows through the index or gathers them first, as the tuned table says (without an entry,
+  one-byte rows through the index up to 32 rows per group); torch._grouped_mm: a gather first
+- swiglu: Triton, one pass
+- softmax top-k routing: Triton, one launch: softmax, k rounds of argmax, renormalization (up to
+  1024 experts)
+- sort by expert: Triton, one program at decode (up to 128 pairs: each pair's rank from one
+  comparison of all pairs; else a counting sort over two chunks of pairs), two launches of spans
+  above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the
+  dispatch's row index) written in the same pass
+- weighted combine: Triton, one pass: gather the k rows, weigh in fp32, write once
+- weight quantization: the reference, then one-byte weights are stored K-major (each expert's
+  `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions
+  read
+- everything else (dequantize, int4, nvfp4): the torch reference (`hal.reference.ReferenceOps`)
+- expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine): DeepEP v1.2.1's
+  buffers, normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep`
+  imports)
+- every Triton launch (sm90+, Triton 3.4+): programmatic dependent launch: each kernel's launch
+  overlaps the tail of the one before; it waits for that kernel before reading
+  (`kernels/dependent.py`; `CudaVendor(dependent_launch=False)` turns it off)
 
 This module imports Triton: the vendor builds `CudaOps` only where Triton imports, once,
 when its ops are first needed. No op reads a value back on the host: group sizes stay on
@@ -83,7 +100,8 @@ class CudaOps(DeepEpOps, ReferenceOps):
     `kernels/dependent.py`)."""
 
     notes = {
-        "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); a cast for bf16",
+        "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); "
+        "a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
@@ -120,7 +138,9 @@ class CudaOps(DeepEpOps, ReferenceOps):
         self._side = SideStreams()
         self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
-    def tune(self, problems, *, device: torch.device, device_name: str, progress=None) -> dict:  # type: ignore[no-untyped-def]
+    def tune(  # type: ignore[no-untyped-def]
+        self, problems, *, device: torch.device, device_name: str, progress=None
+    ) -> dict:
         """Time candidate grouped-GEMM configurations for `problems` here (see `vendors.cuda.tuner`)."""
         from vendors.cuda.tuner import tune
 
@@ -215,7 +235,9 @@ class CudaOps(DeepEpOps, ReferenceOps):
         `gather_in_gemm`: one-byte rows in groups of many rows are gathered); the other kinds and
         activations gather first."""
         gated = activation is not None
-        if kind not in _TRITON_KINDS or (gated and activation.kind is not ActivationKind.SILU_GLU):  # type: ignore[union-attr]
+        if kind not in _TRITON_KINDS or (
+            gated and activation.kind is not ActivationKind.SILU_GLU  # type: ignore[union-attr]
+        ):
             return super().grouped_matmul_gathered(
                 x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
             )
