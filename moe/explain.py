@@ -96,11 +96,10 @@ class LayerExplanation:
             + (f", tp {s.tp_ranks}" if s.tp_ranks > 1 else ""),
             f"vendor: {self.vendor} ({self.device})",
         ]
-        if self.problems:
+        plan = self.plan
+        if self.problems or plan is None:  # a buildable explanation always carries its plan
             lines += [f"refused: {p}" for p in self.problems]
             return "\n".join(lines)
-        plan = self.plan
-        assert plan is not None
         fallback = "" if plan.fallback is None else f"; fallback {plan.fallback.source} -> {plan.fallback.target}"
         lines += [
             f"dispatch dtype: {plan.resolved} ({plan.scale_layout}), from {plan.source}{fallback}",

@@ -77,45 +77,16 @@ def test_a_layer_that_cannot_be_built_is_explained_with_its_reasons():
     assert "refused:" in explained.text()
 
 
+def _hal_layer(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hal", "layer", *args], capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b"])
 def test_hal_layer_explains_model_presets_on_a_declared_table(model):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hal",
-            "layer",
-            "--model",
-            model,
-            "--vendor",
-            "cuda",
-            "--device-model",
-            "H100",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _hal_layer("--model", model, "--vendor", "cuda", "--device-model", "H100", "--json")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert payload["buildable"] and payload["dispatcher"] and payload["runner"]
     assert payload["table"] == "declared for device model H100"
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hal",
-            "layer",
-            "--model",
-            model,
-            "--vendor",
-            "ascend-emulated",
-            "--scheme",
-            "w4a4-int4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    refused = _hal_layer("--model", model, "--vendor", "ascend-emulated", "--scheme", "w4a4-int4")
     assert refused.returncode == 1 and "refused:" in refused.stdout
