@@ -56,6 +56,7 @@ OP_NAMES = (
     "ep_dispatch",
     "ep_combine",
     "graph_set",
+    "accumulate_counts",
 )
 
 
@@ -175,6 +176,24 @@ class VendorOps(abc.ABC):
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability("these ops capture no graphs")
+
+    def accumulate_counts(
+        self, values: torch.Tensor, total: torch.Tensor, ring: torch.Tensor, step: torch.Tensor, *, ids: bool
+    ) -> None:
+        """Load counters updated in place (see `hal.Vendor.accumulate_counts`); in plain torch by default,
+        a few small kernels and no host read."""
+        bins = total.shape[0]
+        if ids:
+            values = values.to(torch.int64)
+            inside = (values >= 0) & (values < bins)
+            counts = torch.zeros_like(total).index_add_(0, values.clamp(0, bins - 1), inside.to(torch.int64))
+        else:
+            counts = values.to(torch.int64)
+        total.add_(counts)
+        rows = ring.shape[0]
+        ring.index_add_(0, torch.remainder(step, rows), counts.view(1, -1))
+        step.add_(1)
+        ring.index_fill_(0, torch.remainder(step, rows), 0)
 
     def prepare_ep(
         self,

@@ -33,12 +33,13 @@ from hal.final import redefined_methods
 from hal.vendor_ep import ExpertParallelOps
 from hal.vendor_tuning import TuningOps
 from hal.vendor_concurrency import ConcurrencyOps
+from hal.vendor_statistics import StatisticsOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
 
-class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, Platform):
+class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platform):
     """A hardware backend: a `Platform` and the hal ops, checked here and computed by `self.ops`.
 
     The op methods are final: a vendor implements ops in the `hal.VendorOps` its `_make_ops` returns
@@ -49,7 +50,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, Platform):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        redefined = redefined_methods(cls, Vendor, (Vendor, ExpertParallelOps, TuningOps, ConcurrencyOps))
+        bases = (Vendor, ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps)
+        redefined = redefined_methods(cls, Vendor, bases)
         if redefined:
             raise TypeError(
                 f"{cls.__module__}.{cls.__qualname__} redefines hal.Vendor's op method(s) {', '.join(redefined)}: "

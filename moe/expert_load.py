@@ -3,9 +3,9 @@
 A layer built with `load_stats=LoadStats(window=W)` counts, at every forward, how many (token, slot)
 pairs chose each logical expert (this rank's tokens) and how many pairs each of this rank's
 physical slots received: cumulative counts and a sliding window of the last W forwards. The
-counters are fixed-size device tensors updated in place (a scatter-add, a copy into the window's
-row and a step counter kept on the device), so recording costs a few small kernels, no host
-read, and works inside captured graphs. Memory is bounded: `(W + 1) * (E + L)` int64 counters.
+counters are fixed-size device tensors that the vendor's `accumulate_counts` updates in place (one
+or two small kernels per count on CUDA, a step counter kept on the device), so recording needs no
+host read and works inside captured graphs. Memory is bounded: `(W + 2) * (E + L)` int64 counters.
 
 Reading (`ExpertLoad.snapshot`) copies the counters to the host (one synchronisation, when asked).
 Statistics of calls issued concurrently from several streams may miss updates.
@@ -17,11 +17,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hal import InvalidInput, invalid, positive_int
+
+if TYPE_CHECKING:
+    from hal import Vendor
 
 
 @dataclass(frozen=True)
@@ -82,16 +85,17 @@ class ExpertLoad(torch.nn.Module):
     step: torch.Tensor
     slot_step: torch.Tensor
 
-    def __init__(self, config: LoadStats, num_experts: int, local_slots: int, device: torch.device) -> None:
+    def __init__(self, config: LoadStats, num_experts: int, local_slots: int, vendor: Vendor) -> None:
         super().__init__()
         self.config = config
-        w = config.window
-        make = {"dtype": torch.int64, "device": device}
+        self.vendor = vendor
+        rows = config.window + 1  # a ring: the row after the newest is kept zero
+        make = {"dtype": torch.int64, "device": vendor.device}
         for name, shape in (
             ("expert_total", (num_experts,)),
-            ("expert_recent", (w, num_experts)),
+            ("expert_recent", (rows, num_experts)),
             ("slot_total", (local_slots,)),
-            ("slot_recent", (w, local_slots)),
+            ("slot_recent", (rows, local_slots)),
             ("step", (1,)),  # forwards recorded (on the device: never read per call)
             ("slot_step", (1,)),
         ):
@@ -99,15 +103,11 @@ class ExpertLoad(torch.nn.Module):
 
     def record_routing(self, topk_ids: torch.Tensor) -> None:
         """Count a forward's logical choices `[T, k]`."""
-        _record(topk_ids.reshape(-1), self.expert_total, self.expert_recent, self.step)
+        self.vendor.accumulate_counts(topk_ids.reshape(-1), self.expert_total, self.expert_recent, self.step, ids=True)
 
     def record_received(self, slot_counts: torch.Tensor) -> None:
         """Count the pairs each local slot received in a forward (`[L]`, the dispatch's expert counts)."""
-        counts = slot_counts.to(torch.int64)
-        self.slot_total.add_(counts)
-        row = torch.remainder(self.slot_step, self.slot_recent.shape[0])
-        self.slot_recent.index_copy_(0, row, counts.view(1, -1))
-        self.slot_step.add_(1)
+        self.vendor.accumulate_counts(slot_counts, self.slot_total, self.slot_recent, self.slot_step, ids=False)
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -147,13 +147,6 @@ class ExpertLoad(torch.nn.Module):
             slot_window=self.slot_recent.sum(dim=0).tolist(),
             ranks=ranks,
         )
-
-
-def _record(ids: torch.Tensor, total: torch.Tensor, recent: torch.Tensor, step: torch.Tensor) -> None:
-    counts = torch.zeros_like(total).index_add_(0, ids.to(torch.int64), torch.ones_like(ids, dtype=torch.int64))
-    total.add_(counts)
-    recent.index_copy_(0, torch.remainder(step, recent.shape[0]), counts.view(1, -1))
-    step.add_(1)
 
 
 def dump_expert_load(layers: Mapping[str, Any] | Iterable[tuple[str, Any]], path: str | Path | None = None) -> dict:

@@ -216,7 +216,7 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         self.expert_load = (
             None
             if load_stats is None
-            else ExpertLoad(load_stats, num_experts, self.dispatcher.num_local_experts, self.vendor.device)
+            else ExpertLoad(load_stats, num_experts, self.dispatcher.num_local_experts, self.vendor)
         )
         self.graph_config = graphs
         self._graphs = self._make_graphs()

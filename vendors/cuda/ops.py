@@ -62,6 +62,7 @@ from hal import (
     ScaleLayout,
     take_rows,
 )
+from vendors.cuda.counting import CountingOps
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
@@ -94,7 +95,7 @@ GROUPED_MM_MIN_ROWS_PER_GROUP = 192
 ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
-class CudaOps(DeepEpOps, ReferenceOps):
+class CudaOps(CountingOps, DeepEpOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+);
     `dependent_launch`: launch the Triton kernels with programmatic dependent launch (sm90+,
     `kernels/dependent.py`)."""
@@ -135,6 +136,7 @@ class CudaOps(DeepEpOps, ReferenceOps):
         self.pdl = dependent_launch
         self.tuning = tuning
         self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
+        self._choices: dict[tuple[object, ...], Choice | None] = {}  # the table's answer per call shape
         self._side = SideStreams()
         self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
@@ -315,9 +317,11 @@ class CudaOps(DeepEpOps, ReferenceOps):
         if self.tuning is None:
             return None
         e, k, n = weight.data.shape
-        if gated:
-            return self.tuning.lookup_activated(kind.value, e, k, n, rows, ActivationKind.SILU_GLU.value)
-        return self.tuning.lookup(kind.value, e, k, n, rows)
+        key = (kind, e, k, n, rows, gated)
+        if key not in self._choices:
+            activation = ActivationKind.SILU_GLU.value if gated else None
+            self._choices[key] = self.tuning.lookup_activated(kind.value, e, k, n, rows, activation)
+        return self._choices[key]
 
     def quantize_weight(
         self, weight: torch.Tensor, *, layout: ScaleLayout, dtype: torch.dtype | None

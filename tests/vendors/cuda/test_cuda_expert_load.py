@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import moe
+from conformance import reference
 from conformance.reference import random_weights, relative_error, seed_of
+from conformance.tolerances import layer_tolerance
 from moe.routing_traces import RoutingTrace
 from tests.support.paths import release_device_memory
 from vendors.cuda import CudaVendor
@@ -46,12 +48,21 @@ def test_recording_never_synchronises_and_replicas_only_round(scheme):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     expected = plain(x, logits)
-    assert relative_error(replicated, expected.double()) <= 2.0**-8
+    # A replica changes the GEMMs' group sizes and so, on a tuned device, may change their kernel
+    # configuration (the tables are keyed by the number of experts): bf16 results move by rounding; an
+    # fp8 scheme re-quantizes the intermediate activation, where a rounding difference flips whole fp8
+    # steps (2^-4 relative) on some elements. Each stays within its scheme's bound of float64.
+    between = 2.0**-8 if scheme == "unquantized" else 2.0**-5
+    assert relative_error(replicated, expected.double()) <= between
+    ids, weights = reference.softmax_topk(logits[:32], K)
+    exact = reference.moe(x[:32], ids, weights, *random_weights(E, H, I, seed_of("expert-load", scheme)))
+    bound = layer_tolerance(scheme, layer.plan.resolved.value)
+    assert relative_error(replicated[:32].cpu(), exact) <= bound
     snap = layer.expert_load.snapshot()
     assert snap.forwards == 2 and sum(snap.expert_total) == 2 * 512 * K
     placement = layer.rebalance()
     rebalanced = layer(x, logits)
-    assert relative_error(rebalanced, expected.double()) <= 2.0**-8
+    assert relative_error(rebalanced, expected.double()) <= between
     slots = list(placement.slots)  # the same replica counts, two experts trading slots
     a, b = slots.index(0), len(slots) - 1 - slots[::-1].index(E - 1)
     slots[a], slots[b] = slots[b], slots[a]

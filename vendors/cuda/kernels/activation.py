@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 
@@ -28,8 +29,18 @@ def swiglu(x: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     i = two_i // 2
     y = torch.empty((m, i), dtype=x.dtype, device=x.device)
     if m and i:
-        block = min(1024, triton.next_power_of_2(i))
-        _swiglu[(m, triton.cdiv(i, block))](
-            x, y, i, x.stride(0), y.stride(0), BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        block = min(1024, next_power_of_2(i))
+        launch(
+            _swiglu,
+            (m, cdiv(i, block)),
+            x,
+            y,
+            i,
+            x.stride(0),
+            y.stride(0),
+            BLOCK=block,
+            PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
         )
     return y

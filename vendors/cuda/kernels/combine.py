@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 
@@ -58,8 +59,10 @@ def weighted_combine(
     out = torch.empty((t, h), dtype=out_dtype, device=rows.device)
     if t and h:
         weights = topk_weights.contiguous()
-        block = min(1024, triton.next_power_of_2(h))
-        _combine[(t, triton.cdiv(h, block))](
+        block = min(1024, next_power_of_2(h))
+        launch(
+            _combine,
+            (t, cdiv(h, block)),
             rows,
             index if index is not None else weights,
             weights,

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 from vendors.cuda.kernels.grouped_gemm_tma import grouped_gemm_tma, tma_fits
 from vendors.cuda.kernels.schedule import program_tile
@@ -329,7 +330,7 @@ def grouped_gemm(
     # each of the at most min(E, M) non-empty groups may end in one partial block. (At decode this
     # drops the programs of the untouched experts.)
     m_blocks = m // tiles.block_m + min(e, m)
-    grid = (m_blocks * triton.cdiv(n, tiles.block_n),)
+    grid = (m_blocks * cdiv(n, tiles.block_n),)
     xs = x_scale if x_scale is not None else x
     ws = w_scale if w_scale is not None else x
     xs_strides = (xs.stride(0), xs.stride(1) if xs.dim() > 1 else 0) if x_scale is not None else (0, 0)
@@ -340,7 +341,9 @@ def grouped_gemm(
     else:
         ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2))
     index = row_index if row_index is not None else counts
-    _grouped_gemm[grid](
+    launch(
+        _grouped_gemm,
+        grid,
         x,
         w,
         y,
@@ -365,7 +368,7 @@ def grouped_gemm(
         SCALE_MODE=scale_mode,
         INT_ACC=integer,
         IEEE=x.dtype == torch.float32,
-        E_PAD=max(16, triton.next_power_of_2(e)),
+        E_PAD=max(16, next_power_of_2(e)),
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,

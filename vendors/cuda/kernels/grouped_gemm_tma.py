@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 from vendors.cuda.kernels.schedule import program_tile
 
@@ -152,7 +153,9 @@ def grouped_gemm_tma(
     x_desc = TensorDescriptor.from_tensor(x, [block_m, 128])
     w_desc = TensorDescriptor(w, [e * n_all, k], [k, 1], [block_n, 128])  # w's storage: [E, N_all, K]
     m_blocks = m // block_m + min(e, m)
-    _grouped_gemm_tma[(m_blocks * triton.cdiv(n, block_n),)](
+    launch(
+        _grouped_gemm_tma,
+        (m_blocks * cdiv(n, block_n),),
         x_desc,
         w_desc,
         y,
@@ -171,7 +174,7 @@ def grouped_gemm_tma(
         w_scale.stride(0),
         w_scale.stride(1),
         w_scale.stride(2),
-        E_PAD=max(16, triton.next_power_of_2(e)),
+        E_PAD=max(16, next_power_of_2(e)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=128,

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 #: Rows longer than this are quantized per token in a two-pass loop instead of one load.
@@ -96,17 +97,19 @@ def quantize_rows(
     q = torch.empty((m, h), dtype=target, device=x.device)
     if group is None:
         scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-        block = triton.next_power_of_2(h)
+        block = next_power_of_2(h)
         loop = block > MAX_SINGLE_PASS
         block = min(block, 4096) if loop else block
         groups, stride_sg = 1, 0
     else:
-        groups = triton.cdiv(h, group)
+        groups = cdiv(h, group)
         scale = torch.empty((m, groups), dtype=torch.float32, device=x.device)
         block, loop, stride_sg = group, False, scale.stride(1) if m else 1
     rows = 1 if loop else max(1, TILE_ELEMENTS // block)  # one variant per width: masked rows cost no traffic
     if m:
-        _quantize_rows[(triton.cdiv(m, rows), groups)](
+        launch(
+            _quantize_rows,
+            (cdiv(m, rows), groups),
             x,
             q,
             scale,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 #: The most experts the kernel holds in one tile (more take the reference).
@@ -75,9 +76,11 @@ def softmax_topk(
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
     if t:
-        e_pad = triton.next_power_of_2(e)
+        e_pad = next_power_of_2(e)
         rows, warps = launch_shape(t, e_pad)
-        _softmax_topk[(triton.cdiv(t, rows),)](
+        launch(
+            _softmax_topk,
+            (cdiv(t, rows),),
             logits,
             weights,
             ids,
@@ -85,7 +88,7 @@ def softmax_topk(
             e,
             logits.stride(0),
             K=top_k,
-            K_PAD=triton.next_power_of_2(top_k),
+            K_PAD=next_power_of_2(top_k),
             E_PAD=e_pad,
             ROWS=rows,
             RENORMALIZE=renormalize,

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 
 #: Most chunks of pairs sorted by one program (`sort_method`); more go to `sort_pairs_spread`. On an
@@ -148,7 +149,7 @@ def spans_for(num_experts: int) -> int:
 def _padded_and_chunk(num_experts: int) -> tuple[int, int]:
     """The expert axis padded to a power of two, and the pairs per chunk (a chunk's one-hot
     `[chunk, E]` block stays near 8192 values)."""
-    e_pad = max(16, triton.next_power_of_2(num_experts))
+    e_pad = max(16, next_power_of_2(num_experts))
     return e_pad, max(16, min(128, 8192 // e_pad))
 
 
@@ -174,13 +175,15 @@ def sort_pairs(
     token = torch.empty_like(order) if tokens else order
     pairs = flat.numel()
     e_pad, chunk = _padded_and_chunk(num_experts)
-    p_pad = max(16, triton.next_power_of_2(pairs))
+    p_pad = max(16, next_power_of_2(pairs))
     if by_rank is None:
         by_rank = rank_sort_fits(pairs, num_experts)
     elif by_rank and p_pad > RANK_MAX_PAIRS:
         raise ValueError(f"sort_pairs: the rank sort takes at most {RANK_MAX_PAIRS} pairs, got {pairs}")
     if by_rank:
-        _sort_by_rank[(1,)](
+        launch(
+            _sort_by_rank,
+            (1,),
             flat,
             order,
             inverse,
@@ -197,8 +200,10 @@ def sort_pairs(
             launch_pdl=pdl,
         )
         return (order, inverse, counts, token) if tokens else (order, inverse, counts)
-    chunk = min(chunk, max(16, triton.next_power_of_2(pairs)))  # decode: a one-hot block no larger than the pairs
-    _sort_pairs[(1,)](
+    chunk = min(chunk, max(16, next_power_of_2(pairs)))  # decode: a one-hot block no larger than the pairs
+    launch(
+        _sort_pairs,
+        (1,),
         flat,
         order,
         inverse,
@@ -219,7 +224,7 @@ def sort_pairs(
 
 def rank_sort_fits(pairs: int, num_experts: int) -> bool:
     """Whether the rank sort takes these pairs (`RANK_MAX_PAIRS`, `RANK_MAX_EXPERTS`)."""
-    p_pad = max(16, triton.next_power_of_2(pairs))
+    p_pad = max(16, next_power_of_2(pairs))
     e_pad = _padded_and_chunk(num_experts)[0]
     return 0 < pairs and p_pad <= RANK_MAX_PAIRS and e_pad <= RANK_MAX_EXPERTS and p_pad <= 2 * e_pad
 
@@ -305,13 +310,26 @@ def sort_pairs_spread(
         counts.zero_()
         return (order, inverse, counts, token) if tokens else (order, inverse, counts)
     e_pad, chunk = _padded_and_chunk(num_experts)
-    span = triton.cdiv(triton.cdiv(pairs, max_spans or spans_for(num_experts)), chunk) * chunk
-    spans = triton.cdiv(pairs, span)
+    span = cdiv(cdiv(pairs, max_spans or spans_for(num_experts)), chunk) * chunk
+    spans = cdiv(pairs, span)
     table = torch.empty((spans, e_pad), dtype=torch.int32, device=flat.device)
-    _count_spans[(spans,)](
-        flat, table, pairs, num_experts, span, E_PAD=e_pad, CHUNK=chunk, PDL=pdl, num_warps=4, launch_pdl=pdl
+    launch(
+        _count_spans,
+        (spans,),
+        flat,
+        table,
+        pairs,
+        num_experts,
+        span,
+        E_PAD=e_pad,
+        CHUNK=chunk,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
     )
-    _place_spans[(spans,)](
+    launch(
+        _place_spans,
+        (spans,),
         flat,
         table,
         order,
