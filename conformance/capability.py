@@ -21,6 +21,7 @@ MODEL_FEATURES = "model features"  #: activations, biases, shared experts, preco
 SORT_AND_COMBINE = "sort and combine"
 BAD_INPUT = "bad input"
 OP_CONTRACTS = "op contracts"  #: inputs kept, contiguous outputs, bit-identical repeats (unless not deterministic)
+SCHEME_FALLBACKS = "scheme fallbacks"  #: schemes converted at load to the vendor's declared fallback, within bound
 
 
 def dispatch_label(dtype: DispatchDtype | str) -> str:
@@ -66,6 +67,7 @@ def all_labels() -> list[str]:
         *(layer_label(s) for s in KNOWN_SCHEMES),
         *(fused_label(s) for s in KNOWN_SCHEMES),
         MODEL_FEATURES,
+        SCHEME_FALLBACKS,
         OP_CONTRACTS,
         BAD_INPUT,
     ]
@@ -103,6 +105,9 @@ def declared_status(caps: Capabilities, label: str) -> str:
         if scheme in caps.fused_deep_moe:
             return "supported (fused)"
         gemm = scheme_gemm(scheme)
+        fallback = caps.scheme_fallbacks.get(scheme)
+        if not caps.supports_gemm(gemm) and fallback is not None and fallback.target is not None:
+            return f"converted at load to {fallback.target} (no {gemm} grouped matmul)"
         return "supported" if caps.supports_gemm(gemm) else f"not supported (no {gemm} grouped matmul)"
     if kind == "fused_deep_moe":
         return "declared" if name in caps.fused_deep_moe else "not declared"
@@ -110,6 +115,9 @@ def declared_status(caps: Capabilities, label: str) -> str:
         return "declared" if ActivationKind(name) in caps.activations else "not declared"
     if label == EXPERT_BIAS:
         return "declared" if caps.expert_bias else "not declared"
+    if label == SCHEME_FALLBACKS:
+        declared = [f"{n} -> {f.target or 'refused'}" for n, f in sorted(caps.scheme_fallbacks.items())]
+        return ", ".join(declared) if declared else "none declared"
     if label == OP_CONTRACTS:
         return "required (deterministic)" if caps.deterministic else "required (deterministic=False)"
     return "required"

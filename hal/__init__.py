@@ -11,7 +11,7 @@ interface and register themselves as plugins in the `hal.vendors` entry-point gr
 """
 
 from hal.activations import Activation, ActivationKind
-from hal.capabilities import Capabilities, DeclaredFallback, Int8QuantMode, KernelLimits
+from hal.capabilities import Capabilities, DeclaredFallback, Int8QuantMode, KernelLimits, SchemeFallback
 from hal.discovery import (
     DEFAULT_PROBE_TIMEOUT,
     ENTRY_POINT_GROUP,
@@ -30,6 +30,7 @@ from hal.dtypes import (
     FP4_MAX,
     FP8_GROUP_SIZE,
     FP8_MAX,
+    HOST_DEVICE,
     INT4_MAX,
     INT4_PER_WORD,
     INT8_MAX,
@@ -72,6 +73,7 @@ from hal.resolution import (
     resolve_dispatch_plan,
 )
 from hal.schemes import KNOWN_SCHEMES, SchemeTraits, parse_scheme
+from hal.scheme_fallbacks import SchemeChoice, choose_scheme, resolve_layer_plan
 from hal.vendor import Vendor
 
 __all__ = [
@@ -79,6 +81,10 @@ __all__ = [
     "Capabilities",
     "Int8QuantMode",
     "DeclaredFallback",
+    "SchemeFallback",
+    "SchemeChoice",
+    "choose_scheme",
+    "resolve_layer_plan",
     "KernelLimits",
     # what a layer is, and why a vendor cannot build it
     "LayerSpec",
@@ -104,6 +110,7 @@ __all__ = [
     "NVFP4_BLOCK_SIZE",
     "INT8_MAX",
     "FP8_MAX",
+    "HOST_DEVICE",
     "FP4_MAX",
     "INT4_MAX",
     "INT4_PER_WORD",

@@ -12,6 +12,7 @@ from hal.activations import ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput
 from hal.gemm_kinds import GemmKind, gemm_kinds_consuming
+from hal.schemes import KNOWN_SCHEMES, parse_scheme
 
 
 class Int8QuantMode(str, enum.Enum):
@@ -57,6 +58,26 @@ class DeclaredFallback:
 
 
 @dataclass(frozen=True)
+class SchemeFallback:
+    """What a scheme whose grouped-matmul kind a vendor lacks runs as instead: `target` names the scheme its
+    weights are converted to once, at load (None: the scheme is refused), `reason` says why in words, and
+    `max_error` bounds the converted layer's error, `||y - ref|| / ||ref||` against the float64 layer of
+    the original weights (the conformance suite checks it; None: no bound declared)."""
+
+    target: str | None
+    reason: str = ""
+    max_error: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.target is not None and not isinstance(self.target, str):
+            raise InvalidInput(f"SchemeFallback.target: expected a scheme name or None, got {self.target!r}")
+        bound = self.max_error
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0):
+            raise InvalidInput(f"SchemeFallback.max_error: expected None or a positive number, got {bound!r}")
+        object.__setattr__(self, "reason", str(self.reason))
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """A frozen declaration of what one vendor can do on one device: only what cannot be derived.
 
@@ -65,7 +86,8 @@ class Capabilities:
     may be given as a bare dtype or None (no reason). `scale_layouts` names the activation scale
     layout a dtype is carried and quantized with where it is not the dtype's default (fp8's default
     is one scale per 128 channels). `supports_fp8_dispatch`, `int8_quant_mode`, `fp8_scale_layout`,
-    `dispatch_fallbacks` and `fallback_reasons` are derived views.
+    `dispatch_fallbacks` and `fallback_reasons` are derived views. `scheme_fallbacks` maps a scheme
+    (by name) whose grouped-matmul kind is not declared to the `SchemeFallback` it runs as.
     """
 
     def __deepcopy__(self, memo: dict[int, object]) -> Capabilities:
@@ -100,6 +122,8 @@ class Capabilities:
     #: expert-parallel dispatchers the vendor could offer but cannot here, each with the reason
     #: (e.g. its library does not import); shown by `hal caps` and `hal explain`
     ep_dispatchers_absent: Mapping[str, str] = field(default_factory=dict)
+    #: scheme name -> the scheme its weights are converted to at load where its GEMM kind is lacking
+    scheme_fallbacks: Mapping[str, SchemeFallback] = field(default_factory=dict)
     limits: KernelLimits = KernelLimits()
     collective_backend: str = "gloo"
     notes: tuple[str, ...] = ()
@@ -136,6 +160,7 @@ class Capabilities:
             MappingProxyType({str(k): str(v) for k, v in dict(self.ep_dispatchers_absent).items()}),
         )
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "scheme_fallbacks", MappingProxyType(_scheme_fallbacks(self.scheme_fallbacks)))
 
     def __hash__(self) -> int:
         return hash(
@@ -229,6 +254,13 @@ class Capabilities:
                     break
                 seen.add(current)
                 current = self.fallbacks[current].target
+        for name, declared in self.scheme_fallbacks.items():
+            kind = KNOWN_SCHEMES[name].compute_kind
+            if kind is not None and kind in self.grouped_matmul:
+                problems.append(f"scheme fallback declared for {name}, whose {kind} grouped matmul is declared")
+            target = None if declared.target is None else KNOWN_SCHEMES[declared.target].compute_kind
+            if target is not None and target not in self.grouped_matmul:
+                problems.append(f"scheme fallback {name} -> {declared.target} targets an undeclared {target} matmul")
         for name in sorted(self.ep_low_latency - self.ep_dispatchers):
             problems.append(f"ep_low_latency names {name!r}, which is not among ep_dispatchers")
         for name in sorted(self.ep_dispatchers & set(self.ep_dispatchers_absent)):
@@ -265,10 +297,27 @@ class Capabilities:
             "ep_dispatchers": sorted(self.ep_dispatchers),
             "ep_low_latency": sorted(self.ep_low_latency),
             "ep_dispatchers_absent": dict(sorted(self.ep_dispatchers_absent.items())),
+            "scheme_fallbacks": {
+                name: {"target": f.target, "reason": f.reason, "max_error": f.max_error}
+                for name, f in sorted(self.scheme_fallbacks.items())
+            },
             "limits": self.limits.as_dict(),
             "collective_backend": self.collective_backend,
             "notes": list(self.notes),
         }
+
+
+def _scheme_fallbacks(declared: Mapping[str, Any]) -> dict[str, SchemeFallback]:
+    """Scheme fallbacks keyed and targeted by the schemes' canonical names (`hal.parse_scheme`)."""
+    parsed: dict[str, SchemeFallback] = {}
+    for source, value in dict(declared).items():
+        fallback = value if isinstance(value, SchemeFallback) else SchemeFallback(value)
+        target = None if fallback.target is None else parse_scheme(fallback.target).name
+        name = parse_scheme(source).name
+        if target == name:
+            raise InvalidInput(f"scheme_fallbacks: {name} falls back to itself")
+        parsed[name] = SchemeFallback(target, fallback.reason, fallback.max_error)
+    return parsed
 
 
 def _sorted_values(items: Iterable[enum.Enum]) -> list[str]:

@@ -36,6 +36,9 @@ INT4_MAX = 7
 INT4_PER_WORD = 8
 #: The float dtypes of activations and unscaled weights.
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: The host, where conversions that every device's torch can compute run (weights converted once at load:
+#: fp8 values are decoded there even where the accelerator has no fp8 dtype).
+HOST_DEVICE = torch.device("cpu")
 #: e2m1 magnitude of each 3-bit code (exponent << 1 | mantissa); bit 3 of a code is the sign.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 

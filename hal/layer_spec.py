@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from hal.activations import Activation, ActivationKind
 from hal.capabilities import Capabilities
 from hal.errors import InvalidInput, UnsupportedCapability, invalid, names, positive_int
+from hal.scheme_fallbacks import SchemeChoice, choose_scheme
 from hal.schemes import SchemeTraits, parse_scheme
 
 
@@ -95,10 +96,18 @@ class LayerSpec:
         """SiLU-GLU experts without biases: what a vendor's `fused_deep_moe` computes."""
         return self.parsed_activation.kind is ActivationKind.SILU_GLU and not self.bias
 
+    def scheme_choice(self, capabilities: Capabilities) -> SchemeChoice:
+        """The scheme the experts run as: this spec's, or the vendor's declared fallback for it."""
+        return choose_scheme(capabilities, self.traits)
+
     def takes_fused(self, capabilities: Capabilities) -> bool:
         """Whether a layer of this spec runs the vendor's fused op (given that it has no problems)."""
-        declared = self.traits.name in capabilities.fused_deep_moe and self.plain_experts
+        declared = self._fused_declared(capabilities) and self.plain_experts
         return declared if self.fused is None else self.fused
+
+    def _fused_declared(self, capabilities: Capabilities) -> bool:
+        runs = self.scheme_choice(capabilities).effective.name
+        return bool({self.traits.name, runs} & capabilities.fused_deep_moe)
 
     def problems(self, capabilities: Capabilities) -> list[LayerProblem]:
         """Every reason a vendor with `capabilities` cannot build this layer (empty: it can)."""
@@ -211,7 +220,7 @@ class LayerSpec:
         scheme = self.traits
         if self.fused:
             found = []
-            if scheme.name not in caps.fused_deep_moe:
+            if not self._fused_declared(caps):
                 found.append(
                     LayerProblem(
                         "fused",
@@ -232,19 +241,11 @@ class LayerSpec:
             return found
         if self.takes_fused(caps):
             return []
-        kind = scheme.compute_kind
+        choice = self.scheme_choice(caps)
+        kind = choice.effective.compute_kind
         if kind is None:
             return []
-        found = []
-        if not caps.supports_gemm(kind):
-            found.append(
-                LayerProblem(
-                    "scheme",
-                    f"the {kind} grouped matmul that scheme {scheme.name!r} needs is not declared "
-                    f"(declared: {names(caps.grouped_matmul)})",
-                    True,
-                )
-            )
+        found = [] if choice.problem is None else [LayerProblem("scheme", choice.problem, True)]
         multiple = kind.spec.k_multiple
         if self.hidden_size % multiple:
             found.append(

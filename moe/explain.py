@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hal import Capabilities, DispatchConfig, DispatchPlan, HalError, LayerSpec, Vendor, resolve_dispatch_plan
+from hal import (
+    Capabilities,
+    DispatchConfig,
+    DispatchPlan,
+    HalError,
+    LayerSpec,
+    SchemeTraits,
+    Vendor,
+    resolve_layer_plan,
+)
 from moe.dispatch import DispatchFormat
 from moe.runners import ANY_VENDOR, RunnerKey, RunnerRegistry
 
@@ -61,6 +70,8 @@ class LayerExplanation:
     runner: str | None = None
     rejected: tuple[Alternative, ...] = field(default_factory=tuple)
     warnings: tuple[str, ...] = ()
+    #: the scheme the experts run as, where the vendor converts the weights to another at load
+    scheme_fallback: str | None = None
 
     @property
     def buildable(self) -> bool:
@@ -76,6 +87,7 @@ class LayerExplanation:
             "problems": list(self.problems),
             "dispatch_dtype": None if self.plan is None else str(self.plan.resolved),
             "dispatch_source": None if self.plan is None else self.plan.source,
+            "scheme_fallback": self.scheme_fallback,
             "fallback": None if self.plan is None or self.plan.fallback is None else str(self.plan.fallback.reason),
             "pipeline": self.pipeline,
             "dispatcher": self.dispatcher,
@@ -101,6 +113,8 @@ class LayerExplanation:
             lines += [f"refused: {p}" for p in self.problems]
             return "\n".join(lines)
         fallback = "" if plan.fallback is None else f"; fallback {plan.fallback.source} -> {plan.fallback.target}"
+        if self.scheme_fallback is not None:
+            lines.append(self.scheme_fallback)
         lines += [
             f"dispatch dtype: {plan.resolved} ({plan.scale_layout}), from {plan.source}{fallback}",
             f"pipeline: {self.pipeline}",
@@ -127,12 +141,13 @@ def explain_layer(
     config = dispatch or DispatchConfig()
     base = {"vendor": vendor.name, "device": caps.device_name, "spec": spec}
     problems = [p.message for p in spec.problems(caps)]
+    choice = spec.scheme_choice(caps)
     plan, caught = None, []
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            plan = resolve_dispatch_plan(
-                vendor, spec.hidden_size, config=config, scheme=spec.traits, environ=environ or {}, capabilities=caps
+            plan = resolve_layer_plan(
+                vendor, spec.hidden_size, choice, config=config, environ=environ or {}, capabilities=caps
             )
         caught = [str(w.message) for w in seen]
     except HalError as exc:
@@ -150,10 +165,11 @@ def explain_layer(
         dispatcher = f"none: the fused op moves the tokens itself (the {kind} dispatcher is built but not called)"
     runner = "none: the fused op computes the experts"
     if not fused:
-        runner, others = _runners(vendor.name, kind, spec, runners, environ)
+        runner, others = _runners(vendor.name, kind, choice.effective, runners, environ)
         rejected += others
     return LayerExplanation(
         plan=plan,
+        scheme_fallback=choice.text() if choice.converted else None,
         pipeline=pipeline,
         dispatcher=dispatcher,
         runner=runner,
@@ -171,9 +187,10 @@ def _pipeline_alternative(spec: LayerSpec, caps: Capabilities, fused: bool) -> A
         )
     if spec.fused is False:
         why = "fused=False"
-    elif spec.traits.name not in caps.fused_deep_moe:
+    elif spec.scheme_choice(caps).effective.name not in caps.fused_deep_moe:
         declared = ", ".join(sorted(caps.fused_deep_moe)) or "no scheme"
-        why = f"fused_deep_moe is not declared for scheme {spec.traits.name!r} (declared for: {declared})"
+        runs = spec.scheme_choice(caps).effective.name
+        why = f"fused_deep_moe is not declared for scheme {runs!r} (declared for: {declared})"
     else:
         why = "the fused op computes SiLU-GLU experts without biases"
     return Alternative("pipeline", "fused", why)
@@ -222,11 +239,11 @@ def _dispatcher_alternatives(
 
 
 def _runners(
-    vendor: str, kind: str, spec: LayerSpec, runners: RunnerRegistry | None, environ: Mapping[str, str] | None
+    vendor: str, kind: str, traits: SchemeTraits, runners: RunnerRegistry | None, environ: Mapping[str, str] | None
 ) -> tuple[str, list[Alternative]]:
     registry = runners if runners is not None else RunnerRegistry.with_defaults(environ=environ or {})
-    gemm = spec.traits.compute_kind
-    scheme = spec.traits.name
+    gemm = traits.compute_kind
+    scheme = traits.name
     if gemm is None:
         return f"unknown: scheme {scheme!r} names no grouped-matmul kind hal knows", []
     formats = _FORMATS.get(kind, (DispatchFormat.EP_NORMAL, DispatchFormat.EP_LOW_LATENCY))

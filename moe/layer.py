@@ -1,8 +1,8 @@
 """`MoELayer`: route -> dispatch -> experts -> combine, the same code on every vendor.
 
 Every device question goes to `hal`: the dispatch dtype comes from the layer's plan
-(`hal.resolve_dispatch_plan`), what the experts can compute (activation, biases, grouped
-matmul kind) from the vendor's declared capabilities, the fused path from
+(`hal.resolve_layer_plan`), what the experts can compute (activation, biases, grouped
+matmul kind; a scheme fallback, `moe.scheme_conversion`) from the vendor's declared capabilities, the fused path from
 `capabilities().fused_deep_moe`. The layer never looks at a device type. The path is chosen
 once (`moe.pipeline`): at construction (fused or not, the runner) and whenever the weights
 change (the dispatch quantizer); `forward` routes and runs it, or `start` / `run_experts` /
@@ -25,7 +25,7 @@ from hal import (
     InvalidInput,
     Vendor,
     invalid,
-    resolve_dispatch_plan,
+    resolve_layer_plan,
 )
 from moe.arguments import check_environ, choose_vendor
 from moe.compiled import moe_forward, register_layer
@@ -49,10 +49,11 @@ from moe.placement import ExpertPlacement, PhysicalMap
 from moe.routing import Router, Routing, SoftmaxTopK
 from moe.runners import ExpertRunner, RunnerRegistry
 from moe.schemes import ExpertWeights, QuantScheme, check_float_weights, make_scheme
+from moe.scheme_conversion import running_scheme
 from moe.shared import SharedExperts, SharedExpertsBlock
 from moe.sharding import TensorShard
 from moe.stages import StagedForward
-from moe.weight_store import OwnerCallback, WeightStore
+from moe.weight_store import OwnerCallback, WeightStore, weight_form
 
 
 class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch.nn.Module):
@@ -148,14 +149,14 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         environ = check_environ(environ)
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = choose_vendor(vendor, environ)
-        self.scheme = make_scheme(scheme)
+        requested = make_scheme(scheme)
         tp_size, tp_rank = group_size_and_rank(tp_group, "tp_group")
         self.spec = LayerSpec(
             hidden_size,
             intermediate_size,
             num_experts,
             top_k,
-            scheme=self.scheme.traits,
+            scheme=requested.traits,
             activation=activation,
             bias=bias,
             fused=fused,
@@ -168,6 +169,10 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         )
         caps = self.vendor.capabilities()
         self.spec.check(caps, self.vendor.name)
+        #: the scheme the experts compute with: the one asked for, or the vendor's declared fallback for it,
+        #: in which case `source_scheme` is the one asked for and loading converts its weights once
+        self.scheme, self.scheme_choice = running_scheme(caps, requested)
+        self.source_scheme: QuantScheme | None = requested if self.scheme_choice.converted else None
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
         #: where the experts live: `num_physical_experts` slots, logical expert ids per slot (`moe.placement`)
@@ -192,8 +197,8 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         self.tensor_shard = TensorShard(tp_rank, tp_size)
         self.local_intermediate_size = self.tensor_shard.local_size(intermediate_size)
 
-        self.plan: DispatchPlan = resolve_dispatch_plan(
-            self.vendor, hidden_size, config=self.dispatch_config, scheme=self.scheme.traits, environ=environ
+        self.plan: DispatchPlan = resolve_layer_plan(
+            self.vendor, hidden_size, self.scheme_choice, config=self.dispatch_config, environ=environ
         )
         self._runners, self._environ = runners, environ
         self.dispatcher = self._make_dispatcher()
@@ -203,6 +208,7 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
         self.runner: ExpertRunner | None = choice.runner
         layout = self.scheme.gemm_kind().spec.weight_layout
         self.experts = WeightStore((layout, layout), self.activation, self.vendor.device)
+        self.experts.form = weight_form(self.scheme, self.source_scheme)
         self.experts.on_change = OwnerCallback(self._rebuild)
         self.experts.prepare = self.vendor.prepare_weight
         self.shared_experts = (
@@ -401,10 +407,12 @@ class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch
     def extra_repr(self) -> str:
         shared = "" if self.shared_experts is None else f", shared={self.shared_experts.config}"
         redundant = f", redundant={self.placement.redundant}" if self.placement.redundant else ""
+        converted = "" if self.source_scheme is None else f" (converted at load from {self.source_scheme.name})"
         tp = "" if self.tensor_shard.size == 1 else f", tp={self.tensor_shard.rank}/{self.tensor_shard.size}"
         return (
             f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, experts={self.num_experts}, "
-            f"top_k={self.top_k}{redundant}, scheme={self.scheme!r}, activation={self.activation}, bias={self.bias}, "
+            f"top_k={self.top_k}{redundant}, scheme={self.scheme!r}{converted}, activation={self.activation}, "
+            f"bias={self.bias}, "
             f"vendor={self.vendor.name!r}, dispatch={self.plan.resolved} ({self.plan.source}), "
             f"dispatcher={self.dispatcher!r}, fused={self.fused}{tp}{shared}"
         )

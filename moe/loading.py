@@ -17,6 +17,7 @@ import torch
 from hal import InvalidInput, QuantizedWeight, invalid
 from moe.arguments import with_data
 from moe.schemes import ExpertWeights, check_float_weights
+from moe.scheme_conversion import convert_float, convert_quantized, holds_format
 
 if TYPE_CHECKING:
     from moe.layer import MoELayer
@@ -51,7 +52,7 @@ class ExpertLoading:
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13[mine], i, gated).to(device)
         w2_local = shard.second_projection(w2[mine], i).to(device)
-        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local, activation=self.activation)
+        weights = self._quantized(w13_local, w2_local)
         if b13 is not None:
             b13 = shard.first_projection(b13[mine], i, gated)
             b2 = shard.down_bias(b2[mine])  # type: ignore[index]
@@ -87,8 +88,7 @@ class ExpertLoading:
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13, size, gated)[None].to(device)
         w2_local = shard.second_projection(w2, size)[None].to(device)
-        weights = self.scheme.quantize_weights(self.vendor, w13_local, w2_local, activation=self.activation)
-        block.load(weights, gate, h)
+        block.load(self._quantized(w13_local, w2_local), gate, h)
         return self
 
     def load_shared_expert_weights(
@@ -105,6 +105,37 @@ class ExpertLoading:
         )
         return self
 
+    def _quantized(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
+        """Float weights in the running scheme's format; where the vendor runs a fallback scheme, first as the
+        scheme asked for stores them (`moe.scheme_conversion`)."""
+
+        def quantize(a: torch.Tensor, b: torch.Tensor) -> ExpertWeights:
+            return self.scheme.quantize_weights(self.vendor, a, b, activation=self.activation)
+
+        if self.source_scheme is None:
+            return quantize(w13, w2)
+        return convert_float(self.source_scheme, quantize, w13, w2, self.vendor.device)
+
+    def _running_form(self: MoELayer, weights: ExpertWeights, what: str) -> ExpertWeights:
+        """Weights in the format of the scheme asked for, converted to the running scheme's (see `_quantized`);
+        weights already in the running scheme's format as they are."""
+        source = self.source_scheme
+        if source is None or holds_format(self.scheme, weights.w13):
+            return weights
+        for name in ("w13", "w2"):
+            if not holds_format(source, getattr(weights, name)):
+                w = getattr(weights, name)
+                raise invalid(
+                    f"{what}.{name}",
+                    f"{source.name} or {self.scheme.name} weights (this layer converts {source.name} at load)",
+                    f"{w.layout} {w.data.dtype}",
+                )
+        return convert_quantized(
+            lambda a, b: self.scheme.quantize_weights(self.vendor, a, b, activation=weights.activation),
+            weights,
+            self.vendor.device,
+        )
+
     def _shared_block(self: MoELayer) -> Any:
         if self.shared_experts is None:
             raise InvalidInput(
@@ -120,6 +151,7 @@ class ExpertLoading:
                 with_data(f"weights.{name}.{part}", getattr(getattr(weights, name), part))
         for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
             with_data(f"weights.{name}", getattr(weights, name))
+        weights = self._running_form(weights, what)
         layout = self.scheme.gemm_kind().spec.weight_layout
         for name in ("w13", "w2"):
             w: QuantizedWeight = getattr(weights, name)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hal import Activation, InvalidInput, QuantizedWeight, ScaleLayout
-from moe.schemes import ExpertWeights
+from moe.schemes import ExpertWeights, QuantScheme
 
 #: buffer name -> (ExpertWeights field, QuantizedWeight field or None for a plain tensor field)
 _FIELDS: dict[str, tuple[str, str | None]] = {
@@ -55,6 +55,8 @@ class WeightStore(torch.nn.Module):
         self.on_change: Callable[[], None] | None = None
         #: the vendor's `prepare_weight`, applied to weights that arrive through a state dict
         self.prepare: Callable[[QuantizedWeight], QuantizedWeight] | None = None
+        #: which scheme's format the weights are in (`weight_form`), recorded in the state dict's metadata
+        self.form: dict[str, str] | None = None
 
     @property
     def weights(self) -> ExpertWeights | None:
@@ -106,6 +108,12 @@ class WeightStore(torch.nn.Module):
             self._rebuild()
         return self
 
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        metadata = getattr(destination, "_metadata", None)
+        if self.form is not None and metadata is not None:
+            metadata.setdefault(prefix[:-1], {})[FORM_KEY] = dict(self.form)
+
     def _load_from_state_dict(
         self,
         state_dict: dict[str, Any],
@@ -119,6 +127,13 @@ class WeightStore(torch.nn.Module):
         # The buffers' shapes and dtypes follow the saved format, so they are taken as they are
         # (copied, on this store's device) instead of copied into tensors of a fixed shape.
         self._state_prefix = prefix
+        saved = (local_metadata or {}).get(FORM_KEY)
+        if self.form is not None and isinstance(saved, dict) and saved.get("scheme") != self.form["scheme"]:
+            error_msgs.append(
+                f"{prefix}: the state dict holds {describe_form(saved)} weights; this layer stores "
+                f"{describe_form(self.form)}"
+            )
+            return
         found = {name: state_dict[prefix + name] for name in _FIELDS if prefix + name in state_dict}
         if strict:
             unexpected_keys.extend(
@@ -146,6 +161,25 @@ class WeightStore(torch.nn.Module):
                 self.store(dataclasses.replace(weights, w13=self.prepare(weights.w13), w2=self.prepare(weights.w2)))
         except InvalidInput as exc:
             error_msgs.append(f"{prefix}: {exc}")
+
+
+#: The key of a weight store's entry in a state dict's metadata (`state_dict._metadata[prefix]`).
+FORM_KEY = "weight_format"
+
+
+def weight_form(scheme: QuantScheme, converted_from: QuantScheme | None = None) -> dict[str, str]:
+    """The form a layer's weights are stored in: the scheme's name and, where they were converted at load
+    from another scheme's format (a vendor's scheme fallback), that scheme's name."""
+    form = {"scheme": scheme.name}
+    if converted_from is not None:
+        form["converted_from"] = converted_from.name
+    return form
+
+
+def describe_form(form: dict[str, Any]) -> str:
+    """A form in words: `w8a8-int8 (converted at load from w8a8-fp8-block)`."""
+    source = form.get("converted_from")
+    return f"{form.get('scheme')}" + (f" (converted at load from {source})" if source else "")
 
 
 def _tensors_of(weights: ExpertWeights) -> dict[str, torch.Tensor]:

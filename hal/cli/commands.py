@@ -20,7 +20,9 @@ from hal.entry_points import guarded, load_plugins
 from hal.ops import OpSource
 from hal.layer_spec import LayerSpec
 from hal.platform import DispatchFallbackWarning
-from hal.resolution import DispatchConfig, resolve_dispatch_plan
+from hal.errors import UnsupportedDispatchDtype
+from hal.resolution import DispatchConfig
+from hal.scheme_fallbacks import SchemeChoice, resolve_layer_plan
 from hal.schemes import parse_scheme
 from hal.vendor import Vendor
 
@@ -132,6 +134,14 @@ def _fallback_text(caps: Capabilities) -> str:
     return "; ".join(parts) or "none"
 
 
+def _scheme_fallback_text(caps: Capabilities) -> str:
+    parts = [
+        f"{name} -> {f.target or 'refused'}" + (f" (bound {f.max_error:g})" if f.max_error is not None else "")
+        for name, f in sorted(caps.scheme_fallbacks.items())
+    ]
+    return "; ".join(parts) or "none"
+
+
 #: Entry-point group of `hal caps` sections: `hook(vendor) -> [(row, value), ...]` from upper layers (moe's runners).
 CAPS_SECTION_GROUP = "hal.caps_sections"
 
@@ -188,6 +198,7 @@ def caps(args: argparse.Namespace, console: Console) -> int:
         ("int8_quant_mode", c.int8_quant_mode.value),
         ("grouped_matmul", ", ".join(sorted(k.value for k in c.grouped_matmul)) or "none"),
         ("fused_deep_moe", ", ".join(sorted(c.fused_deep_moe)) or "none"),
+        ("scheme_fallbacks", _scheme_fallback_text(c)),
         ("activations", ", ".join(k.value for k in ActivationKind if k in c.activations) or "none"),
         ("expert_bias", "yes" if c.expert_bias else "no"),
         ("host_synchronous", "yes (value checks are cheap)" if c.host_synchronous else "no"),
@@ -211,25 +222,23 @@ def caps(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _scheme_fallback_json(choice: SchemeChoice) -> dict[str, object] | None:
+    if not choice.converted or choice.fallback is None:
+        return None
+    return {
+        "requested": choice.requested.name,
+        "runs_as": choice.effective.name,
+        "reason": choice.fallback.reason,
+        "max_error": choice.fallback.max_error,
+    }
+
+
 def explain(args: argparse.Namespace, console: Console) -> int:
     """`hal explain`: the dispatch-dtype resolution trace, the decision and bytes per token."""
     target = _target(VendorRegistry.discover(), args.vendor, args.device_model)
     scheme = args.scheme
     if getattr(args, "model_dtype", None) is not None:  # the scheme over weights of that dtype
         scheme = parse_scheme(scheme or "unquantized").with_model_dtype(args.model_dtype)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plan = resolve_dispatch_plan(
-            target.vendor,
-            args.hidden,
-            config=DispatchConfig(dtype=args.dispatch_dtype),
-            scheme=scheme,
-            runner_dtype=args.runner_dtype,
-            capabilities=target.capabilities,
-        )
-    messages = [str(w.message) for w in caught]
-    # The fallback line below says what a DispatchFallbackWarning says; show only the others.
-    others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
     caps = target.capabilities
     wanted = getattr(args, "ep_dispatcher", None)
     ep_ranks = getattr(args, "ep_ranks", None)
@@ -247,6 +256,25 @@ def explain(args: argparse.Namespace, console: Console) -> int:
         ep_dispatcher=wanted,
     )
     problems = [p.message for p in spec.problems(caps)]
+    choice = spec.scheme_choice(caps)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            plan = resolve_layer_plan(
+                target.vendor,
+                args.hidden,
+                choice,
+                config=DispatchConfig(dtype=args.dispatch_dtype),
+                runner_dtype=args.runner_dtype,
+                capabilities=target.capabilities,
+            )
+        except UnsupportedDispatchDtype as exc:
+            if choice.problem is None:
+                raise
+            raise UnsupportedDispatchDtype(f"{exc}; {choice.text()}") from None
+    messages = [str(w.message) for w in caught]
+    # The fallback line below says what a DispatchFallbackWarning says; show only the others.
+    others = [str(w.message) for w in caught if not issubclass(w.category, DispatchFallbackWarning)]
     if args.json:
         _emit_json(
             {
@@ -254,6 +282,7 @@ def explain(args: argparse.Namespace, console: Console) -> int:
                 "device_model": target.device_model,
                 "note": target.note,
                 "plan": plan.as_dict(),
+                "scheme_fallback": _scheme_fallback_json(choice),
                 "warnings": messages,
                 "buildable": not problems,
                 "problems": problems,
@@ -278,6 +307,8 @@ def explain(args: argparse.Namespace, console: Console) -> int:
             "[bold]decides[/]" if step.decided else "",
         )
     console.print(table)
+    if choice.converted:
+        console.print(f"scheme:    {escape(choice.text().removeprefix('scheme fallback: '))}")
     console.print(f"requested: {plan.requested} (from {plan.source})")
     if plan.fallback is not None:
         console.print(f"fallback:  {plan.fallback.source} -> {plan.fallback.target}: {escape(plan.fallback.reason)}")

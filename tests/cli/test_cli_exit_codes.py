@@ -45,7 +45,7 @@ def test_bad_arguments_exit_2_with_one_line(case):
 
 REFUSED = {
     "unavailable vendor": ("bench", "--vendor", "cuda"),
-    "plan that cannot build": ("explain", "--vendor", "ascend-emulated", "--scheme", "w8a8-fp8-block"),
+    "plan that cannot build": ("explain", "--vendor", "ascend-emulated", "--scheme", "w4a4-int4"),
     "rejected dispatch dtype": ("explain", "--vendor", "cpu", "--dispatch-dtype", "nvfp4"),
 }
 

@@ -83,10 +83,10 @@ def _explain(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_explain_refuses_a_plan_whose_grouped_matmul_is_not_declared():
-    done = _explain("--vendor", "ascend-emulated", "--scheme", "w8a8-fp8-block")
+    done = _explain("--vendor", "ascend-emulated", "--scheme", "w4a4-int4")  # no scheme fallback declared
     payload = json.loads(done.stdout)
     assert done.returncode == 1 and payload["buildable"] is False
-    assert any("fp8-block128" in p for p in payload["problems"]), payload["problems"]
+    assert any("int4 grouped matmul" in p for p in payload["problems"]), payload["problems"]
 
 
 def test_explain_approves_a_plan_that_builds():

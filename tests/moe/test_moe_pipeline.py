@@ -71,8 +71,8 @@ def test_the_path_is_decided_before_weights_exist():
     w13, w2 = _weights()
     assert isinstance(fused.load_weights(w13, w2)._pipeline, FusedPipeline)
     assert isinstance(unfused.load_weights(w13, w2)._pipeline, UnfusedPipeline)
-    with pytest.raises(UnsupportedCapability, match="fp8-block128"):  # refused before its dispatch plan is resolved
-        MoELayer(64, 32, 8, 2, scheme="w8a8-fp8-block", vendor=vendor, environ={})  # no weights needed to refuse
+    with pytest.raises(UnsupportedCapability, match="int4"):  # refused before its dispatch plan is resolved
+        MoELayer(64, 32, 8, 2, scheme="w4a4-int4", vendor=vendor, environ={})  # no weights needed to refuse
 
 
 def test_a_layer_without_weights_says_so_and_builds_nothing():

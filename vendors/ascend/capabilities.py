@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits, ScaleLayout
+from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits, ScaleLayout, SchemeFallback
 
 #: npu_grouped_matmul's inner-dimension limit on A2/A3: the last dimension of every x and
 #: weight must stay below 65536.
@@ -59,6 +59,7 @@ def ascend_capabilities(
         )
     )
     return Capabilities(
+        scheme_fallbacks=_scheme_fallbacks(generation, fp8),
         device_name=device_name,
         dispatch_dtypes=frozenset(dispatch),
         fallbacks=fallbacks,
@@ -71,6 +72,31 @@ def ascend_capabilities(
         collective_backend="hccl",
         notes=(f"SoC generation {generation}", *notes, *fused_note),
     )
+
+
+#: Declared bound of a converted layer's error (relative, norm) against the float64 layer of the original
+#: FP8 weights: measured 0.027-0.030 on DeepSeek-V3- and Qwen3-shaped layers of gaussian weights, 0.067 where
+#: 1 % of the weights are 8x larger (a channel's int8 scale follows its largest value; fp8 blocks keep
+#: outliers local) (docs/ascend.md, "FP8 checkpoints").
+INT8_FROM_FP8_BOUND = 0.08
+
+
+def _scheme_fallbacks(generation: str, fp8: bool) -> dict[str, SchemeFallback]:
+    """FP8 checkpoints on chips without the fp8 kind they need: their weights converted once at load to
+    W8A8-INT8 (per-channel int8 weights, per-token int8 activations), the path every generation computes."""
+    fallbacks = {"nvfp4": SchemeFallback(None, f"Atlas {generation} has no fp4 support")}
+    done = "the weights are dequantized and quantized again to int8 per output channel (npu_grouped_matmul int8 x int8)"
+    if fp8:  # A5: fp8 per channel is computed, 128x128 blocks are not
+        why = (
+            f"Atlas {generation}'s npu_grouped_matmul takes fp8 weights with per-channel scales, not 128x128 blocks: "
+            f"{done}, which measured more accurate than fp8 per channel"
+        )
+        fallbacks["w8a8-fp8-block"] = SchemeFallback("w8a8-int8", why, INT8_FROM_FP8_BOUND)
+        return fallbacks
+    why = f"Atlas {generation} has no fp8 matmul: {done}"
+    fallbacks["w8a8-fp8-block"] = SchemeFallback("w8a8-int8", why, INT8_FROM_FP8_BOUND)
+    fallbacks["w8a8-fp8"] = SchemeFallback("w8a8-int8", why, INT8_FROM_FP8_BOUND)
+    return fallbacks
 
 
 #: The name of the MC2 expert-parallel dispatcher (`DispatchConfig(ep_dispatcher="mc2")`).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hal import Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits
+from hal import SchemeFallback, Capabilities, DeclaredFallback, DispatchDtype, GemmKind, KernelLimits
 from vendors.cuda.deepep import DEEPEP, DeepEpProbe
 from vendors.cuda.deepep_limits import LOW_LATENCY_HIDDEN, LOW_LATENCY_MAX_TOP_K
 
@@ -59,12 +59,14 @@ def cuda_capabilities(
             ),
         }
         kinds = _FLOAT_KINDS | {GemmKind.INT8}
+    schemes = {} if sm >= 89 else _fp8_as_int8(sm)
     if sm >= 100:
         dispatch.add(DispatchDtype.NVFP4)
     else:
         fallbacks[DispatchDtype.NVFP4] = DeclaredFallback(
             None, f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
         )
+        schemes["nvfp4"] = SchemeFallback(None, f"nvfp4 GEMMs need sm100+ (Blackwell); this device is sm{sm}")
     ep = deepep_declaration(deepep, sm, kernels)
     return Capabilities(
         device_name=device_name,
@@ -72,6 +74,7 @@ def cuda_capabilities(
         fallbacks=fallbacks,
         default_dispatch_dtype=DispatchDtype.BF16,
         grouped_matmul=kinds,
+        scheme_fallbacks=schemes,
         limits=KernelLimits(max_groups=MAX_GROUPS) if kernels else KernelLimits(),
         collective_backend="nccl",
         grouped_matmul_padding=kernels,  # the Triton grouped GEMM schedules the groups' rows only
@@ -81,6 +84,16 @@ def cuda_capabilities(
         ep_dispatchers_absent=ep["ep_dispatchers_absent"],
         notes=(*notes, *ep["notes"]),
     )
+
+
+def _fp8_as_int8(sm: int) -> dict[str, SchemeFallback]:
+    """FP8 checkpoints before sm89 (no fp8 tensor cores): weights converted once at load to int8 per channel,
+    computed by the int8 tensor cores every sm80+ device has (the same conversion as Atlas A2/A3 declare)."""
+    why = (
+        f"sm{sm} has no fp8 tensor cores (fp8 needs sm89+): the fp8 weights are dequantized and quantized again "
+        "to int8 per output channel (int8 tensor cores)"
+    )
+    return {name: SchemeFallback("w8a8-int8", why, 0.08) for name in ("w8a8-fp8-block", "w8a8-fp8")}
 
 
 def deepep_declaration(probe: DeepEpProbe | None, sm: int, kernels: bool) -> dict[str, Any]:

@@ -1,0 +1,87 @@
+"""Scheme fallbacks: a scheme whose grouped-matmul kind the vendor lacks runs as the scheme the vendor declares
+in its place, its weights converted once at load. For every declared fallback: the layer computes with the
+target scheme and stores its format; its error against the float64 layer of the original weights (as the
+scheme asked for stores them) stays within the vendor's declared bound; a second load of the original
+format converts again to the same weights; a refused fallback is refused with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.capability import SCHEME_FALLBACKS, mark
+from conformance.reference import generator, relative_error
+from hal import KNOWN_SCHEMES, HalError, LayerSpec
+from moe import MoELayer, make_scheme
+from moe.scheme_conversion import as_stored, holds_format
+
+pytestmark = mark(SCHEME_FALLBACKS)
+
+#: (experts, hidden, intermediate, top-k, tokens) per depth: hidden a multiple of 128 (fp8 blocks), the
+#: intermediate size not, so the last weight tiles are partial
+SHAPES = {"quick": (32, 1024, 320, 8, 96), "full": (64, 2048, 704, 8, 257)}
+
+
+def _declared(vendor, converted: bool) -> list[tuple[str, object]]:
+    return [
+        (name, f)
+        for name, f in sorted(vendor.capabilities().scheme_fallbacks.items())
+        if (f.target is not None) == converted
+    ]
+
+
+def _float64_moe(x, logits, w13, w2, top_k):
+    probs = torch.softmax(logits.double(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros(x.shape[0], w2.shape[2], dtype=torch.float64)
+    half = w13.shape[2] // 2
+    for e in ids.unique().tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        h = x[rows].double() @ w13[e].double()
+        act = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
+        out.index_add_(0, rows, weights[rows, slots].unsqueeze(1) * (act @ w2[e].double()))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-block", "w8a8-fp8", "w8a8-int8", "w4a4-int4", "unquantized"])
+def test_declared_scheme_fallback_stays_within_its_bound(hal_vendor, hal_depth, scheme):
+    declared = dict(_declared(hal_vendor, converted=True))
+    if scheme not in declared:
+        pytest.skip(f"vendor {hal_vendor.name} declares no scheme fallback for {scheme}")
+    fallback = declared[scheme]
+    e, h, i, k, t = SHAPES[hal_depth]
+    gen = generator("scheme fallback", scheme)
+    w13 = torch.randn(e, h, 2 * i, generator=gen) / h**0.5
+    w2 = torch.randn(e, i, h, generator=gen) / i**0.5
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(t, e, generator=gen)
+    layer = MoELayer.from_float(w13, w2, k, scheme=scheme, vendor=hal_vendor, environ={})
+    assert layer.scheme.name == fallback.target and layer.source_scheme.name == scheme
+    stored = layer.expert_weights
+    assert holds_format(layer.scheme, stored.w13) and holds_format(layer.scheme, stored.w2)
+    source = make_scheme(scheme)
+    original = [torch.cat([as_stored(source, w[j : j + 1]) for j in range(e)]) for w in (w13, w2)]
+    got = layer(x.to(hal_vendor.device), logits.to(hal_vendor.device))
+    error = relative_error(got, _float64_moe(x, logits, *original, k))
+    bound = fallback.max_error
+    print(f"\n{hal_vendor.name}: {scheme} -> {fallback.target}: error {error:.4f} (declared bound {bound})")
+    assert bound is None or error <= bound, (
+        f"{scheme} converted to {fallback.target}: error {error:.4g} against the original weights exceeds the "
+        f"declared bound {bound}"
+    )
+
+
+def test_refused_scheme_fallback_is_refused_with_its_reason(hal_vendor):
+    refused = _declared(hal_vendor, converted=False)
+    if not refused:
+        pytest.skip(f"vendor {hal_vendor.name} refuses no scheme by a declared fallback")
+    for name, fallback in refused:
+        traits = KNOWN_SCHEMES[name]
+        if traits.compute_kind is not None and hal_vendor.capabilities().supports_gemm(traits.compute_kind):
+            continue
+        spec_problems = [p.message for p in LayerSpec(1024, 512, 8, 2, scheme=name).problems(hal_vendor.capabilities())]
+        assert any(fallback.reason in m for m in spec_problems), (name, spec_problems)
+        if name != "nvfp4":  # nvfp4 needs global scales to be built at all
+            with pytest.raises(HalError, match="scheme fallback is refused"):
+                MoELayer(1024, 512, 8, 2, scheme=name, vendor=hal_vendor, environ={})
