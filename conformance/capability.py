@@ -21,6 +21,7 @@ MODEL_FEATURES = "model features"  #: activations, biases, shared experts, preco
 SORT_AND_COMBINE = "sort and combine"
 BAD_INPUT = "bad input"
 OP_CONTRACTS = "op contracts"  #: inputs kept, contiguous outputs, bit-identical repeats (unless not deterministic)
+LOAD_COUNTERS = "load counters"  #: accumulate_counts: per-expert load counters on the device
 SCHEME_FALLBACKS = "scheme fallbacks"  #: schemes converted at load to the vendor's declared fallback, within bound
 
 
@@ -64,6 +65,7 @@ def all_labels() -> list[str]:
         *(activation_label(k) for k in ActivationKind),
         EXPERT_BIAS,
         SORT_AND_COMBINE,
+        LOAD_COUNTERS,
         *(layer_label(s) for s in KNOWN_SCHEMES),
         *(fused_label(s) for s in KNOWN_SCHEMES),
         MODEL_FEATURES,

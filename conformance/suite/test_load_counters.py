@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conformance.capability import LOAD_COUNTERS, mark
 from conformance.reference import generator
 from hal import InvalidInput
+
+pytestmark = mark(LOAD_COUNTERS)
 
 
 def _counters(vendor, bins: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 
 from conformance.capability import SCHEME_FALLBACKS, mark
 from conformance.reference import generator, relative_error
-from hal import KNOWN_SCHEMES, HalError, LayerSpec
+from hal import KNOWN_SCHEMES, HalError, LayerSpec, choose_scheme
 from moe import MoELayer, make_scheme
 from moe.scheme_conversion import as_stored, holds_format
 
@@ -85,3 +85,19 @@ def test_refused_scheme_fallback_is_refused_with_its_reason(hal_vendor):
         if name != "nvfp4":  # nvfp4 needs global scales to be built at all
             with pytest.raises(HalError, match="scheme fallback is refused"):
                 MoELayer(1024, 512, 8, 2, scheme=name, vendor=hal_vendor, environ={})
+
+
+def test_every_known_scheme_runs_natively_converted_or_refused(hal_vendor):
+    """What a vendor declares for each scheme decides what a layer of it does: its own kind runs as it is, a
+    declared fallback converts, anything else is refused with a reason (every vendor, declared or not)."""
+    caps = hal_vendor.capabilities()
+    for name, traits in KNOWN_SCHEMES.items():
+        choice = choose_scheme(caps, traits)
+        kind = traits.compute_kind
+        fallback = caps.scheme_fallbacks.get(name)
+        if kind is None or caps.supports_gemm(kind):
+            assert not choice.converted and choice.problem is None, (name, choice)
+        elif fallback is not None and fallback.target is not None:
+            assert choice.converted and choice.effective.name == fallback.target, (name, choice)
+        else:
+            assert choice.problem and (fallback is None or fallback.reason in choice.problem), (name, choice)
