@@ -157,6 +157,22 @@ def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Te
     return out
 
 
+def moe_by_expert(
+    x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """`moe`, computed expert by expert (each expert's rows at once): the same float64 sum, fast enough for
+    thousands of tokens and real model sizes."""
+    out = torch.zeros((x.shape[0], w2.shape[2]), dtype=torch.float64)
+    half = w13.shape[2] // 2
+    x, ids, weights = x.double().cpu(), ids.cpu(), weights.double().cpu()
+    for e in ids.unique().tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        h = x[rows] @ w13[e].double().cpu()
+        act = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
+        out.index_add_(0, rows, weights[rows, slots].unsqueeze(1) * (act @ w2[e].double().cpu()))
+    return out
+
+
 def random_weights(experts: int, hidden: int, intermediate: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 `w13` `[E, H, 2I]` and `w2` `[E, I, H]`, scaled to keep activations of order one."""
     g = torch.Generator().manual_seed(seed)

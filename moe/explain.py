@@ -187,9 +187,8 @@ def _pipeline_alternative(spec: LayerSpec, caps: Capabilities, fused: bool) -> A
         )
     if spec.fused is False:
         why = "fused=False"
-    elif spec.scheme_choice(caps).effective.name not in caps.fused_deep_moe:
+    elif (runs := spec.scheme_choice(caps).effective.name) not in caps.fused_deep_moe:
         declared = ", ".join(sorted(caps.fused_deep_moe)) or "no scheme"
-        runs = spec.scheme_choice(caps).effective.name
         why = f"fused_deep_moe is not declared for scheme {runs!r} (declared for: {declared})"
     else:
         why = "the fused op computes SiLU-GLU experts without biases"

@@ -27,19 +27,6 @@ SHAPES = {"deepseek-v3": (16, 7168, 2048, 8), "qwen3-30b-a3b": (128, 2048, 768, 
 CHIPS = {"A3": "Ascend910_9392", "A2": "Ascend910B3", "A5": "Ascend950PR"}
 
 
-def reference_moe(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, k: int) -> torch.Tensor:
-    """The float64 MoE, expert by expert (softmax top-k, renormalised; SiLU-GLU)."""
-    ids, weights = reference.softmax_topk(logits, k)
-    out = torch.zeros(x.shape[0], w2.shape[2], dtype=torch.float64)
-    half = w13.shape[2] // 2
-    for e in ids.unique().tolist():
-        rows, slots = (ids == e).nonzero(as_tuple=True)
-        h = x[rows].double() @ w13[e].double()
-        a = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
-        out.index_add_(0, rows, weights[rows, slots].unsqueeze(1) * (a @ w2[e].double()))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -62,7 +49,8 @@ def main() -> None:
         for scheme in ("w8a8-fp8-block", "w8a8-fp8"):
             source = moe.make_scheme(scheme)
             original = [torch.cat([as_stored(source, w[j : j + 1]) for j in range(e)]) for w in (w13, w2)]
-            exact = reference_moe(x, logits, *original, k)
+            ids, weights = reference.softmax_topk(logits, k)
+            exact = reference.moe_by_expert(x, ids, weights, *original)
             vendors = [("cpu", "cpu")] + [(f"ascend-emulated {c}", EmulatedAscendVendor(s)) for c, s in CHIPS.items()]
             if args.outliers:  # A2 and A5 convert the same way as A3
                 vendors = vendors[:2]

@@ -84,7 +84,7 @@ def test_int8_models_run_as_fp8_where_int8_gemms_are_lacking_and_convert_once():
 
 
 def test_the_conformance_check_holds_on_a_vendor_declaring_the_reverse_fallback():
-    fallback_checks.test_declared_scheme_fallback_stays_within_its_bound(NoInt8Gemm(), "quick", "w8a8-int8")
+    fallback_checks.test_declared_scheme_fallback_stays_within_its_bound(NoInt8Gemm(), "quick", "w8a8-int8", 8)
 
 
 def test_an_undeclared_chain_is_refused_naming_both_fallbacks():

@@ -83,7 +83,13 @@ INT8_FROM_FP8_BOUND = 0.08
 
 def _scheme_fallbacks(generation: str, fp8: bool) -> dict[str, SchemeFallback]:
     """FP8 checkpoints on chips without the fp8 kind they need: their weights converted once at load to
-    W8A8-INT8 (per-channel int8 weights, per-token int8 activations), the path every generation computes."""
+    W8A8-INT8 (per-channel int8 weights, per-token int8 activations), the path every generation computes.
+
+    Source: npu_grouped_matmul's docs in the torch-npu 2.8.0-2.13.0 wheels (summarised in
+    shared/reference/torch_npu.md) list int8 x int8 with a per-token and a per-channel scale on A2/A3 and an
+    fp8 path with a per-channel float32 scale on A5, and no 128x128 block-scale form on any generation. The
+    conversion is plain torch on the host (`moe.scheme_conversion`): it adds no torch_npu call, so the
+    emulation's op schemas are unchanged."""
     fallbacks = {"nvfp4": SchemeFallback(None, f"Atlas {generation} has no fp4 support")}
     done = "the weights are dequantized and quantized again to int8 per output channel (npu_grouped_matmul int8 x int8)"
     if fp8:  # A5: fp8 per channel is computed, 128x128 blocks are not
