@@ -51,6 +51,7 @@ from hal.errors import (
     invalid,
     positive_int,
 )
+from hal.finite import refuse_non_finite
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
 from hal.gemm_kinds import GEMM_KINDS, ActivationFormat, GemmKind, GemmSpec, gemm_kind_of, gemm_kinds_consuming
 from hal.checks import environ_mapping
@@ -165,4 +166,5 @@ __all__ = [
     "VendorUnavailable",
     "invalid",
     "positive_int",
+    "refuse_non_finite",
 ]

@@ -16,7 +16,8 @@ import torch
 
 from hal import checks
 from hal.dtypes import Codec, DispatchDtype, ScaleLayout
-from hal.errors import InvalidInput, invalid
+from hal.errors import invalid
+from hal.finite import refuse_non_finite
 from hal.formats import QuantizedTensor
 from hal.reference import e2m1
 
@@ -118,11 +119,3 @@ def expand_groups(scale: torch.Tensor, group: int | None, h: int) -> torch.Tenso
     if group is None:
         return scale.unsqueeze(-1)
     return scale.repeat_interleave(group, dim=-1)[..., :h]
-
-
-def refuse_non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
-    """`x` unless a value is inf or NaN (a scale made from one poisons its row); reads the values."""
-    bad = int((~torch.isfinite(x)).sum())
-    if bad:
-        raise InvalidInput(f"{name}: expected finite values, got {bad} non-finite (inf/NaN) value(s)")
-    return x

@@ -10,7 +10,7 @@ from typing import Any
 
 from hal import InvalidInput, invalid
 from moe.checkpoint.loader import ExpertCheckpointLoader
-from moe.checkpoint.names import TensorKind, parse_expert_name
+from moe.checkpoint.names import TensorKind, parse_expert_name, unknown_expert_tensor
 
 
 def load_safetensors(
@@ -19,7 +19,8 @@ def load_safetensors(
     """Feed `loader` the expert tensors under `prefix` found in `paths`; the names fed, in order.
 
     Only what the loader wants is read: this rank's experts (of a fused all-experts tensor,
-    only the rows of the local experts) and every expert's `input_scale`. Tensors stay on the
+    only the rows of the local experts) and every expert's `input_scale`; a tensor of an expert that
+    no format understands (an int8 zero point) is refused by name, never skipped. Tensors stay on the
     CPU; `loader.build(device=...)` moves the result. Needs the `safetensors` package
     (`pip install moe-hal[checkpoint]`).
     """
@@ -39,10 +40,16 @@ def load_safetensors(
         with _opened(safetensors, path) as f:
             for name in f.keys():
                 parsed = parse_expert_name(name, prefix)
-                if parsed is None or not loader.wants(name):
+                ours = parsed is not None or unknown_expert_tensor(name, prefix) is not None
+                if not ours or not loader.wants(name):
                     continue
                 local = loader.local_experts
-                if parsed.fused and parsed.kind is not TensorKind.INPUT_SCALE and len(local) < loader.num_experts:
+                if (
+                    parsed is not None
+                    and parsed.fused
+                    and parsed.kind is not TensorKind.INPUT_SCALE
+                    and len(local) < loader.num_experts
+                ):
                     tensor = f.get_slice(name)[local.start : local.stop]  # the local experts' rows only
                 else:
                     tensor = f.get_tensor(name)

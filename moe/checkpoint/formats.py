@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,8 +87,21 @@ class FusedLayout(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class TensorRule:
+    """What one stored tensor of a projection `[N, K]` (out, in) may be: its shapes and dtypes."""
+
+    shapes: Callable[[int, int], list[tuple[int, ...]]]
+    dtypes: tuple[torch.dtype, ...]
+
+
+@dataclass(frozen=True)
 class FormatSpec:
-    """One checkpoint format: weight storage, the tensor kinds it has, the hal weights it becomes."""
+    """One checkpoint format: weight storage, the tensor kinds it has, the hal weights it becomes.
+
+    `scales` describes every tensor kind beside the weight and the bias (shapes and dtypes per
+    projection): with `required` and `optional`, the whole of what the loader understands of the
+    format; any other tensor of an expert is refused by name. A new format is one row of `FORMATS`.
+    """
 
     format: CheckpointFormat
     storage: torch.dtype
@@ -95,6 +109,7 @@ class FormatSpec:
     required: tuple[TensorKind, ...]
     optional: tuple[TensorKind, ...] = ()
     values_per_byte: int = 1  #: weight values per stored element along K (nvfp4: two)
+    scales: Mapping[TensorKind, TensorRule] = field(default_factory=dict)
 
     @property
     def quantized(self) -> bool:
@@ -105,6 +120,14 @@ class FormatSpec:
         """Every tensor kind this format may have per projection (bias included)."""
         return (*self.required, *self.optional, TensorKind.BIAS)
 
+    def rule(self, kind: TensorKind) -> TensorRule:
+        """The shapes and dtypes a tensor of `kind` may have."""
+        if kind is TensorKind.WEIGHT:
+            return TensorRule(lambda n, k: [(n, k // self.values_per_byte)], (self.storage,))
+        if kind is TensorKind.BIAS:
+            return TensorRule(lambda n, k: [(n,)], FLOAT_DTYPES)
+        return self.scales[kind]
+
 
 _W, _S, _INV, _S2, _IN = (
     TensorKind.WEIGHT,
@@ -113,6 +136,15 @@ _W, _S, _INV, _S2, _IN = (
     TensorKind.WEIGHT_SCALE_2,
     TensorKind.INPUT_SCALE,
 )
+#: Dtypes a scale may be stored in (all widen to fp32 exactly).
+SCALE_DTYPES = FLOAT_DTYPES
+#: Shapes of a one-value (per-tensor) scale.
+SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
+
+_ONE_VALUE = TensorRule(lambda n, k: list(SCALAR_SHAPES), SCALE_DTYPES)
+_PER_CHANNEL = TensorRule(lambda n, k: [*SCALAR_SHAPES, (n,), (n, 1)], SCALE_DTYPES)
+_BLOCK_128 = TensorRule(lambda n, k: [(math.ceil(n / FP8_GROUP_SIZE), math.ceil(k / FP8_GROUP_SIZE))], SCALE_DTYPES)
+_BLOCK_16 = TensorRule(lambda n, k: [(n, k // NVFP4_BLOCK_SIZE)], (torch.float8_e4m3fn,))
 
 #: The checkpoint formats, one row each.
 FORMATS: dict[CheckpointFormat, FormatSpec] = {
@@ -121,10 +153,30 @@ FORMATS: dict[CheckpointFormat, FormatSpec] = {
         FormatSpec(CheckpointFormat.BF16, torch.bfloat16, ScaleLayout.NONE, (_W,)),
         FormatSpec(CheckpointFormat.FP16, torch.float16, ScaleLayout.NONE, (_W,)),
         FormatSpec(CheckpointFormat.FP32, torch.float32, ScaleLayout.NONE, (_W,)),
-        FormatSpec(CheckpointFormat.FP8_BLOCK128, torch.float8_e4m3fn, ScaleLayout.BLOCK_128X128, (_W, _INV)),
-        FormatSpec(CheckpointFormat.FP8, torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL, (_W, _S), (_IN,)),
-        FormatSpec(CheckpointFormat.INT8, torch.int8, ScaleLayout.PER_CHANNEL, (_W, _S)),
-        FormatSpec(CheckpointFormat.NVFP4, torch.uint8, ScaleLayout.BLOCK_16, (_W, _S, _S2, _IN), values_per_byte=2),
+        FormatSpec(
+            CheckpointFormat.FP8_BLOCK128,
+            torch.float8_e4m3fn,
+            ScaleLayout.BLOCK_128X128,
+            (_W, _INV),
+            scales={_INV: _BLOCK_128},
+        ),
+        FormatSpec(
+            CheckpointFormat.FP8,
+            torch.float8_e4m3fn,
+            ScaleLayout.PER_CHANNEL,
+            (_W, _S),
+            (_IN,),
+            scales={_S: _PER_CHANNEL, _IN: _ONE_VALUE},
+        ),
+        FormatSpec(CheckpointFormat.INT8, torch.int8, ScaleLayout.PER_CHANNEL, (_W, _S), scales={_S: _PER_CHANNEL}),
+        FormatSpec(
+            CheckpointFormat.NVFP4,
+            torch.uint8,
+            ScaleLayout.BLOCK_16,
+            (_W, _S, _S2, _IN),
+            values_per_byte=2,
+            scales={_S: _BLOCK_16, _S2: _ONE_VALUE, _IN: _ONE_VALUE},
+        ),
     )
 }
 
@@ -144,27 +196,13 @@ _ALIASES: dict[str, CheckpointFormat] = {
     "modelopt-nvfp4": CheckpointFormat.NVFP4,
 }
 
-#: Dtypes a scale may be stored in (all widen to fp32 exactly).
-SCALE_DTYPES = FLOAT_DTYPES
-#: Shapes of a one-value (per-tensor) scale.
-SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
-
 
 def expected_tensor(
     spec: FormatSpec, kind: TensorKind, n: int, k: int
 ) -> tuple[list[tuple[int, ...]], tuple[torch.dtype, ...]]:
     """The shapes and dtypes a tensor of `kind` may have for a projection of `[N, K]` (out, in)."""
-    if kind is TensorKind.WEIGHT:
-        return [(n, k // spec.values_per_byte)], (spec.storage,)
-    if kind is TensorKind.BIAS:
-        return [(n,)], FLOAT_DTYPES
-    if kind is TensorKind.WEIGHT_SCALE_INV:
-        return [(math.ceil(n / FP8_GROUP_SIZE), math.ceil(k / FP8_GROUP_SIZE))], SCALE_DTYPES
-    if kind is TensorKind.WEIGHT_SCALE and spec.layout is ScaleLayout.BLOCK_16:
-        return [(n, k // NVFP4_BLOCK_SIZE)], (torch.float8_e4m3fn,)
-    if kind is TensorKind.WEIGHT_SCALE:
-        return [*SCALAR_SHAPES, (n,), (n, 1)], SCALE_DTYPES
-    return list(SCALAR_SHAPES), SCALE_DTYPES  # weight_scale_2, input_scale
+    rule = spec.rule(kind)
+    return rule.shapes(n, k), rule.dtypes
 
 
 def dtype_name(dtype: torch.dtype) -> str:

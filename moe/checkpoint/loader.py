@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from hal import FP8_GROUP_SIZE, Activation, InvalidInput, invalid, positive_int
+from hal import FP8_GROUP_SIZE, Activation, InvalidInput, invalid, positive_int, refuse_non_finite
 from moe.arguments import flag, with_data
 from moe.checkpoint.assemble import assemble
-from moe.checkpoint.formats import CheckpointFormat, FusedLayout, dtype_name, expected_tensor
+from moe.checkpoint.checks import Staged, check_tensor, refuse_unknown
+from moe.checkpoint.formats import CheckpointFormat, FusedLayout, expected_tensor
 from moe.checkpoint.names import (
     ExpertTensorName,
     NameStyle,
@@ -24,6 +25,7 @@ from moe.checkpoint.names import (
     expert_tensor_name,
     normalize_prefix,
     parse_expert_name,
+    unknown_expert_tensor,
 )
 from moe.checkpoint.shard import shard, split_gate_up
 from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W8A8Fp8, W8A8Fp8Block, W8A8Int8
@@ -152,9 +154,15 @@ class ExpertCheckpointLoader:
     # -- feeding tensors -------------------------------------------------------------------------
 
     def wants(self, name: str) -> bool:
-        """Whether `add(name, ...)` would keep (or read) this tensor; reads nothing."""
+        """Whether `add(name, ...)` would keep (or read) this tensor; reads nothing. True also for a tensor of
+        this layer's experts that no format understands (an int8 zero point): `add` refuses it by name."""
         parsed = parse_expert_name(name, self.prefix)
-        if parsed is None or (self.prefix is None and self._style is not None and parsed.prefix != self._prefix):
+        if parsed is None:
+            unknown = unknown_expert_tensor(name, self.prefix)
+            return unknown is not None and (
+                self.prefix is not None or self._style is None or unknown[0] == self._prefix
+            )
+        if self.prefix is None and self._style is not None and parsed.prefix != self._prefix:
             return False
         if parsed.kind is TensorKind.INPUT_SCALE:
             return self.static_input_scale is not False
@@ -163,10 +171,12 @@ class ExpertCheckpointLoader:
     def add(self, name: str, tensor: torch.Tensor) -> bool:
         """Take one checkpoint tensor; True if kept, False if it is not this rank's (or no expert tensor).
 
-        Raises `InvalidInput` naming the tensor when its shape, dtype or kind does not fit.
+        Raises `InvalidInput` naming the tensor when its shape, dtype, kind or values (inf, NaN) do not fit,
+        and for a tensor of an expert that no format understands; a refused tensor leaves the loader as it was.
         """
         parsed = parse_expert_name(name, self.prefix)
         if parsed is None:
+            refuse_unknown(name, self.prefix, self.spec)
             return False
         self._check_layer(name, parsed)
         if not isinstance(tensor, torch.Tensor):
@@ -179,14 +189,11 @@ class ExpertCheckpointLoader:
             return self._add_fused(name, parsed, tensor)
         if parsed.expert >= self.num_experts:  # type: ignore[operator]
             raise invalid(name, f"an expert id below num_experts={self.num_experts}", parsed.expert)
-        return self._add_expert(
-            name,
-            parsed.projection,
-            parsed.kind,
-            parsed.expert,
-            tensor,  # type: ignore[arg-type]
-            view_ok=self.tp_size == 1,
-        )
+        n, k = self._dims(parsed.projection)
+        check_tensor(name, tensor, *expected_tensor(self.spec, parsed.kind, n, k))
+        staged = Staged()
+        self._stage(staged, name, parsed.projection, parsed.kind, parsed.expert, tensor, self.tp_size == 1)
+        return self._commit(staged)
 
     def _check_layer(self, name: str, parsed: ExpertTensorName) -> None:
         """One loader, one layer: the first name fixes the prefix and the naming family."""
@@ -224,40 +231,39 @@ class ExpertCheckpointLoader:
             shapes = [s[::-1] for s in shapes]
         if parsed.kind in _SCALAR_VALUED:
             shapes = [()]
-        wanted = [(e, *s) for e in lead for s in shapes]
-        self._check_tensor(name, t, wanted, dtypes)
+        check_tensor(name, t, [(e, *s) for e in lead for s in shapes], dtypes)
         experts = range(self.num_experts) if parsed.kind is TensorKind.INPUT_SCALE else self.local_experts
         base = self.local_experts.start if t.shape[0] != self.num_experts else 0
         whole = self.tp_size == 1 and t.shape[0] == len(self.local_experts)  # every byte given is kept
+        staged = Staged()
         for e in experts:
             one = t[e - base].t() if transposed else t[e - base]
-            self._add_expert(name, parsed.projection, parsed.kind, e, one, checked=True, view_ok=whole)
-        return True
+            self._stage(staged, name, parsed.projection, parsed.kind, e, one, whole)
+        return self._commit(staged)
 
-    def _add_expert(
+    def _stage(
         self,
+        staged: Staged,
         name: str,
         projection: Projection,
         kind: TensorKind,
         expert: int,
         t: torch.Tensor,
-        checked: bool = False,
-        view_ok: bool = True,
-    ) -> bool:
-        """One expert's tensor `[N, K]`: checked, split (gate_up), sharded (TP) and kept if local."""
-        n, k = self._dims(projection)
-        if not checked:
-            self._check_tensor(name, t, *expected_tensor(self.spec, kind, n, k))
+        view_ok: bool,
+    ) -> None:
+        """One expert's tensor `[N, K]` (shape checked): split (gate_up), sharded (TP), its values checked and
+        staged if local; nothing is kept before the whole tensor passed (`_commit`)."""
         if kind in _SCALAR_VALUED:
             value = float(t.reshape(()))
             if not 0 < value < float("inf"):
                 raise invalid(name, "a finite positive scale", value)
             if kind is TensorKind.INPUT_SCALE:
-                for p in self._split_projections(projection):
-                    self._input_scales[(expert, p)] = value
-                return True
+                staged.kept = True
+                staged.input_scales.update({(expert, p): value for p in self._split_projections(projection)})
+                return
         if expert not in self.local_experts:
-            return False
+            return
+        staged.kept = True
         if projection is Projection.GATE_UP:
             pieces = zip(
                 (Projection.GATE, Projection.UP),
@@ -287,35 +293,25 @@ class ExpertCheckpointLoader:
                 self.local_intermediate,
                 self.intermediate_size,
             )
-            self._store(name, expert - self.local_experts.start, p, kind, local, view_ok and local is piece)
-        return True
+            refuse_non_finite(name, local)
+            key = (expert - self.local_experts.start, p, kind)
+            if key in self._sources or key in staged.parts:
+                raise InvalidInput(
+                    f"{name}: expert {expert}'s {p} {kind} was already loaded from {self._sources.get(key, name)}"
+                )
+            staged.parts[key] = (name, local, view_ok and local is piece)
 
     def _split_projections(self, projection: Projection) -> tuple[Projection, ...]:
         return (Projection.GATE, Projection.UP) if projection is Projection.GATE_UP else (projection,)
 
-    def _store(
-        self, name: str, expert: int, projection: Projection, kind: TensorKind, t: torch.Tensor, view_ok: bool
-    ) -> None:
-        key = (expert, projection, kind)
-        if key in self._sources:
-            raise InvalidInput(
-                f"{name}: expert {expert + self.local_experts.start}'s {projection} {kind} was "
-                f"already loaded from {self._sources[key]}"
-            )
-        if not view_ok and t.untyped_storage().nbytes() > t.numel() * t.element_size():
-            t = t.clone()  # a view of a larger tensor: keep only this rank's part, not the rest
-        self._parts[key], self._sources[key] = t, name
-
-    @staticmethod
-    def _check_tensor(
-        name: str, t: torch.Tensor, shapes: list[tuple[int, ...]], dtypes: tuple[torch.dtype, ...]
-    ) -> None:
-        if tuple(t.shape) not in shapes or t.dtype not in dtypes:
-            want = " or ".join(str(list(s)) for s in shapes)
-            kinds = "/".join(dtype_name(d) for d in dtypes)
-            raise InvalidInput(
-                f"{name}: expected {kinds} of shape {want}, got {dtype_name(t.dtype)} of shape {list(t.shape)}"
-            )
+    def _commit(self, staged: Staged) -> bool:
+        """Keep what `_stage` checked; whether anything was kept."""
+        for key, (name, t, view_ok) in staged.parts.items():
+            if not view_ok and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+                t = t.clone()  # a view of a larger tensor: keep only this rank's part, not the rest
+            self._parts[key], self._sources[key] = t, name
+        self._input_scales.update(staged.input_scales)
+        return staged.kept
 
     # -- results ---------------------------------------------------------------------------------
 

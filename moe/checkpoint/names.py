@@ -76,6 +76,14 @@ _FUSED = re.compile(
     rf"^(?:(?P<prefix>.+)\.)?experts\.(?P<proj>gate_up_proj|gate_proj|up_proj|down_proj)(?:[._](?P<kind>{_KINDS}))?$"
 )
 
+#: A tensor of an expert's projection whatever its kind: what `unknown_expert_tensor` tells apart.
+_ANY_PER_EXPERT = re.compile(
+    r"^(?:(?P<prefix>.+)\.)?experts\.\d+\.(?:gate_up_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.(?P<kind>[\w.]+)$"
+)
+_ANY_FUSED = re.compile(
+    r"^(?:(?P<prefix>.+)\.)?experts\.(?:gate_up_proj|gate_proj|up_proj|down_proj)[._](?P<kind>[\w.]+)$"
+)
+
 
 @dataclass(frozen=True)
 class ExpertTensorName:
@@ -135,6 +143,18 @@ def parse_expert_name(name: str, prefix: str | None = None) -> ExpertTensorName 
     if prefix is not None and parsed.prefix != normalize_prefix(prefix):
         return None
     return parsed
+
+
+def unknown_expert_tensor(name: str, prefix: str | None = None) -> tuple[str, str] | None:
+    """`(prefix, kind)` of a tensor of an expert's projection whose kind is none of `TensorKind` (an int8
+    zero point, an AWQ `qweight`, MXFP4 `_blocks`): what no format understands. None for every other name,
+    recognised ones included (and names not under `prefix`, when given)."""
+    if not isinstance(name, str) or parse_expert_name(name) is not None:
+        return None
+    found = _ANY_PER_EXPERT.match(name) or _ANY_FUSED.match(name)
+    if found is None or (prefix is not None and (found["prefix"] or "") != normalize_prefix(prefix)):
+        return None
+    return found["prefix"] or "", found["kind"]
 
 
 _HF_NAMES = {

@@ -1,0 +1,41 @@
+"""The one check that values are finite, for every dtype a weight, scale or activation is held in.
+
+Reading values costs a host synchronisation on an accelerator, so this runs where the values
+are read anyway or once: when something is loaded or quantized, never per forward. Integer
+and packed (uint8) tensors hold no inf or NaN and pass without being read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hal.errors import InvalidInput
+
+#: Elements widened at a time for float8 formats torch cannot test directly (bounds the memory used).
+_CHUNK = 1 << 24
+#: e4m3fn has no inf; its only non-finite codes are NaN, all exponent and mantissa bits set.
+_E4M3FN_NAN = 0x7F
+
+
+def non_finite_count(x: torch.Tensor) -> int:
+    """How many values of `x` are inf or NaN (0 for integer and packed tensors)."""
+    if not (torch.is_floating_point(x) or x.is_complex()) or x.numel() == 0:
+        return 0
+    if x.dtype == torch.float8_e4m3fn:
+        return int(((x.view(torch.uint8) & _E4M3FN_NAN) == _E4M3FN_NAN).sum())
+    if x.element_size() == 1:  # other float8 formats: widened in chunks
+        flat = x.reshape(-1)
+        return sum(
+            int((~torch.isfinite(flat[i : i + _CHUNK].to(torch.float32))).sum()) for i in range(0, flat.numel(), _CHUNK)
+        )
+    finite = torch.isfinite(x)
+    return 0 if bool(finite.all()) else int((~finite).sum())
+
+
+def refuse_non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    """`x` unless a value is inf or NaN, else `InvalidInput` naming `name` (a scale made from one, or a
+    weight holding one, poisons whole output rows); reads the values."""
+    bad = non_finite_count(x)
+    if bad:
+        raise InvalidInput(f"{name}: expected finite values, got {bad} non-finite (inf/NaN) value(s)")
+    return x
