@@ -41,7 +41,7 @@ from moe.dispatch.base import group_size_and_rank
 from moe.graphs import GraphConfig, ReplayedForward
 from moe.migration import Rebalancing
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
-from moe.loading import ExpertLoading
+from moe.loading import ExpertLoading, TransactionalState
 from moe.pipeline import Pipeline, choose_pipeline
 from moe.expert_load import ExpertLoad, LoadStats
 from moe.explain import LayerExplanation, dispatcher_kind, explain_layer
@@ -56,7 +56,7 @@ from moe.stages import StagedForward
 from moe.weight_store import OwnerCallback, WeightStore, weight_form
 
 
-class MoELayer(ExpertLoading, StagedForward, Rebalancing, ReplayedForward, torch.nn.Module):
+class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, ReplayedForward, torch.nn.Module):
     """A Mixture-of-Experts feed-forward layer computed through `hal`.
 
     Expert e computes `act(x @ w13[e] + b13[e]) @ w2[e] + b2[e]` with `w13` `[E, H, 2I]`

@@ -10,21 +10,30 @@ that `load_expert_weights` takes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hal import InvalidInput, QuantizedWeight, invalid
+from hal import HalError, InvalidInput, QuantizedWeight, invalid, refuse_non_finite
 from moe.arguments import with_data
+from moe.load_checks import float_tensor, non_finite_problems, refuse_non_finite_weights, state_problems, store_tensors
+from moe.load_transaction import Snapshot
 from moe.schemes import ExpertWeights, check_float_weights
 from moe.scheme_conversion import convert_float, convert_quantized, holds_format
+from moe.weight_store import STORE_FIELDS
 
 if TYPE_CHECKING:
     from moe.layer import MoELayer
 
 
 class ExpertLoading:
-    """The weight-loading methods of `MoELayer`."""
+    """The weight-loading methods of `MoELayer`.
+
+    Every load is checked before anything is stored (shapes, dtypes, finite values, each named by its
+    key) and is all or nothing: a refused load leaves the forward and `state_dict()` as they were.
+    """
 
     def load_weights(
         self: MoELayer,
@@ -46,6 +55,8 @@ class ExpertLoading:
                 "w13, w2", f"shapes {(e, h, width)} and {(e, i, h)}", f"{tuple(w13.shape)} and {tuple(w2.shape)}"
             )
         b13, b2 = _check_biases(self.bias, w13_bias, w2_bias, (e, width), (e, h))
+        refuse_non_finite("w13", w13)
+        refuse_non_finite("w2", w2)
         logical = self.local_logical_experts
         contiguous = logical == tuple(range(logical[0], logical[0] + len(logical)))
         mine: slice | list[int] = slice(logical[0], logical[0] + len(logical)) if contiguous else list(logical)
@@ -57,7 +68,8 @@ class ExpertLoading:
             b13 = shard.first_projection(b13[mine], i, gated)
             b2 = shard.down_bias(b2[mine])  # type: ignore[index]
         weights = dataclasses.replace(weights, w13_bias=_fp32(b13, device), w2_bias=_fp32(b2, device))
-        self.experts.store(weights)
+        with self._all_or_nothing():
+            self.experts.store(weights)
         return self
 
     def load_expert_weights(self: MoELayer, weights: ExpertWeights) -> MoELayer:
@@ -68,7 +80,8 @@ class ExpertLoading:
         weights = self._checked_weights(
             weights, "expert weights", self.dispatcher.num_local_experts, self.local_intermediate_size, routed=True
         )
-        self.experts.store(weights)
+        with self._all_or_nothing():
+            self.experts.store(weights)
         return self
 
     def load_shared_experts(
@@ -85,10 +98,14 @@ class ExpertLoading:
         if got != want:
             raise invalid("shared expert w13, w2", f"shapes {want[0]} and {want[1]}", f"{got[0]} and {got[1]}")
         check_float_weights(w13[None], w2[None], gated=gated)
+        refuse_non_finite("shared expert w13", w13)
+        refuse_non_finite("shared expert w2", w2)
         shard, device = self.tensor_shard, self.vendor.device
         w13_local = shard.first_projection(w13, size, gated)[None].to(device)
         w2_local = shard.second_projection(w2, size)[None].to(device)
-        block.load(self._quantized(w13_local, w2_local), gate, h)
+        weights = self._quantized(w13_local, w2_local)
+        with self._all_or_nothing():
+            block.load(weights, gate, h)
         return self
 
     def load_shared_expert_weights(
@@ -100,9 +117,9 @@ class ExpertLoading:
             raise invalid("weights", "a moe.ExpertWeights", type(weights).__name__)
         with_data("gate", gate)
         size = self.tensor_shard.local_size(block.config.intermediate_size, "shared_experts.intermediate_size")
-        block.load(
-            self._checked_weights(weights, "shared expert weights", 1, size, routed=False), gate, self.hidden_size
-        )
+        checked = self._checked_weights(weights, "shared expert weights", 1, size, routed=False)
+        with self._all_or_nothing():
+            block.load(checked, gate, self.hidden_size)
         return self
 
     def _quantized(self: MoELayer, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
@@ -151,6 +168,7 @@ class ExpertLoading:
                 with_data(f"weights.{name}.{part}", getattr(getattr(weights, name), part))
         for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
             with_data(f"weights.{name}", getattr(weights, name))
+        refuse_non_finite_weights(what, weights)
         weights = self._running_form(weights, what)
         layout = self.scheme.gemm_kind().spec.weight_layout
         for name in ("w13", "w2"):
@@ -187,6 +205,96 @@ class ExpertLoading:
         return moved
 
 
+class TransactionalState:
+    """`load_state_dict` of `MoELayer`: the state checked against the layer's format first, all or nothing."""
+
+    def load_state_dict(
+        self: MoELayer, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """`torch.nn.Module.load_state_dict`, refused with `hal.InvalidInput` naming every offending key
+        (a tensor of another shape, dtype or format, inf or NaN, and with `strict` a missing or unexpected
+        key); a refused state changes nothing."""
+        snapshot = Snapshot(self)
+        try:
+            return torch.nn.Module.load_state_dict(self, state_dict, strict, assign)  # type: ignore[arg-type]
+        except HalError:
+            self._restore(snapshot)
+            raise
+        except RuntimeError as exc:  # torch's report of the errors of every module
+            self._restore(snapshot)
+            found = str(exc).split("\n", 1)[-1].strip()
+            raise InvalidInput(
+                f"state_dict: expected a state of this layer, got (nothing was loaded):\n\t{found}"
+            ) from None
+
+    def _load_from_state_dict(
+        self: MoELayer,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # Runs before the submodules load (torch loads a module, then its children, then its post hooks):
+        # a state that does not fit is taken away from them, and one refused by a submodule is rolled back.
+        torch.nn.Module._load_from_state_dict(
+            self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        start, snapshot = len(error_msgs), Snapshot(self)
+        problems = self._state_problems(state_dict, prefix)
+        if problems:
+            error_msgs.extend(problems)
+            for key in [k for k in state_dict if k.startswith(prefix)]:
+                del state_dict[key]  # torch's own copy, made for loaders to change
+
+        def after(module: torch.nn.Module, incompatible: Any) -> None:
+            handle.remove()
+            if problems:  # nothing of ours was loaded: not "missing" either
+                incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(prefix)]
+            elif len(error_msgs) > start:
+                self._restore(snapshot)
+
+        handle = self.register_load_state_dict_post_hook(after)
+
+    def _state_problems(self: MoELayer, state: Mapping[str, Any], prefix: str) -> list[str]:
+        """Every way the tensors of `state` under `prefix` differ from this layer's format (`moe.load_checks`)."""
+        kind, known, h = self.scheme.gemm_kind().spec, frozenset(STORE_FIELDS), self.hidden_size
+        local = self.local_intermediate_size
+        problems = state_problems(
+            state,
+            prefix + "experts.",
+            store_tensors(
+                kind, self.dispatcher.num_local_experts, h, self.activation.input_width(local), local, bias=self.bias
+            ),
+            known,
+        )
+        block = self.shared_experts
+        if block is not None:
+            size = self.tensor_shard.local_size(block.config.intermediate_size, "shared_experts.intermediate_size")
+            shared = store_tensors(kind, 1, h, self.activation.input_width(size), size, bias=False)
+            problems += state_problems(state, prefix + "shared_experts.store.", shared, known)
+            gate = prefix + "shared_experts.gate"
+            if block.config.gated and gate in state and (problem := float_tensor(gate, state[gate], [(h,)])):
+                problems.append(problem)
+        return problems + non_finite_problems(state, prefix)
+
+    @contextmanager
+    def _all_or_nothing(self: MoELayer) -> Iterator[None]:
+        """Storing weights either completes or leaves the layer as it was."""
+        snapshot = Snapshot(self)
+        try:
+            yield
+        except BaseException:
+            self._restore(snapshot)
+            raise
+
+    def _restore(self: MoELayer, snapshot: Snapshot) -> None:
+        snapshot.restore()
+        self._rebuild()
+
+
 def _check_biases(
     expected: bool, b13: object, b2: object, shape13: tuple[int, ...], shape2: tuple[int, ...]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -205,6 +313,7 @@ def _check_biases(
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise invalid(name, f"a float tensor of shape {shape}", got)
         with_data(name, t)
+        refuse_non_finite(name, t)
     return b13, b2  # type: ignore[return-value]
 
 

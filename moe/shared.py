@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hal import Activation, Groups, InvalidInput, ScaleLayout, Vendor, invalid, positive_int
+from hal import Activation, Groups, InvalidInput, ScaleLayout, Vendor, invalid, positive_int, refuse_non_finite
 from moe.schemes import ExpertWeights, QuantScheme
 from moe.runners import first_projection
 from moe.weight_store import WeightStore
@@ -57,6 +57,7 @@ class SharedExpertsBlock(torch.nn.Module):
             if not isinstance(gate, torch.Tensor) or gate.numel() != hidden_size or not torch.is_floating_point(gate):
                 got = f"{gate.dtype} {tuple(gate.shape)}" if isinstance(gate, torch.Tensor) else gate
                 raise invalid("shared expert gate", f"a float tensor of {hidden_size} elements ([H] or [1, H])", got)
+            refuse_non_finite("shared expert gate", gate)
             self.gate = gate.detach().reshape(hidden_size).to(device=weights.w13.data.device).clone()
         elif gate is not None:
             raise InvalidInput(

@@ -35,6 +35,10 @@ _FIELDS: dict[str, tuple[str, str | None]] = {
 }
 
 
+#: The names of a weight store's buffers.
+STORE_FIELDS = tuple(_FIELDS)
+
+
 class WeightStore(torch.nn.Module):
     """Holds one `ExpertWeights` as buffers (`w13_weight`, `w13_scale`, ..., `w2_bias`).
 

@@ -80,7 +80,7 @@ def test_a_converted_state_dict_reloads_and_another_form_is_refused(tmp_path):
     x, logits = torch.randn(8, h).to(torch.bfloat16), torch.randn(8, e)
     assert torch.equal(again(x, logits), layer(x, logits))
     native = moe.MoELayer(h, i, e, k, scheme="w8a8-fp8-block", vendor="cpu", environ={})
-    with pytest.raises(RuntimeError, match=r"holds w8a8-int8 \(converted at load from w8a8-fp8-block\)"):
+    with pytest.raises(InvalidInput, match=r"holds w8a8-int8 \(converted at load from w8a8-fp8-block\)"):
         native.load_state_dict(state)
 
 
