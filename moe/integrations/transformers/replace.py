@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hal import DispatchConfig, InvalidInput, Vendor, invalid
+from hal import DispatchConfig, InvalidInput, Vendor, invalid, refuse_non_finite
 from moe import MoELayer, QuantScheme, SharedExperts, Unquantized, make_scheme
 from moe.arguments import choose_vendor
 from moe.integrations.transformers.architectures import ARCHITECTURES, Architecture
@@ -87,7 +87,8 @@ def replace_moe_blocks(
       come from the block.
 
     The model is meant for inference: the layer's weights are inference buffers. Raises
-    `InvalidInput` for a model type without an entry or a model without any MoE block.
+    `InvalidInput` for a model type without an entry, a model without any MoE block, or a block's
+    tensor holding inf or NaN (named by its key); a refused call replaces no block.
     """
     taken = sorted(set(layer_options) & _FROM_THE_BLOCK)
     if taken:
@@ -102,8 +103,10 @@ def replace_moe_blocks(
             f"model: expected MoE blocks of class {' or '.join(architecture.block_classes)} in this "
             f"{model_type!r} model, got none" + ("; its blocks are already replaced" if already else "")
         )
-    with torch.no_grad():
+    wrappers = []
+    with torch.no_grad():  # every block checked and built before the first is swapped: all or nothing
         for name, block in found:
+            refuse_non_finite_tensors(name, block)
             layer = build_layer(
                 architecture,
                 block,
@@ -121,8 +124,17 @@ def replace_moe_blocks(
                 block if keep_original else None,
                 record_router_logits,
             )
-            model.set_submodule(name, wrapper)
+            wrappers.append((name, wrapper))
+    for name, wrapper in wrappers:
+        model.set_submodule(name, wrapper)
     return [name for name, _ in found]
+
+
+def refuse_non_finite_tensors(name: str, block: torch.nn.Module) -> None:
+    """`InvalidInput` naming the first parameter or buffer of `block` (the module `name`) that holds inf or NaN:
+    routed and shared experts, their biases, the shared-expert gate, the router."""
+    for key, t in (*block.named_parameters(), *block.named_buffers()):
+        refuse_non_finite(f"{name}.{key}" if name else key, t.detach())
 
 
 def restore_moe_blocks(model: torch.nn.Module) -> list[str]:
