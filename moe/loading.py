@@ -242,21 +242,15 @@ class TransactionalState:
         torch.nn.Module._load_from_state_dict(
             self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        start, snapshot = len(error_msgs), Snapshot(self)
         problems = self._state_problems(state_dict, prefix)
         if problems:
             error_msgs.extend(problems)
             for key in [k for k in state_dict if k.startswith(prefix)]:
                 del state_dict[key]  # torch's own copy, made for loaders to change
-
-        def after(module: torch.nn.Module, incompatible: Any) -> None:
-            handle.remove()
-            if problems:  # nothing of ours was loaded: not "missing" either
-                incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(prefix)]
-            elif len(error_msgs) > start:
-                self._restore(snapshot)
-
-        handle = self.register_load_state_dict_post_hook(after)
+        if not self.__dict__.get("_after_load_registered"):  # a plain function: copies and pickles carry it
+            self.register_load_state_dict_post_hook(_after_load)
+            self._after_load_registered = True
+        self._pending_load = _PendingLoad(Snapshot(self), error_msgs, len(error_msgs), prefix, bool(problems))
 
     def _state_problems(self: MoELayer, state: Mapping[str, Any], prefix: str) -> list[str]:
         """Every way the tensors of `state` under `prefix` differ from this layer's format (`moe.load_checks`)."""
@@ -291,8 +285,32 @@ class TransactionalState:
             raise
 
     def _restore(self: MoELayer, snapshot: Snapshot) -> None:
+        self.__dict__.pop("_pending_load", None)
         snapshot.restore()
         self._rebuild()
+
+
+@dataclasses.dataclass
+class _PendingLoad:
+    """A state-dict load of a layer between its own step and its submodules' (`_after_load`)."""
+
+    snapshot: Snapshot
+    error_msgs: list[str]
+    errors_before: int  #: errors reported when the submodules started (ours included)
+    prefix: str
+    refused: bool  #: the layer refused the state itself: its submodules were given none of it
+
+
+def _after_load(layer: Any, incompatible: Any) -> None:
+    """After the layer's submodules loaded: undo them if one refused its part; a state the layer refused was
+    not loaded at all, so its keys are not reported missing either."""
+    pending: _PendingLoad | None = layer.__dict__.pop("_pending_load", None)
+    if pending is None:
+        return
+    if pending.refused:
+        incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(pending.prefix)]
+    elif len(pending.error_msgs) > pending.errors_before:
+        layer._restore(pending.snapshot)
 
 
 def _check_biases(

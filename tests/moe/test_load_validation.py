@@ -170,3 +170,18 @@ def test_a_layer_inside_a_model_is_left_unchanged_by_a_refused_model_state(vendo
     state.update({f"proj.{k}": v for k, v in model["proj"].state_dict().items()})
     model.load_state_dict(state)
     assert torch.equal(model["moe"](before.x, before.logits), other(before.x, before.logits))
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_part_refused_by_a_submodule_rolls_back_the_parts_loaded_before_it(vendor):
+    layer = _layer(vendor, shared_experts=moe.SharedExperts(IS))
+    s13, s2 = (w[0] for w in random_weights(1, H, IS, 4))
+    layer.load_shared_experts(s13, s2)
+    before = Before(layer)
+    other = _layer(vendor, seed=12, shared_experts=moe.SharedExperts(IS))
+    other.load_shared_experts(s13 * 3, s2)
+    state = other.state_dict()
+    no_data = state["shared_experts.store.w2_weight"].to("meta")  # right shape and dtype, but nothing to copy
+    with pytest.raises(InvalidInput, match=r"shared_experts\.store\.w2_weight: expected a tensor with data"):
+        layer.load_state_dict(dict(state, **{"shared_experts.store.w2_weight": no_data}))
+    before.unchanged(layer)  # the routed experts, loaded before the shared ones were refused, are the old ones
