@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe
+from conformance.corruptions import corrupted
 from conformance.tolerances import layer_tolerance
 from hal import DispatchConfig, InvalidInput
 from moe.checkpoint import ExpertCheckpointLoader
@@ -27,8 +28,6 @@ from tests.support.moe_reference import random_weights, reference_moe, relative_
 P = "model.layers.4.mlp"
 E, H, I, K, T = 4, 128, 128, 2, 12  # checkpoints (fp8-block128 splits gate and up on 128-row tiles)
 HS, IS = 64, 48  # state dicts
-CORRUPTIONS = ("nan", "inf", "shape", "dtype", "missing", "extra", "truncate")
-DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
 #: (vendor, scheme) of the state-dict path; nvfp4 on the CPU vendor only (no nvfp4 on Atlas A2/A3)
 LAYERS = [(v, s) for v in ("cpu", "ascend-emulated") for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block")] + [
     ("cpu", "nvfp4")
@@ -74,48 +73,6 @@ def _state_reference() -> torch.Tensor:
 def _inputs(hidden: int = H) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(4)
     return torch.randn(T, hidden, generator=g).to(torch.bfloat16), torch.randn(T, E, generator=g)
-
-
-def corrupted(tensors: dict[str, torch.Tensor], data: st.DataObject, extra_name) -> tuple[str, dict[str, torch.Tensor]]:
-    """`tensors` with one corruption drawn from `data` (the tensors given are not changed)."""
-    out = dict(tensors)
-    kind = data.draw(st.sampled_from(CORRUPTIONS), label="corruption")
-    floats = sorted(k for k, t in out.items() if torch.is_floating_point(t))
-    scales = sorted(k for k, t in out.items() if "scale" in k and t.numel() > 1)
-    if kind in ("nan", "inf") and floats:
-        key = data.draw(st.sampled_from(floats), label="key")
-        t = out[key].clone()
-        at = data.draw(st.integers(0, t.numel() - 1), label="index")
-        if t.dtype == torch.float8_e4m3fn:  # e4m3 has no inf: its non-finite code is NaN
-            t.view(torch.uint8).reshape(-1)[at] = 0x7F
-        else:
-            t.reshape(-1)[at] = float(kind)
-        out[key] = t
-    elif kind == "shape":
-        key = data.draw(st.sampled_from(sorted(out)), label="key")
-        t = out[key]
-        if t.dim() == 0:
-            out[key] = t.reshape(1, 1)
-        else:
-            dim = data.draw(st.integers(0, t.dim() - 1), label="dim")
-            grown = torch.cat([t, t.narrow(dim, 0, 1)], dim=dim)
-            out[key] = t.narrow(dim, 0, t.shape[dim] - 1) if t.shape[dim] > 1 and data.draw(st.booleans()) else grown
-    elif kind == "dtype":
-        key = data.draw(st.sampled_from(sorted(out)), label="key")
-        dtype = data.draw(st.sampled_from([d for d in DTYPES if d != out[key].dtype]), label="dtype")
-        value = out[key].to(torch.float32)
-        out[key] = (
-            value.clamp(-448, 448).to(dtype) if dtype.is_floating_point else value.round().clamp(0, 127).to(dtype)
-        )
-    elif kind == "missing":
-        del out[data.draw(st.sampled_from(sorted(out)), label="key")]
-    elif kind == "extra":
-        key = data.draw(st.sampled_from(sorted(out)), label="key")
-        out[extra_name(key)] = torch.zeros(out[key].shape[-1:], dtype=torch.int8)
-    elif scales:  # truncate: a scale one value short
-        key = data.draw(st.sampled_from(scales), label="key")
-        out[key] = out[key].reshape(-1)[:-1]
-    return kind, out
 
 
 def _checkpoint_property(data: st.DataObject) -> None:
