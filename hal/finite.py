@@ -11,7 +11,7 @@ import torch
 
 from hal.errors import InvalidInput
 
-#: Elements widened at a time for float8 formats torch cannot test directly (bounds the memory used).
+#: Elements tested at a time (bounds the memory the masks take).
 _CHUNK = 1 << 24
 #: e4m3fn has no inf; its only non-finite codes are NaN, all exponent and mantissa bits set.
 _E4M3FN_NAN = 0x7F
@@ -21,6 +21,8 @@ def non_finite_count(x: torch.Tensor) -> int:
     """How many values of `x` are inf or NaN (0 for integer and packed tensors)."""
     if not (torch.is_floating_point(x) or x.is_complex()) or x.numel() == 0:
         return 0
+    if x.dim() > 1 and x.numel() > _CHUNK:  # slice by slice: the masks stay small for a model's weights
+        return sum(non_finite_count(part) for part in x)
     if x.dtype == torch.float8_e4m3fn:
         return int(((x.view(torch.uint8) & _E4M3FN_NAN) == _E4M3FN_NAN).sum())
     if x.element_size() == 1:  # other float8 formats: widened in chunks

@@ -224,7 +224,7 @@ class TransactionalState:
             self._restore(snapshot)
             found = str(exc).split("\n", 1)[-1].strip()
             raise InvalidInput(
-                f"state_dict: expected a state of this layer, got (nothing was loaded):\n\t{found}"
+                f"state_dict: expected this layer's tensors (nothing was loaded), got:\n\t{found}"
             ) from None
 
     def _load_from_state_dict(
