@@ -90,12 +90,7 @@ def _checkpoint_property(data: st.DataObject) -> None:
     except InvalidInput:
         return
     x, logits = _inputs()
-    error = relative_error(layer(x, logits), _checkpoint_reference(fmt))
-    if layer.source_scheme is not None:
-        bound = layer.vendor.capabilities().scheme_fallbacks[layer.source_scheme.name].max_error
-    else:
-        bound = layer_tolerance(layer.scheme.name, str(layer.plan.resolved))
-    assert error <= bound
+    assert relative_error(layer(x, logits), _checkpoint_reference(fmt)) <= _bound(layer)
 
 
 @functools.cache
@@ -120,7 +115,14 @@ def _state_dict_property(data: st.DataObject) -> None:
         return
     x, logits = _inputs(HS)
     error = relative_error(layer(x, logits), _state_reference())
-    assert error <= layer_tolerance(layer.scheme.name, str(layer.plan.resolved))
+    assert error <= _bound(layer)
+
+
+def _bound(layer: moe.MoELayer) -> float:
+    """The layer's error bound: its scheme's, or the declared one of the scheme fallback it converted at load."""
+    if layer.source_scheme is not None:
+        return layer.vendor.capabilities().scheme_fallbacks[layer.source_scheme.name].max_error
+    return layer_tolerance(layer.scheme.name, str(layer.plan.resolved))
 
 
 @QUICK
