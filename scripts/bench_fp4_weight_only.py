@@ -1,0 +1,281 @@
+"""Weight-only 4-bit experts (MXFP4 / NVFP4 weights, bf16 activations) against the bf16 experts on a GPU.
+
+gpt-oss-20b's MoE shape (32 experts, top-4, hidden 2880, intermediate 2880): the experts' path of the
+layer (sort by expert, first projection with SiLU-GLU reading the tokens through the dispatch's index,
+second projection, weighted combine), CUDA-graph replays of `LAYERS` layers with their own weights (so
+no layer's weights are still in L2), per layer. "roofline": the bytes of the touched experts' weights
+(with their scales) and of the GEMMs' activations read, over 3.35 TB/s, as a share of the time.
+
+    python scripts/bench_fp4_weight_only.py [--sweep]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+from hal import Activation, GemmKind, Groups, QuantizedWeight, ScaleLayout
+from tests.support.fp4_weights import Fp4Weights, grouped_reference
+from vendors.cuda import CudaVendor
+from vendors.cuda.kernels.grouped_gemm import TileConfig
+from vendors.cuda.kernels.grouped_gemm_fp4 import default_fp4_tiles, grouped_gemm_fp4
+
+E, TOP_K, H, I = 32, 4, 2880, 2880
+LAYERS = 4
+PEAK = 3.35e12
+TOKENS = (1, 8, 64, 512, 4096)
+DEV = "cuda"
+
+
+def fp4_weights(k: int, n: int, mx: bool, seed: int) -> Fp4Weights:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    data = torch.randint(0, 256, (E, k // 2, n), generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
+    if mx:
+        scale = torch.randint(118, 124, (E, k // 32, n), generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
+        return Fp4Weights(data, scale, None, True)
+    scale = (torch.rand((E, k // 16, n), generator=g, device=DEV) * 2 + 0.5).to(torch.float8_e4m3fn)
+    return Fp4Weights(data, scale, torch.full((E,), 64.0, device=DEV), False)
+
+
+def replay_us(fn, reps: int = 20) -> float:
+    """Median time of one graph replay of `fn` over `LAYERS` layers, per layer (µs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / LAYERS)
+    return statistics.median(times)
+
+
+def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
+    """One row of the table: timings and errors at `tokens` tokens."""
+    g = torch.Generator(device=DEV).manual_seed(tokens)
+    x = torch.randn(tokens, H, device=DEV, generator=g).to(torch.bfloat16)
+    ids = torch.rand(tokens, E, device=DEV, generator=g).topk(TOP_K, dim=1).indices
+    weights = torch.softmax(torch.randn(tokens, TOP_K, device=DEV, generator=g), dim=1)
+    touched = int(torch.unique(ids).numel())
+    rows = tokens * TOP_K
+
+    def sort():
+        return ops.sort_by_expert_tokens(ids, num_experts=E)
+
+    def bf16_layer(i):
+        _, inverse, counts, tok = sort()
+        groups = Groups.from_counts(counts)
+        w1, w2 = bf16[i]
+        h = ops.grouped_matmul_gathered(
+            x, tok, w1, groups, kind=GemmKind.BF16, out_dtype=torch.bfloat16, activation=act
+        )
+        y = ops.grouped_matmul(h, w2, groups, kind=GemmKind.BF16, out_dtype=torch.bfloat16)
+        return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
+
+    def fp4_layer(i, mx, t1=None, t2=None):
+        _, inverse, counts, tok = sort()
+        w1, w2 = fp4[mx][i]
+        h = grouped_gemm_fp4(
+            x,
+            w1.data,
+            w1.scale,
+            counts,
+            torch.bfloat16,
+            mx=mx,
+            global_scale=w1.global_scale,
+            gated=True,
+            row_index=tok,
+            config=t1,
+            pdl=ops.pdl,
+        )
+        y = grouped_gemm_fp4(
+            h, w2.data, w2.scale, counts, torch.bfloat16, mx=mx, global_scale=w2.global_scale, config=t2, pdl=ops.pdl
+        )
+        return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
+
+    # correctness against float64 (layer 0, both formats)
+    errs = {}
+    if tokens in (8, 512):
+        _, inverse, counts, tok = sort()
+        cl = counts.tolist()
+        for mx in (True, False):
+            w1, w2 = fp4[mx][0]
+            h64 = grouped_reference(x, w1.values(), cl, gated=True, row_index=tok)
+            y64 = grouped_reference(h64, w2.values(), cl)
+            out64 = (y64[inverse].reshape(tokens, TOP_K, H) * weights.double()[..., None]).sum(1)
+            out = fp4_layer(0, mx).double()
+            errs[mx] = (torch.linalg.norm(out - out64) / torch.linalg.norm(out64)).item()
+            del h64, y64
+
+    # GEMMs alone: tile sweep (MXFP4), default tiles
+    _, inverse, counts, tok = sort()
+    h = torch.randn(rows, I, device=DEV).to(torch.bfloat16)
+
+    def gemm1(mx, cfg):
+        return lambda: [
+            grouped_gemm_fp4(
+                x,
+                w1.data,
+                w1.scale,
+                counts,
+                torch.bfloat16,
+                mx=mx,
+                global_scale=w1.global_scale,
+                gated=True,
+                row_index=tok,
+                config=cfg,
+                pdl=ops.pdl,
+            )
+            for w1, _ in fp4[mx]
+        ]
+
+    def gemm2(mx, cfg):
+        return lambda: [
+            grouped_gemm_fp4(
+                h,
+                w2.data,
+                w2.scale,
+                counts,
+                torch.bfloat16,
+                mx=mx,
+                global_scale=w2.global_scale,
+                config=cfg,
+                pdl=ops.pdl,
+            )
+            for _, w2 in fp4[mx]
+        ]
+
+    d1, d2 = default_fp4_tiles(rows, E, True), default_fp4_tiles(rows, E, False)
+    best1, best2 = (d1, replay_us(gemm1(True, d1))), (d2, replay_us(gemm2(True, d2)))
+    if sweep:
+        if rows / E <= 16:
+            c1 = [
+                (16, 32, 256, 4, 4),
+                (16, 64, 256, 4, 4),
+                (16, 32, 128, 4, 4),
+                (16, 64, 128, 4, 3),
+                (16, 32, 512, 4, 3),
+                (16, 128, 128, 4, 3),
+                (16, 16, 256, 4, 4),
+            ]
+            c2 = [
+                (16, 64, 256, 4, 4),
+                (16, 32, 256, 4, 4),
+                (16, 128, 256, 4, 3),
+                (16, 64, 512, 4, 3),
+                (16, 32, 512, 4, 4),
+                (16, 128, 128, 4, 4),
+            ]
+        else:
+            c1 = [
+                (64, 64, 128, 4, 3),
+                (64, 128, 64, 4, 3),
+                (128, 64, 64, 8, 3),
+                (128, 128, 64, 8, 3),
+                (128, 64, 128, 8, 3),
+                (128, 64, 64, 8, 4, 1),
+                (32, 64, 128, 4, 3),
+            ]
+            c2 = [
+                (64, 128, 128, 4, 3),
+                (128, 128, 64, 8, 3),
+                (128, 256, 64, 8, 3),
+                (128, 128, 128, 8, 3),
+                (128, 128, 64, 8, 4, 1),
+                (64, 64, 128, 4, 3),
+            ]
+        for cands, which in ((c1, 1), (c2, 2)):
+            for c in cands:
+                cfg = TileConfig.from_list(list(c))
+                try:
+                    t = replay_us(gemm1(True, cfg) if which == 1 else gemm2(True, cfg))
+                except Exception as exc:  # noqa: BLE001 (a candidate out of shared memory is skipped)
+                    print("  skip", c, type(exc).__name__)
+                    continue
+                if which == 1 and t < best1[1]:
+                    best1 = (cfg, t)
+                if which == 2 and t < best2[1]:
+                    best2 = (cfg, t)
+        print(
+            f"tokens {tokens}: best gemm1 {best1[0].as_list()} {best1[1]:.1f} us (default {d1.as_list()}), "
+            f"gemm2 {best2[0].as_list()} {best2[1]:.1f} us (default {d2.as_list()})"
+        )
+    gemm_mx = best1[1] + best2[1]
+    gemm_nv = replay_us(gemm1(False, best1[0])) + replay_us(gemm2(False, best2[0]))
+
+    def bf16_gemms():
+        counts_g = Groups.from_counts(counts)
+        for w1, w2 in bf16:
+            ops.grouped_matmul_gathered(
+                x, tok, w1, counts_g, kind=GemmKind.BF16, out_dtype=torch.bfloat16, activation=act
+            )
+            ops.grouped_matmul(h, w2, counts_g, kind=GemmKind.BF16, out_dtype=torch.bfloat16)
+
+    gemm_bf16 = replay_us(bf16_gemms)
+    layer_bf16 = replay_us(lambda: [bf16_layer(i) for i in range(LAYERS)])
+    layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0]) for i in range(LAYERS)])
+    layer_nv = replay_us(lambda: [fp4_layer(i, False, best1[0], best2[0]) for i in range(LAYERS)])
+    act_bytes = tokens * H * 2 + rows * I * 2
+
+    roof = {kind: (touched * per_expert[kind] + act_bytes) / PEAK * 1e8 for kind in per_expert}  # % x µs
+
+    return (tokens, touched, gemm_bf16, gemm_mx, gemm_nv, layer_bf16, layer_mx, layer_nv, roof, errs)
+
+
+def main() -> None:
+    sweep = "--sweep" in sys.argv
+    vendor = CudaVendor()
+    ops = vendor.ops
+    print(vendor.capabilities.device_name, torch.__version__)
+    act = Activation()
+    bf16 = [
+        (
+            QuantizedWeight(torch.randn(E, H, 2 * I, device=DEV, dtype=torch.bfloat16) * 0.02, ScaleLayout.NONE),
+            QuantizedWeight(torch.randn(E, I, H, device=DEV, dtype=torch.bfloat16) * 0.02, ScaleLayout.NONE),
+        )
+        for _ in range(LAYERS)
+    ]
+    fp4 = {
+        mx: [(fp4_weights(H, 2 * I, mx, 2 * i), fp4_weights(I, H, mx, 2 * i + 1)) for i in range(LAYERS)]
+        for mx in (True, False)
+    }
+
+    def expert_bytes(w1, w2) -> float:
+        return sum(t.numel() * t.element_size() for t in (w1.data, w1.scale, w2.data, w2.scale)) / E
+
+    per_expert = {
+        "bf16": 2 * (H * 2 * I + I * H),
+        "mx": expert_bytes(*fp4[True][0]),
+        "nv": expert_bytes(*fp4[False][0]),
+    }
+    print("bytes per expert (w1+w2, scales):", {k: f"{v / 1e6:.2f} MB" for k, v in per_expert.items()})
+
+    results = [measure(t, ops, act, bf16, fp4, per_expert, sweep) for t in TOKENS]
+    print()
+    print(
+        "| tokens | experts touched | bf16 GEMMs µs | MXFP4 GEMMs µs (roofline %) | NVFP4 GEMMs µs (roofline %) "
+        "| bf16 layer µs (roofline %) | MXFP4 layer µs (roofline %) | speed-up | NVFP4 layer µs | err vs fp64 mx/nv |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for tokens, touched, gb, gm, gn, lb, lm, ln, roof, errs in results:
+        err = "/".join(f"{errs[m]:.1e}" for m in (True, False)) if errs else ""
+        print(
+            f"| {tokens} | {touched} | {gb:.1f} | {gm:.1f} ({roof['mx'] / gm:.0f}%) | {gn:.1f} ({roof['nv'] / gn:.0f}%) "
+            f"| {lb:.1f} ({roof['bf16'] / lb:.0f}%) | {lm:.1f} ({roof['mx'] / lm:.0f}%) | {lb / lm:.2f}x "
+            f"| {ln:.1f} | {err} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

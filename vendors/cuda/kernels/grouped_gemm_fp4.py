@@ -1,0 +1,249 @@
+"""A grouped GEMM of bf16 activations times 4-bit float weights, dequantized in the kernel (Triton).
+
+`y[rows of g] = x[rows of g] @ dequant(w[g])` for x `[M, K]` bf16 and packed weights `[E, K/2, N]`
+uint8 (two e2m1 codes along K, even k in the low nibble). The weights are decoded tile by tile in
+registers and never exist in full precision in memory: a call reads 4.25 (MXFP4) or 4.5 (NVFP4)
+bits per weight value, the bytes a decode-sized call is bound by.
+
+Formats (`MX`):
+- MXFP4 (`MX=True`): scale `[E, K/32, N]` uint8 e8m0 (a biased exponent: `2 ** (s - 127)`).
+- NVFP4 (`MX=False`): scale `[E, K/16, N]` float8_e4m3fn, and a global scale `[E]` or `[E, N]` fp32
+  that the dequantized value is divided by (applied once to the fp32 accumulators in the epilogue).
+
+A code times its block scale is exact in bf16 (2 mantissa bits times a power of two, or times an
+e4m3 scale's 4 bits), so the tensor cores multiply the exact dequantized weights, accumulating in
+fp32. The code's magnitude is built from its bits (exponent and mantissa moved into a bf16's fields,
+the two smallest codes chosen apart), with no table lookup.
+
+Each K step loads the x columns of even and odd k apart (two strided loads of the same lines) and
+takes two products, one per nibble: the unpacked `[BLOCK_K, BLOCK_N]` tile is never interleaved.
+
+The scheduling (groups found on the device, grid orders), `GATED` (SiLU-GLU in the epilogue, w's
+columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `grouped_gemm.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+from vendors.cuda.kernels.grouped_gemm import MAX_GROUPS, TileConfig
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
+from vendors.cuda.kernels.schedule import program_tile
+
+#: Values along K that share a scale: MXFP4, NVFP4.
+MX_BLOCK, NV_BLOCK = 32, 16
+
+
+@triton.jit
+def _decode(codes, scale, MX: tl.constexpr):
+    """bf16 values of 4-bit codes (int32, 0..15) times their block scales."""
+    v = codes & 7
+    # exponent e = v >> 1 >= 1: 2**(e-1) * (1 + m/2) is a bf16 with exponent field e + 126, mantissa bit m;
+    # v 0 and 1 are 0 and 0.5 (0x3F00)
+    bits = tl.where(v >= 2, (v << 6) + 0x3F00, v * 0x3F00) | ((codes & 8) << 12)
+    value = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if MX:  # e8m0: the biased exponent in a bf16's exponent field
+        s = (scale.to(tl.int32) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        s = scale.to(tl.bfloat16)
+    return value * s
+
+
+@triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
+def _grouped_gemm_fp4(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    gs_ptr,
+    y_ptr,
+    counts_ptr,
+    index_ptr,
+    M,
+    N,
+    K,
+    E,
+    M_BLOCKS,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_wse,
+    stride_wsk,
+    stride_wsn,
+    stride_gse,
+    stride_gsn,
+    stride_ym,
+    stride_yn,
+    MX: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,
+    GATED: tl.constexpr,
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    wait_for_previous(PDL)
+    group, row0, group_end, pid_n = program_tile(
+        tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
+    )
+    if group >= E:
+        return
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    SCALE_ROWS: tl.constexpr = (MX_BLOCK if MX else NV_BLOCK) // 2  # packed rows per scale row
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < group_end
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    if GATHER:
+        src64 = tl.load(index_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+    else:
+        src64 = rows64
+    group64 = group.to(tl.int64)
+    x_rows = x_ptr + src64[:, None] * stride_xm
+    w_cols = w_ptr + group64 * stride_we + cols[None, :] * stride_wn
+    s_cols = ws_ptr + group64 * stride_wse + cols[None, :] * stride_wsn
+    up = N * stride_wn  # GATED: the up half's columns (N is the output width)
+    up_s = N * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    half_k = K // 2
+    for k0 in range(0, half_k, HALF_K):
+        kp = k0 + tl.arange(0, HALF_K)  # packed rows: k = 2 * kp (low nibble) and 2 * kp + 1 (high)
+        kp_ok = kp < half_k
+        a_mask = row_ok[:, None] & kp_ok[None, :]
+        a_lo = tl.load(x_rows + (2 * kp)[None, :] * stride_xk, mask=a_mask, other=0.0)
+        a_hi = tl.load(x_rows + (2 * kp + 1)[None, :] * stride_xk, mask=a_mask, other=0.0)
+        b_mask = kp_ok[:, None] & col_ok[None, :]
+        w_at = w_cols + kp[:, None] * stride_wk
+        s_at = s_cols + (kp // SCALE_ROWS)[:, None] * stride_wsk
+        packed = tl.load(w_at, mask=b_mask, other=0).to(tl.int32)
+        scale = tl.load(s_at, mask=b_mask, other=0)
+        acc += tl.dot(a_lo, _decode(packed & 15, scale, MX))
+        acc += tl.dot(a_hi, _decode(packed >> 4, scale, MX))
+        if GATED:
+            packed_up = tl.load(w_at + up, mask=b_mask, other=0).to(tl.int32)
+            scale_up = tl.load(s_at + up_s, mask=b_mask, other=0)
+            acc_up += tl.dot(a_lo, _decode(packed_up & 15, scale_up, MX))
+            acc_up += tl.dot(a_hi, _decode(packed_up >> 4, scale_up, MX))
+    release_next(PDL)
+    out = acc
+    if not MX:  # NVFP4's global scale divides each column (one number per expert, or per column)
+        gs = gs_ptr + group64 * stride_gse
+        out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[None, :]
+        if GATED:
+            acc_up = acc_up / tl.load(gs + (cols + N) * stride_gsn, mask=col_ok, other=1.0)[None, :]
+    if GATED:
+        out = out / (1.0 + tl.exp(-out)) * acc_up
+    y = y_ptr + rows64[:, None] * stride_ym + cols[None, :] * stride_yn
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def default_fp4_tiles(m: int, groups: int, gated: bool) -> TileConfig:
+    """The built-in tiles for a call of `m` rows over `groups` groups (H100 timings, gpt-oss-20b's experts).
+
+    Few rows per group: the call streams the packed weights; narrow column blocks give enough
+    programs to keep every SM's loads in flight, deep K tiles many bytes per load. Many rows:
+    large tiles reuse each decoded weight tile over more rows."""
+    per_group = m / max(groups, 1)
+    if per_group <= 16:
+        return TileConfig(16, 32 if gated else 64, 256, 4, 4)
+    if per_group <= 64:
+        return TileConfig(64, 64, 128, 4, 3)
+    return TileConfig(128, 64 if gated else 128, 64, 8, 3)
+
+
+def grouped_gemm_fp4(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    counts: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    mx: bool,
+    global_scale: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+    gated: bool = False,
+    row_index: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
+
+    `mx`: MXFP4 (`w_scale` uint8 `[E, K/32, N]`); else NVFP4 (`w_scale` e4m3 `[E, K/16, N]`, `global_scale`
+    fp32 `[E]` or `[E, N]`). `gated`, `row_index`, `config`, `pdl`: as `grouped_gemm.grouped_gemm`.
+    """
+    e, half_k, n = w.shape
+    k = 2 * half_k
+    m = x.shape[0] if row_index is None else row_index.numel()
+    if x.shape[1] != k:
+        raise ValueError(f"grouped_gemm_fp4: x has {x.shape[1]} columns, the packed weights hold K = {k}")
+    if gated:
+        if n % 2:
+            raise ValueError(f"grouped_gemm_fp4: a gated product needs an even number of columns, got {n}")
+        n //= 2
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if e > MAX_GROUPS:
+        raise ValueError(f"grouped_gemm_fp4: at most {MAX_GROUPS} groups, got {e}")
+    if k == 0:
+        return y.zero_()
+    tiles = config if config is not None else default_fp4_tiles(m, e, gated)
+    block = MX_BLOCK if mx else NV_BLOCK
+    if tiles.block_k % block or tiles.block_k < 32:
+        raise ValueError(f"grouped_gemm_fp4: BLOCK_K must be a multiple of {block} and >= 32, got {tiles}")
+    m_blocks = m // tiles.block_m + min(e, m)
+    grid = (m_blocks * cdiv(n, tiles.block_n),)
+    if global_scale is None:
+        gs, gs_strides = w_scale, (0, 0)
+    else:
+        gs = global_scale
+        gs_strides = (gs.stride(0), gs.stride(1) if gs.dim() == 2 else 0)
+    launch(
+        _grouped_gemm_fp4,
+        grid,
+        x,
+        w,
+        w_scale,
+        gs,
+        y,
+        counts,
+        row_index if row_index is not None else counts,
+        m,
+        n,
+        k,
+        e,
+        m_blocks,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        w_scale.stride(2),
+        *gs_strides,
+        y.stride(0),
+        y.stride(1),
+        MX=mx,
+        E_PAD=max(16, next_power_of_2(e)),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        N_FASTEST=tiles.n_fastest,
+        GATED=gated,
+        GATHER=row_index is not None,
+        PDL=pdl,
+        GROUP_M=tiles.group_m,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        launch_pdl=pdl,
+    )
+    return y
