@@ -61,6 +61,21 @@ def replay_us(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def candidates(decode: bool) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Tile candidates of the first (gated) and second projections."""
+    if decode:
+        gated = [
+            (16, 32, 256, 4, 4),
+            (16, 64, 256, 4, 4),
+            (16, 32, 128, 4, 4),
+            (16, 32, 512, 4, 3),
+            (16, 16, 256, 4, 4),
+        ]
+        return gated, [(16, 64, 256, 4, 4), (16, 32, 256, 4, 4), (16, 128, 256, 4, 3), (16, 64, 512, 4, 3)]
+    gated = [(64, 64, 128, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 64, 64, 8, 4, 1)]
+    return gated, [(64, 128, 128, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4, 1)]
+
+
 def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
     """One row of the table: timings and errors at `tokens` tokens."""
     g = torch.Generator(device=DEV).manual_seed(tokens)
@@ -83,7 +98,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
         y = ops.grouped_matmul(h, w2, groups, kind=GemmKind.BF16, out_dtype=torch.bfloat16)
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
 
-    def fp4_layer(i, mx, t1=None, t2=None):
+    def fp4_layer(i, mx, t1=None, t2=None, f1=False, f2=False):
         _, inverse, counts, tok = sort()
         w1, w2 = fp4[mx][i]
         h = grouped_gemm_fp4(
@@ -98,9 +113,19 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             row_index=tok,
             config=t1,
             pdl=ops.pdl,
+            f16_decode=f1,
         )
         y = grouped_gemm_fp4(
-            h, w2.data, w2.scale, counts, torch.bfloat16, mx=mx, global_scale=w2.global_scale, config=t2, pdl=ops.pdl
+            h,
+            w2.data,
+            w2.scale,
+            counts,
+            torch.bfloat16,
+            mx=mx,
+            global_scale=w2.global_scale,
+            config=t2,
+            pdl=ops.pdl,
+            f16_decode=f2,
         )
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
 
@@ -122,7 +147,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
     _, inverse, counts, tok = sort()
     h = torch.randn(rows, I, device=DEV).to(torch.bfloat16)
 
-    def gemm1(mx, cfg):
+    def gemm1(mx, cfg, f16=False):
         return lambda: [
             grouped_gemm_fp4(
                 x,
@@ -136,11 +161,12 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 row_index=tok,
                 config=cfg,
                 pdl=ops.pdl,
+                f16_decode=f16,
             )
             for w1, _ in fp4[mx]
         ]
 
-    def gemm2(mx, cfg):
+    def gemm2(mx, cfg, f16=False):
         return lambda: [
             grouped_gemm_fp4(
                 h,
@@ -152,67 +178,38 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 global_scale=w2.global_scale,
                 config=cfg,
                 pdl=ops.pdl,
+                f16_decode=f16,
             )
             for _, w2 in fp4[mx]
         ]
 
     d1, d2 = default_fp4_tiles(rows, E, True), default_fp4_tiles(rows, E, False)
-    best1, best2 = (d1, replay_us(gemm1(True, d1))), (d2, replay_us(gemm2(True, d2)))
+    best1 = min(((d1, f, replay_us(gemm1(True, d1, f))) for f in (False, True)), key=lambda r: r[2])
+    best2 = min(((d2, f, replay_us(gemm2(True, d2, f))) for f in (False, True)), key=lambda r: r[2])
+    print(f"tokens {tokens}: default tiles, decode via bf16/f16 bits: best {best1[1:]}, {best2[1:]}", flush=True)
     if sweep:
-        if rows / E <= 16:
-            c1 = [
-                (16, 32, 256, 4, 4),
-                (16, 64, 256, 4, 4),
-                (16, 32, 128, 4, 4),
-                (16, 64, 128, 4, 3),
-                (16, 32, 512, 4, 3),
-                (16, 128, 128, 4, 3),
-                (16, 16, 256, 4, 4),
-            ]
-            c2 = [
-                (16, 64, 256, 4, 4),
-                (16, 32, 256, 4, 4),
-                (16, 128, 256, 4, 3),
-                (16, 64, 512, 4, 3),
-                (16, 32, 512, 4, 4),
-                (16, 128, 128, 4, 4),
-            ]
-        else:
-            c1 = [
-                (64, 64, 128, 4, 3),
-                (64, 128, 64, 4, 3),
-                (128, 64, 64, 8, 3),
-                (128, 128, 64, 8, 3),
-                (128, 64, 128, 8, 3),
-                (128, 64, 64, 8, 4, 1),
-                (32, 64, 128, 4, 3),
-            ]
-            c2 = [
-                (64, 128, 128, 4, 3),
-                (128, 128, 64, 8, 3),
-                (128, 256, 64, 8, 3),
-                (128, 128, 128, 8, 3),
-                (128, 128, 64, 8, 4, 1),
-                (64, 64, 128, 4, 3),
-            ]
+        c1, c2 = candidates(rows / E <= 16)
         for cands, which in ((c1, 1), (c2, 2)):
             for c in cands:
                 cfg = TileConfig.from_list(list(c))
-                try:
-                    t = replay_us(gemm1(True, cfg) if which == 1 else gemm2(True, cfg))
-                except Exception as exc:  # noqa: BLE001 (a candidate out of shared memory is skipped)
-                    print("  skip", c, type(exc).__name__)
-                    continue
-                if which == 1 and t < best1[1]:
-                    best1 = (cfg, t)
-                if which == 2 and t < best2[1]:
-                    best2 = (cfg, t)
+                for f16 in (False, True):
+                    try:
+                        t = replay_us(gemm1(True, cfg, f16) if which == 1 else gemm2(True, cfg, f16))
+                    except Exception as exc:  # noqa: BLE001 (a candidate out of shared memory is skipped)
+                        print("  skip", c, type(exc).__name__)
+                        continue
+                    if which == 1 and t < best1[2]:
+                        best1 = (cfg, f16, t)
+                    if which == 2 and t < best2[2]:
+                        best2 = (cfg, f16, t)
         print(
-            f"tokens {tokens}: best gemm1 {best1[0].as_list()} {best1[1]:.1f} us (default {d1.as_list()}), "
-            f"gemm2 {best2[0].as_list()} {best2[1]:.1f} us (default {d2.as_list()})"
+            f"tokens {tokens}: best gemm1 {best1[0].as_list()} f16={best1[1]} {best1[2]:.1f} us "
+            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} f16={best2[1]} {best2[2]:.1f} us "
+            f"(default {d2.as_list()})",
+            flush=True,
         )
-    gemm_mx = best1[1] + best2[1]
-    gemm_nv = replay_us(gemm1(False, best1[0])) + replay_us(gemm2(False, best2[0]))
+    gemm_mx = best1[2] + best2[2]
+    gemm_nv = replay_us(gemm1(False, best1[0], best1[1])) + replay_us(gemm2(False, best2[0], best2[1]))
 
     def bf16_gemms():
         counts_g = Groups.from_counts(counts)
@@ -224,12 +221,13 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
 
     gemm_bf16 = replay_us(bf16_gemms)
     layer_bf16 = replay_us(lambda: [bf16_layer(i) for i in range(LAYERS)])
-    layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0]) for i in range(LAYERS)])
-    layer_nv = replay_us(lambda: [fp4_layer(i, False, best1[0], best2[0]) for i in range(LAYERS)])
+    layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
+    layer_nv = replay_us(lambda: [fp4_layer(i, False, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
     act_bytes = tokens * H * 2 + rows * I * 2
 
     roof = {kind: (touched * per_expert[kind] + act_bytes) / PEAK * 1e8 for kind in per_expert}  # % x µs
 
+    print(f"tokens {tokens}: bf16 layer {layer_bf16:.1f} us, mxfp4 {layer_mx:.1f}, nvfp4 {layer_nv:.1f}", flush=True)
     return (tokens, touched, gemm_bf16, gemm_mx, gemm_nv, layer_bf16, layer_mx, layer_nv, roof, errs)
 
 
@@ -237,7 +235,7 @@ def main() -> None:
     sweep = "--sweep" in sys.argv
     vendor = CudaVendor()
     ops = vendor.ops
-    print(vendor.capabilities.device_name, torch.__version__)
+    print(torch.cuda.get_device_name(), torch.__version__)
     act = Activation()
     bf16 = [
         (

@@ -57,8 +57,9 @@ def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts
     _check(y, expected)
 
 
+@pytest.mark.parametrize("f16", [False, True], ids=["bf16-bits", "f16-bits"])
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
-def test_fp4_weight_only_every_code_and_extreme_scales(mx):
+def test_fp4_weight_only_every_code_and_extreme_scales(mx, f16):
     """Every one of the 16 codes in both nibbles, MXFP4 scales from 2**-20 to 2**20 (e4m3 scales across
     their range for NVFP4), a one-hot x picking single weights out: each output equals one weight exactly."""
     from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
@@ -76,6 +77,13 @@ def test_fp4_weight_only_every_code_and_extreme_scales(mx):
     x = torch.eye(k, dtype=torch.bfloat16)
     expected = grouped_reference(x, w.values(), [k])
     y = grouped_gemm_fp4(
-        x.cuda(), w.data, w.scale, torch.tensor([k], device="cuda"), torch.float32, mx=mx, global_scale=w.global_scale
+        x.cuda(),
+        w.data,
+        w.scale,
+        torch.tensor([k], device="cuda"),
+        torch.float32,
+        mx=mx,
+        global_scale=w.global_scale,
+        f16_decode=f16,
     )
     torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=0)

@@ -47,9 +47,26 @@ def _decode(codes, scale, MX: tl.constexpr):
     value = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
     if MX:  # e8m0: the biased exponent in a bf16's exponent field
         s = (scale.to(tl.int32) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        s = scale.to(tl.bfloat16)
+    else:  # e4m3 bytes
+        s = scale.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
     return value * s
+
+
+@triton.jit
+def _scale_f32(scale, MX: tl.constexpr):
+    """fp32 block scales of loaded scale bytes (e8m0 exponents, or e4m3)."""
+    if MX:
+        return (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return scale.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode_f16(codes, scale):
+    """bf16 values of 4-bit codes (int32, 0..15) times `2**-14` times their fp32 block scales: a code's
+    exponent and mantissa bits are an fp16's (subnormal for the smallest codes, which the conversion to
+    fp32 keeps exact); the `2**14` is applied to the accumulators."""
+    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
+    return (bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
 
 
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
@@ -82,7 +99,9 @@ def _grouped_gemm_fp4(
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    HALF_K: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    F16_DECODE: tl.constexpr,
     N_FASTEST: tl.constexpr,
     GATED: tl.constexpr,
     GATHER: tl.constexpr,
@@ -95,8 +114,6 @@ def _grouped_gemm_fp4(
     )
     if group >= E:
         return
-    HALF_K: tl.constexpr = BLOCK_K // 2
-    SCALE_ROWS: tl.constexpr = (MX_BLOCK if MX else NV_BLOCK) // 2  # packed rows per scale row
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < group_end
@@ -126,15 +143,28 @@ def _grouped_gemm_fp4(
         s_at = s_cols + (kp // SCALE_ROWS)[:, None] * stride_wsk
         packed = tl.load(w_at, mask=b_mask, other=0).to(tl.int32)
         scale = tl.load(s_at, mask=b_mask, other=0)
-        acc += tl.dot(a_lo, _decode(packed & 15, scale, MX))
-        acc += tl.dot(a_hi, _decode(packed >> 4, scale, MX))
+        if F16_DECODE:
+            s32 = _scale_f32(scale, MX)
+            acc += tl.dot(a_lo, _decode_f16(packed & 15, s32))
+            acc += tl.dot(a_hi, _decode_f16(packed >> 4, s32))
+        else:
+            acc += tl.dot(a_lo, _decode(packed & 15, scale, MX))
+            acc += tl.dot(a_hi, _decode(packed >> 4, scale, MX))
         if GATED:
             packed_up = tl.load(w_at + up, mask=b_mask, other=0).to(tl.int32)
             scale_up = tl.load(s_at + up_s, mask=b_mask, other=0)
-            acc_up += tl.dot(a_lo, _decode(packed_up & 15, scale_up, MX))
-            acc_up += tl.dot(a_hi, _decode(packed_up >> 4, scale_up, MX))
+            if F16_DECODE:
+                s32_up = _scale_f32(scale_up, MX)
+                acc_up += tl.dot(a_lo, _decode_f16(packed_up & 15, s32_up))
+                acc_up += tl.dot(a_hi, _decode_f16(packed_up >> 4, s32_up))
+            else:
+                acc_up += tl.dot(a_lo, _decode(packed_up & 15, scale_up, MX))
+                acc_up += tl.dot(a_hi, _decode(packed_up >> 4, scale_up, MX))
     release_next(PDL)
     out = acc
+    if F16_DECODE:
+        out = out * 16384.0
+        acc_up = acc_up * 16384.0
     if not MX:  # NVFP4's global scale divides each column (one number per expert, or per column)
         gs = gs_ptr + group64 * stride_gse
         out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[None, :]
@@ -173,11 +203,13 @@ def grouped_gemm_fp4(
     gated: bool = False,
     row_index: torch.Tensor | None = None,
     pdl: bool = False,
+    f16_decode: bool = False,
 ) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
 
     `mx`: MXFP4 (`w_scale` uint8 `[E, K/32, N]`); else NVFP4 (`w_scale` e4m3 `[E, K/16, N]`, `global_scale`
     fp32 `[E]` or `[E, N]`). `gated`, `row_index`, `config`, `pdl`: as `grouped_gemm.grouped_gemm`.
+    `f16_decode`: codes decoded through fp16's bit layout and scaled in fp32 (fewer operations per value).
     """
     e, half_k, n = w.shape
     k = 2 * half_k
@@ -201,6 +233,8 @@ def grouped_gemm_fp4(
         raise ValueError(f"grouped_gemm_fp4: BLOCK_K must be a multiple of {block} and >= 32, got {tiles}")
     m_blocks = m // tiles.block_m + min(e, m)
     grid = (m_blocks * cdiv(n, tiles.block_n),)
+    if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)
+        w_scale = w_scale.view(torch.uint8)
     if global_scale is None:
         gs, gs_strides = w_scale, (0, 0)
     else:
@@ -236,7 +270,9 @@ def grouped_gemm_fp4(
         E_PAD=max(16, next_power_of_2(e)),
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
+        HALF_K=tiles.block_k // 2,
+        SCALE_ROWS=block // 2,  # packed rows per scale row
+        F16_DECODE=f16_decode,
         N_FASTEST=tiles.n_fastest,
         GATED=gated,
         GATHER=row_index is not None,
