@@ -61,19 +61,29 @@ def replay_us(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def timed(fn) -> float:
+    """`replay_us(fn)`, or infinity where it fails (printed: a candidate out of shared memory, a decode that
+    does not compile)."""
+    try:
+        return replay_us(fn)
+    except Exception as exc:  # noqa: BLE001
+        print("  failed:", type(exc).__name__, str(exc)[:300], flush=True)
+        return float("inf")
+
+
 def candidates(decode: bool) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """Tile candidates of the first (gated) and second projections."""
     if decode:
         gated = [
-            (16, 32, 256, 4, 4),
-            (16, 64, 256, 4, 4),
             (16, 32, 128, 4, 4),
-            (16, 32, 512, 4, 3),
-            (16, 16, 256, 4, 4),
+            (16, 64, 128, 4, 4),
+            (16, 32, 256, 4, 4),
+            (16, 64, 256, 4, 3),
+            (16, 128, 128, 4, 3),
         ]
-        return gated, [(16, 64, 256, 4, 4), (16, 32, 256, 4, 4), (16, 128, 256, 4, 3), (16, 64, 512, 4, 3)]
-    gated = [(64, 64, 128, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 64, 64, 8, 4, 1)]
-    return gated, [(64, 128, 128, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4, 1)]
+        return gated, [(16, 64, 256, 4, 4), (16, 32, 256, 4, 4), (16, 128, 256, 4, 3), (16, 64, 128, 4, 4)]
+    gated = [(128, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 4, 1), (64, 128, 64, 4, 3)]
+    return gated, [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4, 1), (64, 256, 64, 4, 3)]
 
 
 def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
@@ -113,7 +123,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             row_index=tok,
             config=t1,
             pdl=ops.pdl,
-            f16_decode=f1,
+            asm_decode=f1,
         )
         y = grouped_gemm_fp4(
             h,
@@ -125,29 +135,15 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             global_scale=w2.global_scale,
             config=t2,
             pdl=ops.pdl,
-            f16_decode=f2,
+            asm_decode=f2,
         )
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
-
-    # correctness against float64 (layer 0, both formats)
-    errs = {}
-    if tokens in (8, 512):
-        _, inverse, counts, tok = sort()
-        cl = counts.tolist()
-        for mx in (True, False):
-            w1, w2 = fp4[mx][0]
-            h64 = grouped_reference(x, w1.values(), cl, gated=True, row_index=tok)
-            y64 = grouped_reference(h64, w2.values(), cl)
-            out64 = (y64[inverse].reshape(tokens, TOP_K, H) * weights.double()[..., None]).sum(1)
-            out = fp4_layer(0, mx).double()
-            errs[mx] = (torch.linalg.norm(out - out64) / torch.linalg.norm(out64)).item()
-            del h64, y64
 
     # GEMMs alone: tile sweep (MXFP4), default tiles
     _, inverse, counts, tok = sort()
     h = torch.randn(rows, I, device=DEV).to(torch.bfloat16)
 
-    def gemm1(mx, cfg, f16=False):
+    def gemm1(mx, cfg, asm=False):
         return lambda: [
             grouped_gemm_fp4(
                 x,
@@ -161,12 +157,12 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 row_index=tok,
                 config=cfg,
                 pdl=ops.pdl,
-                f16_decode=f16,
+                asm_decode=asm,
             )
             for w1, _ in fp4[mx]
         ]
 
-    def gemm2(mx, cfg, f16=False):
+    def gemm2(mx, cfg, asm=False):
         return lambda: [
             grouped_gemm_fp4(
                 h,
@@ -178,38 +174,34 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 global_scale=w2.global_scale,
                 config=cfg,
                 pdl=ops.pdl,
-                f16_decode=f16,
+                asm_decode=asm,
             )
             for _, w2 in fp4[mx]
         ]
 
     d1, d2 = default_fp4_tiles(rows, E, True), default_fp4_tiles(rows, E, False)
-    best1 = min(((d1, f, replay_us(gemm1(True, d1, f))) for f in (False, True)), key=lambda r: r[2])
-    best2 = min(((d2, f, replay_us(gemm2(True, d2, f))) for f in (False, True)), key=lambda r: r[2])
-    print(f"tokens {tokens}: default tiles, decode via bf16/f16 bits: best {best1[1:]}, {best2[1:]}", flush=True)
+    best1 = min(((d1, f, timed(gemm1(True, d1, f))) for f in (False, True)), key=lambda r: r[2])
+    best2 = min(((d2, f, timed(gemm2(True, d2, f))) for f in (False, True)), key=lambda r: r[2])
+    print(f"tokens {tokens}: default tiles, Triton/PTX decode: best {best1[1:]}, {best2[1:]}", flush=True)
     if sweep:
         c1, c2 = candidates(rows / E <= 16)
         for cands, which in ((c1, 1), (c2, 2)):
             for c in cands:
                 cfg = TileConfig.from_list(list(c))
-                for f16 in (False, True):
-                    try:
-                        t = replay_us(gemm1(True, cfg, f16) if which == 1 else gemm2(True, cfg, f16))
-                    except Exception as exc:  # noqa: BLE001 (a candidate out of shared memory is skipped)
-                        print("  skip", c, type(exc).__name__)
-                        continue
+                for asm in (True,):
+                    t = timed(gemm1(True, cfg, asm) if which == 1 else gemm2(True, cfg, asm))
                     if which == 1 and t < best1[2]:
-                        best1 = (cfg, f16, t)
+                        best1 = (cfg, asm, t)
                     if which == 2 and t < best2[2]:
-                        best2 = (cfg, f16, t)
+                        best2 = (cfg, asm, t)
         print(
-            f"tokens {tokens}: best gemm1 {best1[0].as_list()} f16={best1[1]} {best1[2]:.1f} us "
-            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} f16={best2[1]} {best2[2]:.1f} us "
+            f"tokens {tokens}: best gemm1 {best1[0].as_list()} asm={best1[1]} {best1[2]:.1f} us "
+            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} asm={best2[1]} {best2[2]:.1f} us "
             f"(default {d2.as_list()})",
             flush=True,
         )
     gemm_mx = best1[2] + best2[2]
-    gemm_nv = replay_us(gemm1(False, best1[0], best1[1])) + replay_us(gemm2(False, best2[0], best2[1]))
+    gemm_nv = timed(gemm1(False, best1[0], best1[1])) + timed(gemm2(False, best2[0], best2[1]))
 
     def bf16_gemms():
         counts_g = Groups.from_counts(counts)
@@ -222,7 +214,25 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
     gemm_bf16 = replay_us(bf16_gemms)
     layer_bf16 = replay_us(lambda: [bf16_layer(i) for i in range(LAYERS)])
     layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
-    layer_nv = replay_us(lambda: [fp4_layer(i, False, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
+    layer_nv = timed(lambda: [fp4_layer(i, False, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
+    # correctness against float64 (layer 0, both formats)
+    errs = {}
+    if tokens in (8, 512):
+        _, inverse, counts, tok = sort()
+        cl = counts.tolist()
+        for mx in (True, False):
+            w1, w2 = fp4[mx][0]
+            h64 = grouped_reference(x, w1.values(), cl, gated=True, row_index=tok)
+            y64 = grouped_reference(h64, w2.values(), cl)
+            out64 = (y64[inverse].reshape(tokens, TOP_K, H) * weights.double()[..., None]).sum(1)
+            del h64, y64
+            try:
+                out = fp4_layer(0, mx, best1[0], best2[0], best1[1], best2[1]).double()
+            except Exception as exc:  # noqa: BLE001
+                print("  failed:", type(exc).__name__, str(exc)[:300], flush=True)
+                continue
+            errs[mx] = (torch.linalg.norm(out - out64) / torch.linalg.norm(out64)).item()
+
     act_bytes = tokens * H * 2 + rows * I * 2
 
     roof = {kind: (touched * per_expert[kind] + act_bytes) / PEAK * 1e8 for kind in per_expert}  # % x µs
@@ -259,20 +269,28 @@ def main() -> None:
     }
     print("bytes per expert (w1+w2, scales):", {k: f"{v / 1e6:.2f} MB" for k, v in per_expert.items()})
 
-    results = [measure(t, ops, act, bf16, fp4, per_expert, sweep) for t in TOKENS]
+    rows = []
+    for t in TOKENS:
+        rows.append(table_row(measure(t, ops, act, bf16, fp4, per_expert, sweep)))
+        print(rows[-1], flush=True)
     print()
     print(
         "| tokens | experts touched | bf16 GEMMs µs | MXFP4 GEMMs µs (roofline %) | NVFP4 GEMMs µs (roofline %) "
         "| bf16 layer µs (roofline %) | MXFP4 layer µs (roofline %) | speed-up | NVFP4 layer µs | err vs fp64 mx/nv |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for tokens, touched, gb, gm, gn, lb, lm, ln, roof, errs in results:
-        err = "/".join(f"{errs[m]:.1e}" for m in (True, False)) if errs else ""
-        print(
-            f"| {tokens} | {touched} | {gb:.1f} | {gm:.1f} ({roof['mx'] / gm:.0f}%) | {gn:.1f} ({roof['nv'] / gn:.0f}%) "
-            f"| {lb:.1f} ({roof['bf16'] / lb:.0f}%) | {lm:.1f} ({roof['mx'] / lm:.0f}%) | {lb / lm:.2f}x "
-            f"| {ln:.1f} | {err} |"
-        )
+    print("\n".join(rows))
+
+
+def table_row(result) -> str:
+    """One Markdown row of `measure`'s result."""
+    tokens, touched, gb, gm, gn, lb, lm, ln, roof, errs = result
+    err = "/".join(f"{errs[m]:.1e}" if m in errs else "-" for m in (True, False)) if tokens in (8, 512) else ""
+    return (
+        f"| {tokens} | {touched} | {gb:.1f} | {gm:.1f} ({roof['mx'] / gm:.0f}%) | {gn:.1f} ({roof['nv'] / gn:.0f}%) "
+        f"| {lb:.1f} ({roof['bf16'] / lb:.0f}%) | {lm:.1f} ({roof['mx'] / lm:.0f}%) | {lb / lm:.2f}x "
+        f"| {ln:.1f} | {err} |"
+    )
 
 
 if __name__ == "__main__":
