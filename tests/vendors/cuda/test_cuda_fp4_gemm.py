@@ -84,3 +84,29 @@ def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm):
         asm_decode=asm,
     )
     torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("layout, kind", [("block-32", "bf16-mxfp4"), ("block-16", "bf16-nvfp4")])
+@pytest.mark.parametrize("top_k, activation", [(1, "silu-glu"), (4, "swiglu-oai"), (8, "silu-glu")])
+def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, top_k, activation):
+    """Through the vendor: weights quantized on the device by the reference, the first projection with its
+    activation reading the dispatch's rows through the index (SiLU-GLU in the epilogue, swiglu-oai after)
+    and the second projection, each against float64 on the dequantized weights."""
+    from hal import GemmKind, Groups
+    from hal.reference import activate, dequantize_weight
+    from vendors.cuda import CudaVendor
+
+    vendor = CudaVendor()
+    assert GemmKind(kind) in vendor.capabilities().grouped_matmul
+    experts, tokens, k, n = 24, 37, 2880, 416
+    gen = torch.Generator().manual_seed(top_k)
+    w1 = vendor.quantize_weight(torch.randn(experts, k, 2 * n, generator=gen).cuda() * 0.05, layout)
+    w2 = vendor.quantize_weight(torch.randn(experts, n, k, generator=gen).cuda() * 0.05, layout)
+    index, counts = _routing(tokens, top_k, experts, seed=top_k)
+    groups = Groups.from_counts(torch.tensor(counts, device="cuda"))
+    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+    h = vendor.grouped_matmul(x.cuda(), w1, groups, activation=activation, row_index=index.cuda())
+    product = grouped_reference(x, dequantize_weight(w1).cpu(), counts, row_index=index)
+    _check(h, activate(product, activation).double())
+    y = vendor.grouped_matmul(h, w2, groups)
+    _check(y, grouped_reference(h.cpu(), dequantize_weight(w2).cpu(), counts))

@@ -264,14 +264,14 @@ def grouped_gemm_fp4(
     gated: bool = False,
     row_index: torch.Tensor | None = None,
     pdl: bool = False,
-    asm_decode: bool = False,
+    asm_decode: bool = True,
 ) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
 
     `mx`: MXFP4 (`w_scale` uint8 `[E, K/32, N]`); else NVFP4 (`w_scale` e4m3 `[E, K/16, N]`, `global_scale`
     fp32 `[E]` or `[E, N]`). `gated`, `row_index`, `config`, `pdl`: as `grouped_gemm.grouped_gemm`.
-    `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling); else
-    by Triton operations on each value (through fp16's bit layout, scaled in fp32).
+    `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling; the
+    default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
     """
     e, half_k, n = w.shape
     k = 2 * half_k
