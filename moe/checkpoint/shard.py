@@ -66,7 +66,7 @@ def shard(
     if size == full or is_per_tensor(kind, t):
         return t
     if projection is Projection.DOWN:
-        if kind in (TensorKind.BIAS, TensorKind.WEIGHT_SCALE) and not spec.block:
+        if kind is TensorKind.BIAS or (kind is TensorKind.WEIGHT_SCALE and not spec.block):
             return t  # per output channel (H): the same on every rank
         if kind in (TensorKind.WEIGHT, TensorKind.BLOCKS):
             step = spec.values_per_byte
