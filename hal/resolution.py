@@ -341,6 +341,11 @@ def _model_dtype_step(traits: SchemeTraits | None) -> TraceStep:
             None,
             f"scheme {traits.name!r}: weights in its own {traits.dispatch_dtype} (no other model dtype)",
         )
+    kind = traits.gemm_kind.spec if traits.gemm_kind is not None else None
+    if kind is not None and kind.weight_only:
+        return TraceStep(
+            PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} is weight-only: its activations are always bf16"
+        )
     return TraceStep(PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} quantizes its activations")
 
 
