@@ -6,7 +6,7 @@ second projection, weighted combine), CUDA-graph replays of `LAYERS` layers with
 no layer's weights are still in L2), per layer. "roofline": the bytes of the touched experts' weights
 (with their scales) and of the GEMMs' activations read, over 3.35 TB/s, as a share of the time.
 
-    python scripts/bench_fp4_weight_only.py [--sweep]
+    PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
         y = ops.grouped_matmul(h, w2, groups, kind=GemmKind.BF16, out_dtype=torch.bfloat16)
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
 
-    def fp4_layer(i, mx, t1=None, t2=None):
+    def fp4_layer(i, mx, t1=None, t2=None, f1=False, f2=False):
         _, inverse, counts, tok = sort()
         w1, w2 = fp4[mx][i]
         h = grouped_gemm_fp4(
@@ -117,9 +117,19 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             row_index=tok,
             config=t1,
             pdl=ops.pdl,
+            asm_decode=f1,
         )
         y = grouped_gemm_fp4(
-            h, w2.data, w2.scale, counts, torch.bfloat16, mx=mx, global_scale=w2.global_scale, config=t2, pdl=ops.pdl
+            h,
+            w2.data,
+            w2.scale,
+            counts,
+            torch.bfloat16,
+            mx=mx,
+            global_scale=w2.global_scale,
+            config=t2,
+            pdl=ops.pdl,
+            asm_decode=f2,
         )
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
 
@@ -127,7 +137,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
     _, inverse, counts, tok = sort()
     h = torch.randn(rows, I, device=DEV).to(torch.bfloat16)
 
-    def gemm1(mx, cfg):
+    def gemm1(mx, cfg, asm=False):
         return lambda: [
             grouped_gemm_fp4(
                 x,
@@ -141,11 +151,12 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 row_index=tok,
                 config=cfg,
                 pdl=ops.pdl,
+                asm_decode=asm,
             )
             for w1, _ in fp4[mx]
         ]
 
-    def gemm2(mx, cfg):
+    def gemm2(mx, cfg, asm=False):
         return lambda: [
             grouped_gemm_fp4(
                 h,
@@ -157,30 +168,39 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 global_scale=w2.global_scale,
                 config=cfg,
                 pdl=ops.pdl,
+                asm_decode=asm,
             )
             for _, w2 in fp4[mx]
         ]
 
     d1, d2 = default_fp4_tiles(rows, E, True), default_fp4_tiles(rows, E, False)
-    best1, best2 = (d1, timed(gemm1(True, d1))), (d2, timed(gemm2(True, d2)))
+    runs1 = [(d1, f, timed(gemm1(True, d1, f))) for f in (False, True)]
+    runs2 = [(d2, f, timed(gemm2(True, d2, f))) for f in (False, True)]
+    best1, best2 = min(runs1, key=lambda r: r[2]), min(runs2, key=lambda r: r[2])
+    print(
+        f"tokens {tokens}: MXFP4 GEMMs at the default tiles, Triton / PTX decode: gemm1 {runs1[0][2]:.1f} / "
+        f"{runs1[1][2]:.1f} us, gemm2 {runs2[0][2]:.1f} / {runs2[1][2]:.1f} us",
+        flush=True,
+    )
     if sweep:
         c1, c2 = candidates(rows / E <= 16)
         for cands, which in ((c1, 1), (c2, 2)):
             for c in cands:
                 cfg = TileConfig.from_list(list(c))
-                t = timed(gemm1(True, cfg) if which == 1 else gemm2(True, cfg))
-                if which == 1 and t < best1[1]:
-                    best1 = (cfg, t)
-                if which == 2 and t < best2[1]:
-                    best2 = (cfg, t)
+                for asm in (True,):
+                    t = timed(gemm1(True, cfg, asm) if which == 1 else gemm2(True, cfg, asm))
+                    if which == 1 and t < best1[2]:
+                        best1 = (cfg, asm, t)
+                    if which == 2 and t < best2[2]:
+                        best2 = (cfg, asm, t)
         print(
-            f"tokens {tokens}: best gemm1 {best1[0].as_list()} {best1[1]:.1f} us "
-            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} {best2[1]:.1f} us "
+            f"tokens {tokens}: best gemm1 {best1[0].as_list()} asm={best1[1]} {best1[2]:.1f} us "
+            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} asm={best2[1]} {best2[2]:.1f} us "
             f"(default {d2.as_list()})",
             flush=True,
         )
-    gemm_mx = best1[1] + best2[1]
-    gemm_nv = timed(gemm1(False, best1[0])) + timed(gemm2(False, best2[0]))
+    gemm_mx = best1[2] + best2[2]
+    gemm_nv = timed(gemm1(False, best1[0], best1[1])) + timed(gemm2(False, best2[0], best2[1]))
 
     def bf16_gemms():
         counts_g = Groups.from_counts(counts)
@@ -192,8 +212,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
 
     gemm_bf16 = replay_us(bf16_gemms)
     layer_bf16 = replay_us(lambda: [bf16_layer(i) for i in range(LAYERS)])
-    layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0]) for i in range(LAYERS)])
-    layer_nv = timed(lambda: [fp4_layer(i, False, best1[0], best2[0]) for i in range(LAYERS)])
+    layer_mx = replay_us(lambda: [fp4_layer(i, True, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
+    layer_nv = timed(lambda: [fp4_layer(i, False, best1[0], best2[0], best1[1], best2[1]) for i in range(LAYERS)])
     # correctness against float64 (layer 0, both formats)
     errs = {}
     if tokens in (8, 512):
@@ -206,7 +226,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             out64 = (y64[inverse].reshape(tokens, TOP_K, H) * weights.double()[..., None]).sum(1)
             del h64, y64
             try:
-                out = fp4_layer(0, mx, best1[0], best2[0]).double()
+                out = fp4_layer(0, mx, best1[0], best2[0], best1[1], best2[1]).double()
             except Exception as exc:  # noqa: BLE001
                 print("  failed:", type(exc).__name__, str(exc)[:300], flush=True)
                 continue

@@ -36,7 +36,8 @@ def _check(y: torch.Tensor, expected: torch.Tensor) -> None:
     "tokens, top_k, experts, k, n", [(1, 1, 40, 2880, 360), (17, 4, 32, 2880, 200), (700, 8, 40, 96, 136)]
 )
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "silu-glu"])
-def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts, k, n, gated):
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
+def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts, k, n, gated, asm):
     """Rows gathered through the dispatch's index and rows already sorted give the float64 product."""
     from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
 
@@ -46,15 +47,16 @@ def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts
     expected = grouped_reference(x, w.values(), counts, gated=gated, row_index=index)
     dev_counts = torch.tensor(counts, device="cuda", dtype=torch.int32)
     xc, ic = x.cuda(), index.cuda()
-    common = {"mx": mx, "global_scale": w.global_scale, "gated": gated}
+    common = {"mx": mx, "global_scale": w.global_scale, "gated": gated, "asm_decode": asm}
     y = grouped_gemm_fp4(xc, w.data, w.scale, dev_counts, torch.bfloat16, row_index=ic, **common)
     _check(y, expected)
     y = grouped_gemm_fp4(xc[ic.long()], w.data, w.scale, dev_counts, torch.bfloat16, **common)
     _check(y, expected)
 
 
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
-def test_fp4_weight_only_every_code_and_extreme_scales(mx):
+def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm):
     """Every one of the 16 codes in both nibbles, MXFP4 scales from 2**-20 to 2**20 (e4m3 scales across
     their range for NVFP4), a one-hot x picking single weights out: each output equals one weight exactly."""
     from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
@@ -72,7 +74,14 @@ def test_fp4_weight_only_every_code_and_extreme_scales(mx):
     x = torch.eye(k, dtype=torch.bfloat16)
     expected = grouped_reference(x, w.values(), [k])
     y = grouped_gemm_fp4(
-        x.cuda(), w.data, w.scale, torch.tensor([k], device="cuda"), torch.float32, mx=mx, global_scale=w.global_scale
+        x.cuda(),
+        w.data,
+        w.scale,
+        torch.tensor([k], device="cuda"),
+        torch.float32,
+        mx=mx,
+        global_scale=w.global_scale,
+        asm_decode=asm,
     )
     torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=0)
 
