@@ -20,6 +20,8 @@ MODELS = {
     "deepseek-v3": (7168, 2048, 256, 8, "silu-glu", False, 8, 128),
     "gpt-oss-20b": (2880, 2880, 32, 4, "swiglu-oai", True, 1, None),
 }
+#: The scheme a preset's released checkpoint is served with, where it is not unquantized
+PRESET_SCHEMES = {"gpt-oss-20b": "w4a16-mxfp4"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("--capacity", "low-latency capacity, tokens per rank (max_dispatch_tokens_per_rank)"),
     ):
         parser.add_argument(flag, type=positive_int_argument, help=what)
-    parser.add_argument("--scheme", default="unquantized", help="quant scheme (default unquantized)")
+    parser.add_argument(
+        "--scheme",
+        help="quant scheme (default: the preset's checkpoint scheme, gpt-oss-20b w4a16-mxfp4; else unquantized)",
+    )
     parser.add_argument("--activation", help="the experts' activation (default: the preset's, else silu-glu)")
     parser.add_argument("--bias", action="store_true", default=None, help="the experts have biases")
     parser.add_argument("--redundant", type=int, default=0, metavar="R", help="redundant expert slots")
@@ -63,7 +68,7 @@ def layer(args: argparse.Namespace, console: Console) -> int:
         args.intermediate or inter,
         args.experts or experts,
         args.top_k or top_k,
-        scheme=parse_scheme(args.scheme),
+        scheme=parse_scheme(args.scheme or PRESET_SCHEMES.get(args.model or "", "unquantized")),
         activation=Activation.parse(args.activation or activation),
         bias=bias if args.bias is None else args.bias,
         fused=False if args.no_fused else None,

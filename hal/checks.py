@@ -16,7 +16,7 @@ import torch
 
 from hal.activations import Activation
 from hal.capabilities import KernelLimits
-from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
+from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUT_ALIASES, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, invalid, positive_int
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GEMM_KINDS, GemmKind
@@ -107,8 +107,10 @@ def out_dtype(name: str, dtype: object) -> torch.dtype:
 
 
 def weight_layout(layout: object) -> ScaleLayout:
-    """One of the weight layouts, or `InvalidInput`."""
-    expected = "one of " + ", ".join(map(str, WEIGHT_LAYOUTS))
+    """One of the weight layouts (or its format's name: `"mxfp4"`, `"nvfp4"`), or `InvalidInput`."""
+    expected = "one of " + ", ".join(map(str, WEIGHT_LAYOUTS)) + " (or " + ", ".join(WEIGHT_LAYOUT_ALIASES) + ")"
+    if isinstance(layout, str) and layout.strip().lower() in WEIGHT_LAYOUT_ALIASES:
+        return WEIGHT_LAYOUT_ALIASES[layout.strip().lower()]
     try:
         parsed = ScaleLayout(layout)  # type: ignore[arg-type]
     except ValueError:

@@ -22,6 +22,10 @@ A projection's weight is stored `[N, K]` (out, in), as `torch.nn.Linear` keeps i
   - `weight`: uint8 `[N, K/2]`
   - scales: `weight_scale` e4m3 `[N, K/16]`, `weight_scale_2` fp32 `[]`, `input_scale` fp32 `[]`
   - hal weights built: block-16
+- `mxfp4` (gpt-oss)
+  - `blocks`: uint8 `[N, K/32, 16]`, two e2m1 codes per byte along K (the even k in the low nibble)
+  - `scales`: uint8 `[N, K/32]`, e8m0 biased exponents (`2**(s - 127)`)
+  - hal weights built: block-32
 
 Scales may also come in bf16 or fp16 (widened to fp32, exactly). Every format takes an
 optional fp32/bf16/fp16 `bias` `[N]` per projection.
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hal import FLOAT_DTYPES, FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout, invalid
+from hal import FLOAT_DTYPES, FP8_GROUP_SIZE, MXFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout, invalid
 from moe.checkpoint.names import TensorKind
 
 
@@ -49,6 +53,7 @@ class CheckpointFormat(str, enum.Enum):
     FP8 = "fp8"  #: e4m3 with a per-tensor or per-channel `weight_scale`, optional static `input_scale`
     INT8 = "int8"  #: W8A8-INT8: int8 with a per-channel `weight_scale`, dynamic per-token activations
     NVFP4 = "nvfp4"  #: NVIDIA ModelOpt NVFP4
+    MXFP4 = "mxfp4"  #: OCP MXFP4 as gpt-oss stores it (`*_blocks`, `*_scales`)
 
     def __str__(self) -> str:
         return self.value
@@ -94,7 +99,17 @@ class FormatSpec:
     layout: ScaleLayout
     required: tuple[TensorKind, ...]
     optional: tuple[TensorKind, ...] = ()
-    values_per_byte: int = 1  #: weight values per stored element along K (nvfp4: two)
+    values_per_byte: int = 1  #: weight values per stored element along K (nvfp4, mxfp4: two)
+
+    @property
+    def data_kind(self) -> TensorKind:
+        """The tensor kind holding the weights' values (`blocks` for mxfp4, else `weight`)."""
+        return TensorKind.BLOCKS if self.layout is ScaleLayout.BLOCK_32 else TensorKind.WEIGHT
+
+    @property
+    def block(self) -> int:
+        """Channels along K one block scale covers (0: no block scales along K)."""
+        return {ScaleLayout.BLOCK_16: NVFP4_BLOCK_SIZE, ScaleLayout.BLOCK_32: MXFP4_BLOCK_SIZE}.get(self.layout, 0)
 
     @property
     def quantized(self) -> bool:
@@ -106,12 +121,14 @@ class FormatSpec:
         return (*self.required, *self.optional, TensorKind.BIAS)
 
 
-_W, _S, _INV, _S2, _IN = (
+_W, _S, _INV, _S2, _IN, _BLOCKS, _SCALES = (
     TensorKind.WEIGHT,
     TensorKind.WEIGHT_SCALE,
     TensorKind.WEIGHT_SCALE_INV,
     TensorKind.WEIGHT_SCALE_2,
     TensorKind.INPUT_SCALE,
+    TensorKind.BLOCKS,
+    TensorKind.SCALES,
 )
 
 #: The checkpoint formats, one row each.
@@ -125,6 +142,7 @@ FORMATS: dict[CheckpointFormat, FormatSpec] = {
         FormatSpec(CheckpointFormat.FP8, torch.float8_e4m3fn, ScaleLayout.PER_CHANNEL, (_W, _S), (_IN,)),
         FormatSpec(CheckpointFormat.INT8, torch.int8, ScaleLayout.PER_CHANNEL, (_W, _S)),
         FormatSpec(CheckpointFormat.NVFP4, torch.uint8, ScaleLayout.BLOCK_16, (_W, _S, _S2, _IN), values_per_byte=2),
+        FormatSpec(CheckpointFormat.MXFP4, torch.uint8, ScaleLayout.BLOCK_32, (_BLOCKS, _SCALES), values_per_byte=2),
     )
 }
 
@@ -142,6 +160,8 @@ _ALIASES: dict[str, CheckpointFormat] = {
     "fp8-per-channel": CheckpointFormat.FP8,
     "w8a8-int8": CheckpointFormat.INT8,
     "modelopt-nvfp4": CheckpointFormat.NVFP4,
+    "gpt-oss-mxfp4": CheckpointFormat.MXFP4,
+    "w4a16-mxfp4": CheckpointFormat.MXFP4,
 }
 
 #: Dtypes a scale may be stored in (all widen to fp32 exactly).
@@ -156,6 +176,10 @@ def expected_tensor(
     """The shapes and dtypes a tensor of `kind` may have for a projection of `[N, K]` (out, in)."""
     if kind is TensorKind.WEIGHT:
         return [(n, k // spec.values_per_byte)], (spec.storage,)
+    if kind is TensorKind.BLOCKS:  # [N, K/32, 16]: 32 codes of a block in 16 bytes
+        return [(n, k // MXFP4_BLOCK_SIZE, MXFP4_BLOCK_SIZE // 2)], (torch.uint8,)
+    if kind is TensorKind.SCALES:
+        return [(n, k // MXFP4_BLOCK_SIZE)], (torch.uint8,)
     if kind is TensorKind.BIAS:
         return [(n,)], FLOAT_DTYPES
     if kind is TensorKind.WEIGHT_SCALE_INV:
