@@ -247,13 +247,13 @@ def index_range(name: str, t: torch.Tensor, bound: int, what: str) -> None:
 
 
 def router_logits(logits: object, top_k: object) -> torch.Tensor:
-    """Float logits `[T, E]` and an int `top_k` in `[1, E]`."""
+    """Float logits `[T, E]` (bf16, fp16, fp32 or float64) and an int `top_k` in `[1, E]`."""
     if not isinstance(logits, torch.Tensor):
         raise invalid("logits", "a torch.Tensor", type(logits).__name__)
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise invalid("logits", "a [tokens, experts] tensor with at least one expert", tuple(logits.shape))
-    if logits.dtype not in FLOAT_DTYPES:
-        raise invalid("logits", "a bf16, fp16 or fp32 tensor", logits.dtype)
+    if logits.dtype not in ROUTING_WEIGHT_DTYPES:
+        raise invalid("logits", "a bf16, fp16, fp32 or float64 tensor", logits.dtype)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= logits.shape[1]:
         raise invalid("top_k", f"an int in [1, {logits.shape[1]}] (the experts)", top_k)
     return logits

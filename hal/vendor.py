@@ -290,7 +290,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
     def softmax_topk(
         self, logits: torch.Tensor, top_k: int, *, renormalize: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`.
+        """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`
+        (bf16, fp16, fp32, or float64 read as fp32).
 
         The k experts of largest `softmax(logits)` (computed in fp32) and their probabilities,
         divided by their sum when `renormalize`. Equal probabilities may be picked in any order
@@ -304,6 +305,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         if logits.shape[0] == 0:
             empty = torch.empty((0, top_k), device=logits.device)
             return empty.to(torch.float32), empty.to(torch.int64)
+        if logits.dtype == torch.float64:  # computed in fp32 anyway: vendors' kernels never see float64
+            logits = logits.to(torch.float32)
         return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
 
     def sort_by_expert(

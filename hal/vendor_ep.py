@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from hal.ops import VendorOps
 
 
+#: the combine takes no process group (its handle knows the dispatch's)
+_COMBINE = object()
+
+
 @dataclass(frozen=True)
 class EpHandle:
     """What `ep_combine` needs of one `ep_dispatch` (returned by it; pass it back unchanged): the
@@ -57,8 +61,7 @@ class ExpertParallelOps:
         the device's free memory) is refused here, not at the first forward. `capacity` is the
         low-latency per-rank token capacity (None: normal mode only); `layout` the activation scale layout
         the layer plans for `dtype` (None: the dtype's default)."""
-        checks.process_group(process_group, optional=False)
-        self._require_ep(name, capacity)
+        self._require_ep(name, capacity, process_group=process_group)
         parsed = checks.concrete_dtype(dtype)
         for label, value in (("num_experts", num_experts), ("hidden_size", hidden_size)):
             positive_int(label, value)
@@ -94,8 +97,7 @@ class ExpertParallelOps:
         expert outputs on the experts' side (the combine then only sums per rank). With `capacity`
         (a dispatcher declared in `ep_low_latency`) the rows come in the masked low-latency layout
         `[local experts, capacity * ranks, H]`; more than `capacity` tokens raise `InvalidInput`."""
-        checks.process_group(process_group, optional=False)
-        self._require_ep(name, capacity)
+        self._require_ep(name, capacity, process_group=process_group)
         parsed = checks.concrete_dtype(dtype)
         checks.float_rows("x", x)
         if x.dim() != 2:
@@ -158,8 +160,12 @@ class ExpertParallelOps:
             checks.on_device(label, tensor, self.device)
         return self.ops.ep_combine(rows, topk_weights, handle.inner, name=name, out_dtype=out_dtype)
 
-    def _require_ep(self, name: str, capacity: int | None = None) -> None:
+    def _require_ep(self, name: str, capacity: int | None = None, *, process_group: object = _COMBINE) -> None:
+        """`name` a declared dispatcher (with a low-latency mode where `capacity` is given); the dispatch
+        and prepare calls pass their `process_group` (checked before the declaration: a type error first)."""
         checks.name_string("name", name, "an expert-parallel dispatcher name (str)")
+        if process_group is not _COMBINE:
+            checks.process_group(process_group, optional=False)
         caps = self.capabilities()
         declared = caps.ep_dispatchers
         if name not in declared:
