@@ -44,6 +44,8 @@ from hal.dtypes import (
     ScaleLayout,
 )
 from hal.errors import (
+    FP32_MAX,
+    FP32_TINY,
     HalError,
     InvalidInput,
     UnknownVendor,
@@ -51,6 +53,7 @@ from hal.errors import (
     UnsupportedDispatchDtype,
     VendorUnavailable,
     invalid,
+    positive_fp32,
     positive_int,
 )
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
@@ -61,7 +64,7 @@ from hal.tuning import GemmProblem
 from hal.graphs import CapturedCall, GraphSet
 from hal.groups import GroupListKind, Groups
 from hal.ops import OP_NAMES, OpSource, VendorOps
-from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
+from hal.platform import MAX_DEVICE_MEMORY_BYTES, DispatchFallbackWarning, Platform, ProbeResult
 from hal.reference import ReferenceOps
 from hal.resolution import (
     ENV_DISPATCH_DTYPE,
@@ -169,4 +172,8 @@ __all__ = [
     "VendorUnavailable",
     "invalid",
     "positive_int",
+    "positive_fp32",
+    "FP32_MAX",
+    "FP32_TINY",
+    "MAX_DEVICE_MEMORY_BYTES",
 ]
