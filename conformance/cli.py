@@ -27,12 +27,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from hal import HalError, InvalidInput, VendorRegistry
+from hal import HalError, InvalidInput
 from hal.cli import positive_int_argument
 
 if TYPE_CHECKING:
     from conformance.report import VendorReport
     from conformance.runner import Progress
+    from hal import VendorRegistry
 
 
 #: The values of `--depth` (restated from `conformance.plugin`, which imports pytest).
@@ -133,9 +134,15 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
     except ImportError as exc:  # pytest present but broken, or another test dependency missing
         raise HalError(f"hal conformance could not load the suite ({exc}): pip install 'moe-hal[test]'") from None
 
+    from hal import VendorRegistry
+
     _writable_directory(args.report)
     registry = VendorRegistry.discover()
     names = list(args.vendors) if args.vendors else [v.name for v in registry.available()]
+    for (
+        name
+    ) in names:  # an unknown name is a bad argument (exit 2), refused before any run; unavailable ones are reported
+        registry.select(name, require_available=False)
     if not names:
         raise HalError("no vendor is available to test; `hal vendors` says why")
     with contextlib.ExitStack() as stack:
@@ -282,6 +289,7 @@ def register_doctor(subparsers: argparse._SubParsersAction) -> None:
 def doctor(args: argparse.Namespace, console: Console) -> int:
     """`hal doctor`: select a vendor and run each of its declared ops once against float64."""
     from conformance.doctor import run_doctor
+    from hal import VendorRegistry
 
     selection = VendorRegistry.discover().select(args.vendor)
     vendor = selection.vendor
