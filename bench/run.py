@@ -81,7 +81,9 @@ def bench(args: argparse.Namespace, console: Console) -> int:
                 fraction = result.derived()["roofline_fraction_graph"]
                 progress.print(
                     f"[{len(results)}/{total}] {shape.name} {precision} {count} tokens: "
-                    f"{result.best_us:.1f} µs" + (f" ({100 * fraction:.0f}% of roofline)" if fraction else "")
+                    f"{result.best_us:.1f} µs"
+                    + (f" ({100 * fraction:.0f}% of roofline)" if fraction else "")
+                    + (f" (noisy: rounds varied ±{100 * result.eager_spread:.0f}%)" if result.noisy else "")
                 )
         del built
         if gpu:

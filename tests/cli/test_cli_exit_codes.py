@@ -113,3 +113,18 @@ def test_bench_table_leaves_out_columns_empty_in_every_row():
     console.print(table(results, "t"))
     header = console.export_text().splitlines()[1]
     assert "graph" not in header and "roof" not in header and "eager" in header
+
+
+def test_tune_refuses_a_vendor_with_nothing_to_tune_before_announcing_a_run(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "hal", "tune", "--vendor", "cpu", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "hal: error: vendor 'cpu' (cpu) has no kernel configurations to tune (its ops do not implement tune); "
+        "`hal caps` lists what it declares"
+    ]
+    assert not list(tmp_path.iterdir())  # no table written
