@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -227,14 +228,21 @@ def _refuse_usage(args: argparse.Namespace, log: Path) -> None:
     raise HalError(f"pytest refused the suite's command line: {said}")
 
 
-class _progress_display:
-    """A progress bar on a terminal; a line per tenth of the suite otherwise (CI logs)."""
+#: Longest wait between two progress lines in a log (no terminal), while tests keep finishing.
+PROGRESS_EVERY_S = 5.0
 
-    def __init__(self, screen: Console) -> None:
+
+class _progress_display:
+    """A progress bar on a terminal; otherwise (CI logs) a line per tenth of the suite, and at least one every
+    `every_s` seconds of work."""
+
+    def __init__(self, screen: Console, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
         self.screen = screen
         self.bar: Bar | None = None
         self.task: TaskID | None = None
         self.printed = -1
+        self.every_s, self.clock = every_s, clock
+        self.last = clock()
 
     def __enter__(self) -> _progress_display:
         if self.screen.is_terminal:
@@ -257,8 +265,9 @@ class _progress_display:
             self.bar.update(self.task, completed=progress.done, total=progress.total, counts=counts)
             return
         tenth = progress.done * 10 // progress.total if progress.total else 0
-        if progress.total and tenth > self.printed:
-            self.printed = tenth
+        now = self.clock()
+        if progress.total and (tenth > self.printed or now - self.last >= self.every_s):
+            self.printed, self.last = max(tenth, self.printed), now
             self.screen.print(f"{progress.vendor}: {progress.done}/{progress.total} tests ({counts})")
 
     def __exit__(self, *exc: object) -> None:
