@@ -63,3 +63,14 @@ def test_an_example_runs_as_written(example, args, says):
     done = _run(example, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert says in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_transformers_page_snippet_runs_as_written():
+    text = (REPO / "docs" / "transformers.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run(
+        [sys.executable, "-c", snippet + "\nprint(out.shape)"], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch.Size([1, 20])" in done.stdout
