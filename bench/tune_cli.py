@@ -104,7 +104,6 @@ def tune(args: argparse.Namespace, console: Console) -> int:
     writable_file("--output", output)
     earlier = read_table(args.merge) if args.merge is not None else None
     vendor = VendorRegistry.discover().select(args.vendor).vendor
-    vendor.check_tunable()  # before anything is announced or written
     caps = vendor.capabilities()
     if earlier is not None:
         check_device(earlier, caps.device_name, args.merge)
@@ -121,6 +120,7 @@ def tune(args: argparse.Namespace, console: Console) -> int:
             raise InvalidInput(
                 f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} grouped matmul"
             )
+    vendor.check_tunable()  # after the arguments are checked, before anything is announced or written
     problems = problems_for(shapes, kinds, tuple(args.tokens or TOKENS))
     output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
     cases = [replace(problem, tokens=(tokens,)) for problem in problems for tokens in problem.tokens]
