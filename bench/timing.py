@@ -53,7 +53,7 @@ NOISY_SPREAD = 0.10
 
 
 def stable_median_us(
-    timer: DeviceTimer, fn: Callable[[int], object], *, warmup: int, repeats: int, rounds: int = 3, max_rounds: int = 8
+    timer: DeviceTimer, fn: Callable[[int], object], *, warmup: int, repeats: int, rounds: int = 3, max_rounds: int = 6
 ) -> tuple[float, float]:
     """Median microseconds of `fn` over rounds of `repeats` calls, and the spread of the last `rounds` round
     medians (max / min - 1). Rounds are added until that spread is within `NOISY_SPREAD` or `max_rounds` ran;
