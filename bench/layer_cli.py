@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 
-from hal import Activation, DispatchConfig, InvalidInput, LayerSpec, VendorRegistry, parse_scheme
+from hal import InvalidInput
 from hal.cli import positive_int_argument
-from moe.explain import explain_layer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: Model presets: (hidden, intermediate, experts, top-k, activation, biases, expert-parallel ranks, capacity)
 MODELS = {
@@ -57,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def layer(args: argparse.Namespace, console: Console) -> int:
     """Print the explanation; exit 1 where the layer cannot be built."""
+    from hal import Activation, DispatchConfig, LayerSpec, VendorRegistry, parse_scheme
+    from moe.explain import explain_layer
+
     preset = MODELS.get(args.model or "", (4096, 1024, 64, 8, "silu-glu", False, 1, None))
     hidden, inter, experts, top_k, activation, bias, ranks, capacity = preset
     ranks = args.ep_ranks or (ranks if args.model else 1)
