@@ -11,7 +11,7 @@ import torch
 from bench.baselines import direct_forward, per_expert_loop
 from bench.ceilings import Ceilings
 from bench.shapes import PRECISIONS, ModelShape
-from bench.timing import DeviceTimer, repeats_for, wall_us
+from bench.timing import NOISY_SPREAD, DeviceTimer, repeats_for, stable_median_us, wall_us
 from hal import Vendor
 from moe import GraphConfig, MoELayer
 from moe.routing_traces import RoutingTrace
@@ -40,6 +40,13 @@ class CaseResult:
     #: layer replaying its own captures (`moe.GraphConfig`) where the vendor captures graphs
     eager_wall_us: float | None = None
     replayed_wall_us: float | None = None
+    #: spread of the eager time's round medians (max / min - 1); above `bench.timing.NOISY_SPREAD`: noisy
+    eager_spread: float = 0.0
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the eager time still varied between rounds after the repeats allowed."""
+        return self.eager_spread > NOISY_SPREAD
 
     @property
     def best_us(self) -> float:
@@ -47,11 +54,13 @@ class CaseResult:
         return self.graph_us if self.graph_us is not None else self.eager_us
 
     def derived(self) -> dict[str, float | None]:
-        """Bandwidth, throughput, roofline fractions and ratios."""
+        """Bandwidth, throughput, roofline fractions and ratios; the achieved rates only where the device's
+        ceilings were measured (None elsewhere: a host clock's rates on a tiny shape say nothing)."""
         best = self.best_us * 1e-6
+        measured = self.roofline_us is not None
         return {
-            "weight_GBps": self.weight_bytes / best / 1e9,
-            "TFLOPs": self.flops / best / 1e12,
+            "weight_GBps": self.weight_bytes / best / 1e9 if measured else None,
+            "TFLOPs": self.flops / best / 1e12 if measured else None,
             "roofline_fraction_graph": _ratio(self.roofline_us, self.graph_us),
             "roofline_fraction_eager": _ratio(self.roofline_us, self.eager_us),
             "overhead_eager": _ratio(self.eager_us, self.direct_eager_us),
@@ -136,11 +145,13 @@ class ShapeBench:
         loop_call = _rotating(lambda x, r: per_expert_loop(x, r, w13, w2, self.shape.top_k), sets)
         estimate = timer.median_us(layer_call, warmup=2, repeats=3)
         repeats = repeats_for(estimate)
+        eager, spread = stable_median_us(timer, layer_call, warmup=3, repeats=repeats)
         result = CaseResult(
             self.shape.name,
             tokens,
             precision,
-            eager_us=timer.median_us(layer_call, warmup=3, repeats=repeats),
+            eager_us=eager,
+            eager_spread=spread,
             direct_eager_us=timer.median_us(direct_call, warmup=3, repeats=repeats),
             loop_us=timer.median_us(loop_call, warmup=1, repeats=max(5, repeats // 4)),
         )

@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 
-from hal import Activation, DispatchConfig, InvalidInput, LayerSpec, VendorRegistry, parse_scheme
+from hal import InvalidInput
 from hal.cli import positive_int_argument
-from moe.explain import explain_layer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: Model presets: (hidden, intermediate, experts, top-k, activation, biases, expert-parallel ranks, capacity)
 MODELS = {
@@ -20,6 +23,8 @@ MODELS = {
     "deepseek-v3": (7168, 2048, 256, 8, "silu-glu", False, 8, 128),
     "gpt-oss-20b": (2880, 2880, 32, 4, "swiglu-oai", True, 1, None),
 }
+#: The scheme a preset's released checkpoint is served with, where it is not unquantized
+PRESET_SCHEMES = {"gpt-oss-20b": "w4a16-mxfp4"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("--capacity", "low-latency capacity, tokens per rank (max_dispatch_tokens_per_rank)"),
     ):
         parser.add_argument(flag, type=positive_int_argument, help=what)
-    parser.add_argument("--scheme", default="unquantized", help="quant scheme (default unquantized)")
+    parser.add_argument(
+        "--scheme",
+        help="quant scheme (default: the preset's checkpoint scheme, gpt-oss-20b w4a16-mxfp4; else unquantized)",
+    )
     parser.add_argument("--activation", help="the experts' activation (default: the preset's, else silu-glu)")
     parser.add_argument("--bias", action="store_true", default=None, help="the experts have biases")
     parser.add_argument("--redundant", type=int, default=0, metavar="R", help="redundant expert slots")
@@ -52,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def layer(args: argparse.Namespace, console: Console) -> int:
     """Print the explanation; exit 1 where the layer cannot be built."""
+    from hal import Activation, DispatchConfig, LayerSpec, VendorRegistry, parse_scheme
+    from moe.explain import explain_layer
+
     preset = MODELS.get(args.model or "", (4096, 1024, 64, 8, "silu-glu", False, 1, None))
     hidden, inter, experts, top_k, activation, bias, ranks, capacity = preset
     ranks = args.ep_ranks or (ranks if args.model else 1)
@@ -63,7 +74,7 @@ def layer(args: argparse.Namespace, console: Console) -> int:
         args.intermediate or inter,
         args.experts or experts,
         args.top_k or top_k,
-        scheme=parse_scheme(args.scheme),
+        scheme=parse_scheme(args.scheme or PRESET_SCHEMES.get(args.model or "", "unquantized")),
         activation=Activation.parse(args.activation or activation),
         bias=bias if args.bias is None else args.bias,
         fused=False if args.no_fused else None,

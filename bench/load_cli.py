@@ -7,14 +7,13 @@ import argparse
 import json
 from pathlib import Path
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from hal import InvalidInput
 from hal.cli import positive_int_argument
-from moe import balanced_placement, greedy_placement
-from moe.expert_load import summarize
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load(args: argparse.Namespace, console: Console) -> int:
     """Read every file, print one row per (file, layer)."""
+    from moe.expert_load import summarize
+
     if args.redundant < 0:
         raise InvalidInput(f"--redundant: expected an int >= 0, got {args.redundant}")
     rows = []
@@ -54,6 +55,9 @@ def load(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps({"layers": rows}, indent=1))
         return 0
+    from rich import box
+    from rich.table import Table
+
     table = Table(box=box.SIMPLE_HEAD, title="expert load per layer (window)", title_justify="left")
     columns = ["file", "layer", "forwards", "pairs", "imbalance", "hottest", "rank_imbalance"]
     if args.ranks:
@@ -73,6 +77,8 @@ def load(args: argparse.Namespace, console: Console) -> int:
 def _placements(window: list[int], ranks: int, redundant: int) -> dict[str, float | None]:
     experts = len(window)
     slots = experts + redundant
+    from moe import balanced_placement, greedy_placement
+
     if slots % ranks:
         raise InvalidInput(f"--ranks {ranks}: expected experts + --redundant ({slots}) divisible by the ranks")
     total = sum(window)

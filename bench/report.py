@@ -19,8 +19,10 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
-def _rate(value: float) -> str:
-    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2g}" if value < 10 else (f"{value:.1f}" if value < 100 else f"{value:.0f}")
 
 
 def _x(value: float | None) -> str:
@@ -73,7 +75,7 @@ def rows(results: list[CaseResult]) -> list[list[str]]:
                 _us(r.roofline_us),
                 _pct(d["roofline_fraction_graph"]),
                 _pct(d["roofline_fraction_eager"]),
-                f"{d['weight_GBps']:.0f}",
+                _rate(d["weight_GBps"]),
                 _rate(d["TFLOPs"]),
                 _x(d["overhead_graph"]),
                 _x(d["overhead_eager"]),
@@ -138,3 +140,10 @@ def print_report(console: Console, payload: dict[str, Any], results: list[CaseRe
         console.print(f"[yellow]{payload['note']}[/yellow]")
     console.print(table(results, "hal bench: MoE layer, medians"))
     console.print(LEGEND)
+    noisy = [r for r in results if r.noisy]
+    if noisy:
+        console.print(
+            "[yellow]noisy timings[/yellow] (eager medians of successive rounds still differed after the repeats "
+            "allowed; the host is shared or throttled, compare with care): "
+            + ", ".join(f"{r.model} {r.precision} {r.tokens} tokens ±{100 * r.eager_spread:.0f}%" for r in noisy)
+        )

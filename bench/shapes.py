@@ -40,6 +40,9 @@ SHAPES: dict[str, ModelShape] = {
 
 #: The token counts of a full run (decode to prefill).
 TOKENS = (1, 8, 64, 512, 4096, 16384)
+#: The most tokens one case of `hal bench` or `hal tune` takes: a prefill chunk of a million tokens is far past
+#: what a layer is called with, and the largest shape's buffers at this size already need hundreds of GiB.
+MAX_TOKENS = 1 << 20
 #: Token counts of the small CPU run.
 CPU_TOKENS = (1, 8, 64)
 

@@ -48,6 +48,26 @@ class DeviceTimer:
         return statistics.median(times)
 
 
+#: Relative spread of the round medians (max / min - 1) above which a measurement is called noisy.
+NOISY_SPREAD = 0.10
+
+
+def stable_median_us(
+    timer: DeviceTimer, fn: Callable[[int], object], *, warmup: int, repeats: int, rounds: int = 3, max_rounds: int = 6
+) -> tuple[float, float]:
+    """Median microseconds of `fn` over rounds of `repeats` calls, and the spread of the last `rounds` round
+    medians (max / min - 1). Rounds are added until that spread is within `NOISY_SPREAD` or `max_rounds` ran;
+    a spread still above it marks the figure as noisy (a shared or throttled host)."""
+    medians = [timer.median_us(fn, warmup=warmup, repeats=repeats)]
+    while len(medians) < max_rounds:
+        medians.append(timer.median_us(fn, warmup=0, repeats=repeats))
+        last = medians[-rounds:]
+        if len(last) == rounds and max(last) / max(min(last), 1e-9) - 1 <= NOISY_SPREAD:
+            break
+    last = medians[-rounds:]
+    return statistics.median(last), max(last) / max(min(last), 1e-9) - 1
+
+
 def wall_us(timer: DeviceTimer, fn: Callable[[int], object], *, calls: int = 50, rounds: int = 5) -> float:
     """Wall time per call of `calls` back-to-back calls and one synchronisation (what an eager engine sees:
     host time where the host is slower than the device), the median of `rounds` after one warm-up round."""

@@ -18,13 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from bench.cli import writable_file
+from bench.cli import token_count, writable_file
 from bench.tuning_merge import check_device, has_entries, join_runs, merge_tables, read_table
 from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
-from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput, VendorRegistry, parse_scheme
-from hal.cli import positive_int_argument
+from hal import ActivationKind, InvalidInput
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hal import GemmKind, GemmProblem
 
 _DEFAULT_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 
@@ -46,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--tokens",
         action="extend",
         nargs="+",
-        type=positive_int_argument,
+        type=token_count,
         metavar="N",
         help=f"token counts (default {' '.join(map(str, TOKENS))})",
     )
@@ -74,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[int, ...]) -> list[GemmProblem]:
     """Both grouped matmuls of each shape, for each kind (duplicates once); the gate/up one with SiLU-GLU."""
+    from hal import GemmProblem
+
     out: dict[tuple, GemmProblem] = {}
     for shape in shapes:
         for kind in kinds:
@@ -90,6 +96,10 @@ def problems_for(shapes: list[ModelShape], kinds: list[GemmKind], tokens: tuple[
 
 def tune(args: argparse.Namespace, console: Console) -> int:
     """Tune, write the table, print where it went."""
+    from rich.console import Console
+
+    from hal import VendorRegistry, parse_scheme
+
     output = args.output or args.merge
     writable_file("--output", output)
     earlier = read_table(args.merge) if args.merge is not None else None
@@ -110,6 +120,7 @@ def tune(args: argparse.Namespace, console: Console) -> int:
             raise InvalidInput(
                 f"--precision {precision}: vendor {vendor.name!r} does not declare the {kind} grouped matmul"
             )
+    vendor.check_tunable()  # after the arguments are checked, before anything is announced or written
     problems = problems_for(shapes, kinds, tuple(args.tokens or TOKENS))
     output = output or Path(f"hal-tuning-{re.sub(r'[^a-z0-9]+', '-', caps.device_name.lower()).strip('-')}.json")
     cases = [replace(problem, tokens=(tokens,)) for problem in problems for tokens in problem.tokens]

@@ -23,6 +23,7 @@ BAD_INPUT = "bad input"
 OP_CONTRACTS = "op contracts"  #: inputs kept, contiguous outputs, bit-identical repeats (unless not deterministic)
 LOAD_COUNTERS = "load counters"  #: accumulate_counts: per-expert load counters on the device
 SCHEME_FALLBACKS = "scheme fallbacks"  #: schemes converted at load to the vendor's declared fallback, within bound
+CONCURRENCY = "concurrency"  #: results owned by their caller; calls from several threads equal serial calls
 
 
 def dispatch_label(dtype: DispatchDtype | str) -> str:
@@ -71,6 +72,7 @@ def all_labels() -> list[str]:
         MODEL_FEATURES,
         SCHEME_FALLBACKS,
         OP_CONTRACTS,
+        CONCURRENCY,
         BAD_INPUT,
     ]
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -27,12 +28,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from hal import HalError, InvalidInput, VendorRegistry
+from hal import HalError, InvalidInput
 from hal.cli import positive_int_argument
 
 if TYPE_CHECKING:
     from conformance.report import VendorReport
     from conformance.runner import Progress
+    from hal import VendorRegistry
 
 
 #: The values of `--depth` (restated from `conformance.plugin`, which imports pytest).
@@ -133,9 +135,15 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
     except ImportError as exc:  # pytest present but broken, or another test dependency missing
         raise HalError(f"hal conformance could not load the suite ({exc}): pip install 'moe-hal[test]'") from None
 
+    from hal import VendorRegistry
+
     _writable_directory(args.report)
     registry = VendorRegistry.discover()
     names = list(args.vendors) if args.vendors else [v.name for v in registry.available()]
+    for (
+        name
+    ) in names:  # an unknown name is a bad argument (exit 2), refused before any run; unavailable ones are reported
+        registry.select(name, require_available=False)
     if not names:
         raise HalError("no vendor is available to test; `hal vendors` says why")
     with contextlib.ExitStack() as stack:
@@ -220,14 +228,21 @@ def _refuse_usage(args: argparse.Namespace, log: Path) -> None:
     raise HalError(f"pytest refused the suite's command line: {said}")
 
 
-class _progress_display:
-    """A progress bar on a terminal; a line per tenth of the suite otherwise (CI logs)."""
+#: Longest wait between two progress lines in a log (no terminal), while tests keep finishing.
+PROGRESS_EVERY_S = 5.0
 
-    def __init__(self, screen: Console) -> None:
+
+class _progress_display:
+    """A progress bar on a terminal; otherwise (CI logs) a line per tenth of the suite, and at least one every
+    `every_s` seconds of work."""
+
+    def __init__(self, screen: Console, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
         self.screen = screen
         self.bar: Bar | None = None
         self.task: TaskID | None = None
         self.printed = -1
+        self.every_s, self.clock = every_s, clock
+        self.last = clock()
 
     def __enter__(self) -> _progress_display:
         if self.screen.is_terminal:
@@ -250,8 +265,9 @@ class _progress_display:
             self.bar.update(self.task, completed=progress.done, total=progress.total, counts=counts)
             return
         tenth = progress.done * 10 // progress.total if progress.total else 0
-        if progress.total and tenth > self.printed:
-            self.printed = tenth
+        now = self.clock()
+        if progress.total and (tenth > self.printed or now - self.last >= self.every_s):
+            self.printed, self.last = max(tenth, self.printed), now
             self.screen.print(f"{progress.vendor}: {progress.done}/{progress.total} tests ({counts})")
 
     def __exit__(self, *exc: object) -> None:
@@ -282,6 +298,7 @@ def register_doctor(subparsers: argparse._SubParsersAction) -> None:
 def doctor(args: argparse.Namespace, console: Console) -> int:
     """`hal doctor`: select a vendor and run each of its declared ops once against float64."""
     from conformance.doctor import run_doctor
+    from hal import VendorRegistry
 
     selection = VendorRegistry.discover().select(args.vendor)
     vendor = selection.vendor

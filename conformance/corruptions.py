@@ -21,13 +21,16 @@ def corrupted(
     `extra_name(key)` names a tensor no loader understands, beside `key`."""
     out = dict(tensors)
     kind = data.draw(st.sampled_from(CORRUPTIONS), label="corruption")
-    floats = sorted(k for k, t in out.items() if torch.is_floating_point(t))
     scales = sorted(k for k, t in out.items() if "scale" in k and t.numel() > 1)
+    #: floating tensors and mxfp4's e8m0 scale bytes (uint8, 255 is NaN)
+    floats = sorted(k for k, t in out.items() if torch.is_floating_point(t) or (k in scales and t.dtype == torch.uint8))
     if kind in ("nan", "inf") and floats:
         key = data.draw(st.sampled_from(floats), label="key")
         t = out[key].clone()
         at = data.draw(st.integers(0, t.numel() - 1), label="index")
-        if t.dtype == torch.float8_e4m3fn:  # e4m3 has no inf: its non-finite code is NaN
+        if t.dtype == torch.uint8:  # an e8m0 byte: 255 is its one non-finite code
+            t.reshape(-1)[at] = 255
+        elif t.dtype == torch.float8_e4m3fn:  # e4m3 has no inf: its non-finite code is NaN
             t.view(torch.uint8).reshape(-1)[at] = 0x7F
         else:
             t.reshape(-1)[at] = float(kind)

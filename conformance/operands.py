@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import torch
 
+import math
+
 from hal import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, DispatchDtype, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal import ScaleLayout
+
+#: Values along K under one e8m0 scale in mxfp4 weights (restated: the suite keeps its own facts).
+MXFP4_BLOCK = 32
 
 Activation = torch.Tensor | QuantizedTensor | PackedInt4Tensor
 
@@ -19,8 +24,8 @@ def random_codes_activation(
     kind: str, rows: int, k: int, gen: torch.Generator
 ) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
     """Activations `[rows, k]` of a grouped-matmul kind, from random codes and scales (CPU)."""
-    if kind in ("bf16", "fp16", "fp32"):
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kind]
+    if kind in ("bf16", "fp16", "fp32", "bf16-mxfp4", "bf16-nvfp4"):
+        dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(kind, torch.bfloat16)
         return torch.randn(rows, k, generator=gen).to(dtype)
     scale = torch.rand(rows, generator=gen) * 0.02 + 0.005
     if kind == "int8":
@@ -66,7 +71,11 @@ def random_codes_weight(kind: str, experts: int, k: int, n: int, gen: torch.Gene
     if kind == "int4":
         words = torch.randint(-(2**31), 2**31, (experts, k, n // 8), generator=gen, dtype=torch.int64)
         return QuantizedWeight(_no_minus_eight(words).to(torch.int32), ScaleLayout.PER_CHANNEL, scale)
-    if kind == "nvfp4":
+    if kind == "bf16-mxfp4":
+        data = torch.randint(0, 256, (experts, k // 2, n), generator=gen, dtype=torch.uint8)
+        exponents = torch.randint(-9, -3, (experts, k // MXFP4_BLOCK, n), generator=gen) + 127  # 2^-9 .. 2^-4
+        return QuantizedWeight(data, ScaleLayout.BLOCK_32, exponents.to(torch.uint8))
+    if kind in ("nvfp4", "bf16-nvfp4"):
         data = torch.randint(0, 256, (experts, k // 2, n), generator=gen, dtype=torch.uint8)
         block_scale = (torch.rand(experts, k // NVFP4_BLOCK_SIZE, n, generator=gen) * 300 + 8).to(torch.float8_e4m3fn)
         return QuantizedWeight(
@@ -230,6 +239,10 @@ def spread_scales(
         return QuantizedWeight((x.data.double() * tiles_to_elements(tiles, k, n)).to(x.data.dtype), x.layout)
     if x.layout is ScaleLayout.BLOCK_16:  # a larger global scale is a smaller weight
         return QuantizedWeight(x.data, x.layout, x.scale, _spread(x.global_scale, gen, -high, -low))
+    if x.layout is ScaleLayout.BLOCK_32:  # e8m0 bytes are exponents: spread them by whole powers of two
+        u = low + torch.rand(*x.scale.shape, generator=gen, dtype=torch.float64) * (high - low)
+        shifted = x.scale.to(torch.int64) + torch.round(u * math.log2(10)).to(torch.int64)
+        return QuantizedWeight(x.data, x.layout, shifted.clamp(0, 254).to(torch.uint8))
     return QuantizedWeight(x.data, x.layout, _spread(x.scale, gen, low, high), x.global_scale)
 
 

@@ -150,8 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vendor", default="ascend", help="hal vendor (default: ascend)")
     args = parser.parse_args(argv)
-    vendor = hal.get_vendor(args.vendor)
+    try:
+        vendor = hal.get_vendor(args.vendor)
+    except hal.HalError as exc:  # no NPU here (or no CANN): say so and how to try the emulation
+        sys.stderr.write(f"{exc}\nthese checks need an Ascend NPU; off one, try: --vendor ascend-emulated\n")
+        return 1
     print(f"vendor {vendor.name} on {vendor.capabilities().device_name}")
+    print(f"running {len(CHECKS)} checks against hal.reference, one line each")
     failed = 0
     for name, check in CHECKS.items():
         try:

@@ -5,6 +5,7 @@ weights, 32 experts, two shared experts, grouped sigmoid routing) to a temporary
 the checkpoint's own on-disk layout: e4m3 `weight` `[N, K]` and fp32 `weight_scale_inv`
 `[ceil(N/128), ceil(K/128)]` per expert projection. Then, as an engine would:
 
+    pip install 'moe-hal[checkpoint]'                     # safetensors
     python examples/serve_checkpoint.py                  # synthetic checkpoint
     python examples/serve_checkpoint.py --vendor cuda    # the same on a GPU
 
@@ -20,11 +21,15 @@ import math
 import tempfile
 from pathlib import Path
 
-import torch
+from _requires import require
 
-import moe
-from hal import FP8_MAX
-from moe.checkpoint import ExpertCheckpointLoader, load_safetensors
+require("safetensors", "checkpoint", "reading a safetensors checkpoint")
+
+import torch  # noqa: E402
+
+import moe  # noqa: E402
+from hal import FP8_MAX  # noqa: E402
+from moe.checkpoint import ExpertCheckpointLoader, load_safetensors  # noqa: E402
 
 PREFIX = "model.layers.3.mlp"
 E, H, I, SHARED, TOP_K, GROUPS, TOPK_GROUPS = 32, 1024, 256, 2, 4, 4, 2
@@ -109,6 +114,7 @@ def serve(path: Path, vendor: str | None) -> None:
     device = layer.vendor.device
     y = layer(x.to(device), logits.to(device)).cpu()
 
+    print("computing the float64 MoE of the dequantized checkpoint to compare with")
     routing = router(logits)
     ref = reference(x, routing, experts.build(), shared.build())
     error = float((y.double() - ref).norm() / ref.norm())
@@ -145,7 +151,10 @@ def main() -> None:
     parser.add_argument("--vendor", default=None, help="hal vendor (default: the best available)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.checkpoint is None:
+            print(f"writing a synthetic FP8 block-128 checkpoint ({E} experts, hidden {H}) to a temporary folder")
         path = args.checkpoint or write_synthetic(Path(tmp))
+        print(f"loading {path.name} as stored (nothing dequantized) and building the layer")
         serve(path, args.vendor)
 
 

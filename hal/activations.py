@@ -9,10 +9,9 @@ clamped to `[-limit, limit]`, then `(up + 1) * gate * sigmoid(alpha * gate)`.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
-from hal.errors import InvalidInput, invalid
+from hal.errors import InvalidInput, positive_fp32
 
 
 class ActivationKind(str, enum.Enum):
@@ -69,10 +68,7 @@ class Activation:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _parse_kind(self.kind))
         for name in ("alpha", "limit"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise invalid(f"activation {name}", "a finite positive number", value)
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, positive_fp32(f"activation {name}", getattr(self, name)))
 
     @classmethod
     def parse(cls, value: Activation | ActivationKind | str) -> Activation:

@@ -16,11 +16,11 @@ import torch
 
 from hal.activations import Activation
 from hal.capabilities import KernelLimits
-from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
+from hal.dtypes import FLOAT_DTYPES, INT4_PER_WORD, WEIGHT_LAYOUT_ALIASES, WEIGHT_LAYOUTS, DispatchDtype, ScaleLayout
 from hal.errors import InvalidInput, invalid, positive_int
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GEMM_KINDS, GemmKind
-from hal.groups import Groups
+from hal.groups import GroupListKind, Groups
 
 _FLOAT_NAMES = "torch.bfloat16, torch.float16 or torch.float32"
 #: dtypes of expert ids and row indices (both give identical results on every vendor)
@@ -107,8 +107,10 @@ def out_dtype(name: str, dtype: object) -> torch.dtype:
 
 
 def weight_layout(layout: object) -> ScaleLayout:
-    """One of the weight layouts, or `InvalidInput`."""
-    expected = "one of " + ", ".join(map(str, WEIGHT_LAYOUTS))
+    """One of the weight layouts (or its format's name: `"mxfp4"`, `"nvfp4"`), or `InvalidInput`."""
+    expected = "one of " + ", ".join(map(str, WEIGHT_LAYOUTS)) + " (or " + ", ".join(WEIGHT_LAYOUT_ALIASES) + ")"
+    if isinstance(layout, str) and layout.strip().lower() in WEIGHT_LAYOUT_ALIASES:
+        return WEIGHT_LAYOUT_ALIASES[layout.strip().lower()]
     try:
         parsed = ScaleLayout(layout)  # type: ignore[arg-type]
     except ValueError:
@@ -247,13 +249,13 @@ def index_range(name: str, t: torch.Tensor, bound: int, what: str) -> None:
 
 
 def router_logits(logits: object, top_k: object) -> torch.Tensor:
-    """Float logits `[T, E]` and an int `top_k` in `[1, E]`."""
+    """Float logits `[T, E]` (bf16, fp16, fp32 or float64) and an int `top_k` in `[1, E]`."""
     if not isinstance(logits, torch.Tensor):
         raise invalid("logits", "a torch.Tensor", type(logits).__name__)
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise invalid("logits", "a [tokens, experts] tensor with at least one expert", tuple(logits.shape))
-    if logits.dtype not in FLOAT_DTYPES:
-        raise invalid("logits", "a bf16, fp16 or fp32 tensor", logits.dtype)
+    if logits.dtype not in ROUTING_WEIGHT_DTYPES:
+        raise invalid("logits", "a bf16, fp16, fp32 or float64 tensor", logits.dtype)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= logits.shape[1]:
         raise invalid("top_k", f"an int in [1, {logits.shape[1]}] (the experts)", top_k)
     return logits
@@ -379,3 +381,33 @@ def environ_mapping(environ: object) -> Mapping[str, str] | None:
         if not isinstance(key, str) or not isinstance(value, str):
             raise invalid("environ", _ENVIRON, f"the entry {key!r}: {value!r}")
     return environ
+
+
+def group_values(groups: Groups, rows: int, *, padding: bool) -> None:
+    """The numbers of a group list against the `rows` of the operand (reads them: only where that is
+    free): counts non-negative, offsets non-negative and non-decreasing, and all `rows` covered (at most
+    `rows` where the vendor declares `grouped_matmul_padding`), or `InvalidInput` naming `groups`."""
+    values = [int(v) for v in groups.tensor.tolist()]
+    if groups.kind is GroupListKind.COUNTS:
+        if any(v < 0 for v in values):
+            raise invalid("groups", "non-negative counts", values)
+        total = sum(values)
+    else:
+        if any(v < 0 for v in values) or any(b < a for a, b in zip(values, values[1:])):
+            raise invalid("groups", "non-negative, non-decreasing offsets", values)
+        total = values[-1]
+    if total > rows or (total < rows and not padding):
+        cover = f"groups covering at most the {rows} rows of x" if padding else f"groups covering all {rows} rows of x"
+        raise invalid("groups", f"{cover} ({groups.kind})", f"{total} rows in {values}")
+
+
+def process_group(value: object, *, optional: bool) -> None:
+    """`value` a `torch.distributed.ProcessGroup` (or None where `optional`), else `InvalidInput`: a type
+    check only, so a wrong object never reaches a vendor's communication library."""
+    import torch.distributed as dist
+
+    if value is None and optional:
+        return
+    if not (dist.is_available() and isinstance(value, dist.ProcessGroup)):
+        what = "a torch.distributed ProcessGroup" + (" or None" if optional else "")
+        raise invalid("process_group", what, type(value).__name__)

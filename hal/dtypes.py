@@ -24,6 +24,12 @@ from hal.errors import InvalidInput, positive_int
 FP8_GROUP_SIZE = 128
 #: Values that share one e4m3 scale in nvfp4.
 NVFP4_BLOCK_SIZE = 16
+#: Values along K that share one e8m0 scale in mxfp4 weights (OCP microscaling).
+MXFP4_BLOCK_SIZE = 32
+#: The bias of an e8m0 scale byte: byte s means 2**(s - 127); 255 is NaN.
+E8M0_BIAS = 127
+#: The e8m0 byte that encodes NaN (no finite scale).
+E8M0_NAN = 255
 #: Largest int8 magnitude of symmetric quantization.
 INT8_MAX = 127.0
 #: Largest finite float8_e4m3fn.
@@ -52,6 +58,7 @@ class ScaleLayout(str, enum.Enum):
     BLOCK_16 = "block-16"  #: nvfp4: one e4m3 scale per 16 values plus a per-tensor fp32 scale
     PER_CHANNEL = "per-channel"  #: weights: one fp32 scale per output channel and expert
     BLOCK_128X128 = "block-128x128"  #: weights: one fp32 scale per 128x128 tile and expert
+    BLOCK_32 = "block-32"  #: mxfp4 weights: one e8m0 scale (a uint8 biased exponent) per 32 values along K
 
     def __str__(self) -> str:
         return self.value
@@ -82,7 +89,20 @@ _GROUP_SIZE: dict[ScaleLayout, int | None] = {
 }
 
 #: The layouts of expert weights (activations use the others).
-WEIGHT_LAYOUTS = (ScaleLayout.NONE, ScaleLayout.PER_CHANNEL, ScaleLayout.BLOCK_128X128, ScaleLayout.BLOCK_16)
+WEIGHT_LAYOUTS = (
+    ScaleLayout.NONE,
+    ScaleLayout.PER_CHANNEL,
+    ScaleLayout.BLOCK_128X128,
+    ScaleLayout.BLOCK_16,
+    ScaleLayout.BLOCK_32,
+)
+#: The weight layouts of e2m1 codes packed two per byte along K, by the values one block scale covers.
+E2M1_WEIGHT_BLOCKS: dict[ScaleLayout, int] = {
+    ScaleLayout.BLOCK_16: NVFP4_BLOCK_SIZE,
+    ScaleLayout.BLOCK_32: MXFP4_BLOCK_SIZE,
+}
+#: Other names of weight layouts (`quantize_weight(w, "mxfp4")`).
+WEIGHT_LAYOUT_ALIASES: dict[str, ScaleLayout] = {"mxfp4": ScaleLayout.BLOCK_32, "nvfp4": ScaleLayout.BLOCK_16}
 
 
 class Codec(str, enum.Enum):

@@ -6,7 +6,13 @@ name the argument, what was expected and what was given.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
+
+#: The range of a positive fp32 setting: the smallest normal fp32 value and the largest finite one
+#: (a setting outside it becomes inf or is flushed towards zero in an fp32 kernel).
+FP32_TINY = 2.0**-126
+FP32_MAX = (2 - 2.0**-23) * 2.0**127
 
 
 class HalError(Exception):
@@ -44,6 +50,15 @@ def positive_int(argument: str, value: object, expected: str = "a positive int")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise invalid(argument, expected, value)
     return value
+
+
+def positive_fp32(argument: str, value: object, expected: str = "a finite positive number") -> float:
+    """`value` as a float if it is a real number (not a bool) in `[FP32_TINY, FP32_MAX]`, the positive
+    values an fp32 kernel computes with (no overflow to inf, no flush to zero), else `InvalidInput`
+    naming the limit."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not FP32_TINY <= value <= FP32_MAX:
+        raise invalid(argument, f"{expected} in the fp32 range [{FP32_TINY:.6g}, {FP32_MAX:.6g}]", value)
+    return float(value)
 
 
 def names(items: Iterable[object]) -> str:

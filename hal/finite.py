@@ -2,13 +2,15 @@
 
 Reading values costs a host synchronisation on an accelerator, so this runs where the values
 are read anyway or once: when something is loaded or quantized, never per forward. Integer
-and packed (uint8) tensors hold no inf or NaN and pass without being read.
+and packed (uint8) tensors hold no inf or NaN and pass without being read, except e8m0 scale bytes
+(mxfp4), whose byte 255 is NaN.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hal.dtypes import E8M0_NAN
 from hal.errors import InvalidInput
 
 #: Elements tested at a time (bounds the memory the masks take).
@@ -17,8 +19,11 @@ _CHUNK = 1 << 24
 _E4M3FN_NAN = 0x7F
 
 
-def non_finite_count(x: torch.Tensor) -> int:
-    """How many values of `x` are inf or NaN (0 for integer and packed tensors)."""
+def non_finite_count(x: torch.Tensor, *, e8m0: bool = False) -> int:
+    """How many values of `x` are inf or NaN (0 for integer and packed tensors); `e8m0`: `x` holds e8m0
+    bytes (uint8 biased exponents), of which 255 is NaN."""
+    if e8m0:
+        return int((x == E8M0_NAN).sum())
     if not (torch.is_floating_point(x) or x.is_complex()) or x.numel() == 0:
         return 0
     if x.dim() > 1 and x.numel() > _CHUNK:  # slice by slice: the masks stay small for a model's weights
@@ -34,10 +39,10 @@ def non_finite_count(x: torch.Tensor) -> int:
     return 0 if bool(finite.all()) else int((~finite).sum())
 
 
-def refuse_non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+def refuse_non_finite(name: str, x: torch.Tensor, *, e8m0: bool = False) -> torch.Tensor:
     """`x` unless a value is inf or NaN, else `InvalidInput` naming `name` (a scale made from one, or a
-    weight holding one, poisons whole output rows); reads the values."""
-    bad = non_finite_count(x)
+    weight holding one, poisons whole output rows); reads the values. `e8m0`: `x` holds e8m0 scale bytes."""
+    bad = non_finite_count(x, e8m0=e8m0)
     if bad:
         raise InvalidInput(f"{name}: expected finite values, got {bad} non-finite (inf/NaN) value(s)")
     return x

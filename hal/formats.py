@@ -27,10 +27,12 @@ layout (layout: data; scale):
 - block-128x128: data `[E, K, N]` float8_e4m3fn; scale `[E, ceil(K/128), ceil(N/128)]` fp32
 - block-16 (nvfp4): data `[E, K/2, N]` uint8, two e2m1 codes along K (k even in the low nibble);
   scale `[E, K/16, N]` float8_e4m3fn, plus `global_scale` fp32 `[E]` or `[E, N]`
+- block-32 (mxfp4): data `[E, K/2, N]` uint8, two e2m1 codes along K (as nvfp4); scale `[E, K/32, N]`
+  uint8, e8m0 biased exponents (byte s means `2**(s - 127)`; 255, NaN, is refused where values are read)
 
 Dequantized weights: `w = data * scale`; nvfp4: `w = e2m1(code) * scale / global_scale[e]`, or
 `/ global_scale[e, n]` where the global scale is per output channel (a checkpoint whose gate and
-up projections have different global scales keeps both, exactly).
+up projections have different global scales keeps both, exactly); mxfp4: `w = e2m1(code) * 2**(s - 127)`.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ from dataclasses import dataclass
 import torch
 
 from hal.dtypes import (
+    E2M1_WEIGHT_BLOCKS,
     FLOAT_DTYPES,
     FP8_GROUP_SIZE,
     INT4_MAX,
     INT4_PER_WORD,
+    MXFP4_BLOCK_SIZE,
     NVFP4_BLOCK_SIZE,
     DispatchDtype,
     ScaleLayout,
@@ -211,7 +215,7 @@ def take_rows(
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """Expert weights `[E, K, N]`: float, per-channel int8/fp8/int4, block-128 fp8 or nvfp4."""
+    """Expert weights `[E, K, N]`: float, per-channel int8/fp8/int4, block-128 fp8, nvfp4 or mxfp4."""
 
     data: torch.Tensor
     layout: ScaleLayout = ScaleLayout.NONE
@@ -242,6 +246,12 @@ class QuantizedWeight:
             shape = (e, n)
         elif layout is ScaleLayout.BLOCK_128X128:
             shape = (e, math.ceil(k / FP8_GROUP_SIZE), math.ceil(n / FP8_GROUP_SIZE))
+        elif layout is ScaleLayout.BLOCK_32:
+            shape, scale_dtype = (e, k // MXFP4_BLOCK_SIZE, n), torch.uint8
+            if k % MXFP4_BLOCK_SIZE:
+                raise InvalidInput(
+                    f"QuantizedWeight.data: expected K a multiple of {MXFP4_BLOCK_SIZE} for mxfp4, got K={k}"
+                )
         elif layout is ScaleLayout.BLOCK_16:
             shape, scale_dtype = (e, k // NVFP4_BLOCK_SIZE, n), torch.float8_e4m3fn
             if k % NVFP4_BLOCK_SIZE:
@@ -262,7 +272,8 @@ class QuantizedWeight:
                 )
         else:
             raise InvalidInput(
-                f"QuantizedWeight.layout: expected none, per-channel, block-128x128 or block-16, got {layout.value!r}"
+                f"QuantizedWeight.layout: expected none, per-channel, block-128x128, block-16 or block-32, "
+                f"got {layout.value!r}"
             )
         if self.data.dtype not in allowed:
             raise InvalidInput(
@@ -287,7 +298,7 @@ class QuantizedWeight:
     def in_features(self) -> int:
         """K: the activation channels each expert consumes (logical, unpacked)."""
         k = self.data.shape[1]
-        return k * 2 if self.layout is ScaleLayout.BLOCK_16 else k
+        return k * 2 if self.layout in E2M1_WEIGHT_BLOCKS else k
 
     @property
     def out_features(self) -> int:

@@ -31,6 +31,8 @@ class GemmKind(str, enum.Enum):
     FP8_BLOCK128 = "fp8-block128"  #: fp8 per-token-group-128 x fp8 128x128 block weights
     INT4 = "int4"  #: int4 per-token activations x int4 per-channel weights (8 values per int32)
     NVFP4 = "nvfp4"  #: nvfp4 activations x nvfp4 block-16 weights (e4m3 block scales, fp32 global)
+    BF16_MXFP4 = "bf16-mxfp4"  #: weight-only: bf16 activations x mxfp4 block-32 weights (e8m0 block scales)
+    BF16_NVFP4 = "bf16-nvfp4"  #: weight-only: bf16 activations x nvfp4 block-16 weights (as the nvfp4 kind's)
 
     def __str__(self) -> str:
         return self.value
@@ -79,13 +81,9 @@ class ActivationFormat:
 
 INT4_PACKED = ActivationFormat(int4=True)
 _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-_STORAGE_NAMES = {
-    **_FLOAT_NAMES,
-    torch.int8: "int8",
-    torch.float8_e4m3fn: "fp8",
-    torch.int32: "int4",
-    torch.uint8: "nvfp4",
-}
+_STORAGE_NAMES = {**_FLOAT_NAMES, torch.int8: "int8", torch.float8_e4m3fn: "fp8", torch.int32: "int4"}
+#: e2m1 weights (uint8 storage) are named by their block layout.
+_E2M1_NAMES = {ScaleLayout.BLOCK_16: "nvfp4", ScaleLayout.BLOCK_32: "mxfp4"}
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,9 @@ class GemmSpec:
     `weight_storage` the weights' (`weight_dtype` is the `dtype` argument of
     `quantize_weight` that makes them); `exact_integer` says the operands are integers
     whose products the reference accumulates exactly before applying the scales; `k_multiple`
-    what K must be a multiple of (int4 packs 8 values per word, nvfp4 scales blocks of 16).
+    what K must be a multiple of (int4 packs 8 values per word, nvfp4 scales blocks of 16, mxfp4
+    blocks of 32). A kind whose activations are float but whose weights are scaled is weight-only
+    (`weight_only`): the weights are dequantized inside the GEMM, the activations stay as they are.
     """
 
     kind: GemmKind
@@ -111,8 +111,13 @@ class GemmSpec:
 
     @property
     def is_float(self) -> bool:
-        """Unscaled float operands."""
+        """Float activations (the weights are unscaled floats too unless the kind is `weight_only`)."""
         return self.activation.float_dtype is not None
+
+    @property
+    def weight_only(self) -> bool:
+        """Float activations times scaled (quantized) weights: only the weights are quantized."""
+        return self.is_float and self.weight_layout is not ScaleLayout.NONE
 
     @property
     def default_out_dtype(self) -> torch.dtype:
@@ -130,12 +135,22 @@ class GemmSpec:
     def pairing(self) -> str:
         """The pairing in words, for messages."""
         layout = "" if self.weight_layout is ScaleLayout.NONE else f" {self.weight_layout}"
-        return f"{self.activation} with {_STORAGE_NAMES[self.weight_storage]}{layout} weights"
+        name = _E2M1_NAMES.get(self.weight_layout) or _STORAGE_NAMES[self.weight_storage]
+        return f"{self.activation} with {name}{layout} weights"
+
+
+_BF16_CARRIED = (ActivationFormat(dtype=DispatchDtype.BF16, layout=ScaleLayout.NONE),)
 
 
 def _float(kind: GemmKind, dtype: torch.dtype) -> GemmSpec:
-    also = (ActivationFormat(dtype=DispatchDtype.BF16, layout=ScaleLayout.NONE),) if dtype == torch.bfloat16 else ()
+    also = _BF16_CARRIED if dtype == torch.bfloat16 else ()
     return GemmSpec(kind, ActivationFormat(float_dtype=dtype), ScaleLayout.NONE, dtype, dtype, also_accepts=also)
+
+
+def _bf16_weight_only(kind: GemmKind, layout: ScaleLayout, k_multiple: int) -> GemmSpec:
+    """bf16 activations times e2m1 weights packed two per byte along K (uint8) in block layout `layout`."""
+    bf16 = ActivationFormat(float_dtype=torch.bfloat16)
+    return GemmSpec(kind, bf16, layout, torch.uint8, torch.uint8, also_accepts=_BF16_CARRIED, k_multiple=k_multiple)
 
 
 #: The grouped-matmul kinds, one row each.
@@ -184,6 +199,8 @@ GEMM_KINDS: dict[GemmKind, GemmSpec] = {
             torch.uint8,
             k_multiple=16,
         ),
+        _bf16_weight_only(GemmKind.BF16_MXFP4, ScaleLayout.BLOCK_32, 32),
+        _bf16_weight_only(GemmKind.BF16_NVFP4, ScaleLayout.BLOCK_16, 16),
     )
 }
 

@@ -27,6 +27,10 @@ from hal.errors import HalError, InvalidInput, VendorUnavailable, names
 if TYPE_CHECKING:
     from hal.ops import VendorOps
 
+#: The device memory assumed where a vendor does not state it (`Platform.device_memory_bytes` None):
+#: 1 TiB, more than any single accelerator has (the largest hold under 300 GB).
+MAX_DEVICE_MEMORY_BYTES = 2**40
+
 
 class DispatchFallbackWarning(UserWarning):
     """A requested dispatch dtype was replaced by the vendor's declared fallback."""
@@ -211,7 +215,8 @@ class Platform(abc.ABC):
         """The total memory of this instance's device in bytes, or None where unknown (the default).
 
         Callers bound what they allocate by it (a layer's low-latency dispatch buffers); a vendor
-        answers for its device (a host device: `host_memory_bytes()`). Unknown refuses nothing.
+        answers for its device (a host device: `host_memory_bytes()`). Where it is unknown, callers
+        bound allocations by `MAX_DEVICE_MEMORY_BYTES` instead, so a request for petabytes is refused.
         """
         return None
 

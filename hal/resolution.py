@@ -303,9 +303,17 @@ def _consult_sources(
             TraceStep(PlanSource.SCHEME, DispatchDtype.NVFP4, f"scheme {traits.name!r} has an input global scale")
         )
     else:
+        kind = traits.gemm_kind.spec if traits.gemm_kind is not None else None
+        why = (
+            f" (weight-only: {kind.pairing()}; the activations stay {traits.dispatch_dtype})"
+            if kind is not None and kind.weight_only
+            else ""
+        )
         steps.append(
             TraceStep(
-                PlanSource.SCHEME, traits.dispatch_dtype, f"scheme {traits.name!r} declares {traits.dispatch_dtype}"
+                PlanSource.SCHEME,
+                traits.dispatch_dtype,
+                f"scheme {traits.name!r} declares {traits.dispatch_dtype}{why}",
             )
         )
 
@@ -332,6 +340,11 @@ def _model_dtype_step(traits: SchemeTraits | None) -> TraceStep:
             PlanSource.MODEL_DTYPE,
             None,
             f"scheme {traits.name!r}: weights in its own {traits.dispatch_dtype} (no other model dtype)",
+        )
+    kind = traits.gemm_kind.spec if traits.gemm_kind is not None else None
+    if kind is not None and kind.weight_only:
+        return TraceStep(
+            PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} is weight-only: its activations are always bf16"
         )
     return TraceStep(PlanSource.MODEL_DTYPE, None, f"scheme {traits.name!r} quantizes its activations")
 

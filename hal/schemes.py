@@ -134,6 +134,8 @@ def _float_names() -> list[str]:
 
 
 _ALL = frozenset(DispatchDtype.concrete())
+#: Weight-only schemes compute with bf16 activations; rows carried as fp8 or int8 are dequantized to bf16.
+_WEIGHT_ONLY = frozenset({DispatchDtype.BF16, DispatchDtype.FP8, DispatchDtype.INT8})
 
 #: The schemes moe-hal knows by name (the CLI's `--scheme` choices).
 KNOWN_SCHEMES: dict[str, SchemeTraits] = {
@@ -179,6 +181,12 @@ KNOWN_SCHEMES: dict[str, SchemeTraits] = {
             movable_experts=True,
         ),
         SchemeTraits(
+            "w4a16-mxfp4", DispatchDtype.BF16, _WEIGHT_ONLY, gemm_kind=GemmKind.BF16_MXFP4, movable_experts=True
+        ),
+        SchemeTraits(
+            "w4a16-nvfp4", DispatchDtype.BF16, _WEIGHT_ONLY, gemm_kind=GemmKind.BF16_NVFP4, movable_experts=True
+        ),
+        SchemeTraits(
             "nvfp4",
             DispatchDtype.NVFP4,
             frozenset({DispatchDtype.NVFP4, DispatchDtype.BF16}),
@@ -196,6 +204,7 @@ _SCHEME_ALIASES = {
     "fp8": "w8a8-fp8-block",
     "int4": "w4a4-int4",
     "fp8-rowwise": "w8a8-fp8",
+    "mxfp4": "w4a16-mxfp4",
 }
 
 

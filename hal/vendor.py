@@ -163,6 +163,12 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         `[T, K]`, any T), the same as passing `x[row_index]`; vendors may read the rows through the
         index inside the GEMM, so a dispatch's gather is never written out. Indices outside `[0, T)`
         are refused where reading them is free (host-synchronous vendors), else undefined.
+
+        The group list's numbers (non-negative counts, non-decreasing offsets, covering all M rows, or
+        at most M where the vendor declares `grouped_matmul_padding`) raise `InvalidInput` where reading
+        them is free: a host-synchronous vendor, or a group list in host memory. A list on the device of
+        another vendor is not read: inconsistent numbers there give unspecified rows (or a device-side
+        error), never a write outside the output.
         """
         parsed = None if activation is None else self._declared_activation(activation)
         checks.gemm_operands(x, weight, groups)
@@ -190,7 +196,11 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             raise UnsupportedCapability(
                 f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}"
             )
-        checks.gemm_shapes(x, weight, groups, caps.limits, rows=None if row_index is None else row_index.numel())
+        rows = checks.gemm_shapes(
+            x, weight, groups, caps.limits, rows=None if row_index is None else row_index.numel()
+        )[0]
+        if checks.values_are_free(caps.host_synchronous, groups.tensor):
+            checks.group_values(groups, rows, padding=caps.grouped_matmul_padding)
         if bias is not None:
             if not caps.expert_bias:
                 raise UnsupportedCapability(
@@ -253,6 +263,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
     ) -> None:
         """Prepare the fused op's form of a layer's weights once, at load (before its first forward)."""
         checks.name_string("scheme", scheme, "a scheme name (str)")
+        checks.process_group(process_group, optional=True)
         if scheme not in self.capabilities().fused_deep_moe:
             raise UnsupportedCapability(f"vendor {self.name!r} does not declare fused_deep_moe for scheme {scheme!r}")
         for name, w in (("w13", w13), ("w2", w2)):
@@ -279,7 +290,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
     def softmax_topk(
         self, logits: torch.Tensor, top_k: int, *, renormalize: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`.
+        """Softmax top-k routing: `(weights, ids)` `[T, k]`, fp32 and int64, for float logits `[T, E]`
+        (bf16, fp16, fp32, or float64 read as fp32).
 
         The k experts of largest `softmax(logits)` (computed in fp32) and their probabilities,
         divided by their sum when `renormalize`. Equal probabilities may be picked in any order
@@ -293,6 +305,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         if logits.shape[0] == 0:
             empty = torch.empty((0, top_k), device=logits.device)
             return empty.to(torch.float32), empty.to(torch.int64)
+        if logits.dtype == torch.float64:  # computed in fp32 anyway: vendors' kernels never see float64
+            logits = logits.to(torch.float32)
         return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
 
     def sort_by_expert(
@@ -366,6 +380,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         free, as for `sort_by_expert`.
         """
         checks.name_string("scheme", scheme, "a scheme name (str)")
+        checks.process_group(process_group, optional=True)
         caps = self.capabilities()
         if scheme not in caps.fused_deep_moe:
             raise UnsupportedCapability(

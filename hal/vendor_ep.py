@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +15,23 @@ if TYPE_CHECKING:
     from hal.capabilities import Capabilities
     from hal.formats import QuantizedTensor
     from hal.ops import VendorOps
+
+
+#: the combine takes no process group (its handle knows the dispatch's)
+_COMBINE = object()
+
+
+@dataclass(frozen=True)
+class EpHandle:
+    """What `ep_combine` needs of one `ep_dispatch` (returned by it; pass it back unchanged): the
+    dispatcher's name, the tokens and k dispatched, the leading shape of the expert rows the combine
+    takes (`[R]`, `[M]` after a row index, or the masked `[L, capacity * ranks]`), the vendor's own handle."""
+
+    name: str
+    tokens: int
+    top_k: int
+    rows: tuple[int, ...]
+    inner: object
 
 
 class ExpertParallelOps:
@@ -43,7 +61,7 @@ class ExpertParallelOps:
         the device's free memory) is refused here, not at the first forward. `capacity` is the
         low-latency per-rank token capacity (None: normal mode only); `layout` the activation scale layout
         the layer plans for `dtype` (None: the dtype's default)."""
-        self._require_ep(name, capacity)
+        self._require_ep(name, capacity, process_group=process_group)
         parsed = checks.concrete_dtype(dtype)
         for label, value in (("num_experts", num_experts), ("hidden_size", hidden_size)):
             positive_int(label, value)
@@ -79,7 +97,7 @@ class ExpertParallelOps:
         expert outputs on the experts' side (the combine then only sums per rank). With `capacity`
         (a dispatcher declared in `ep_low_latency`) the rows come in the masked low-latency layout
         `[local experts, capacity * ranks, H]`; more than `capacity` tokens raise `InvalidInput`."""
-        self._require_ep(name, capacity)
+        self._require_ep(name, capacity, process_group=process_group)
         parsed = checks.concrete_dtype(dtype)
         checks.float_rows("x", x)
         if x.dim() != 2:
@@ -102,7 +120,7 @@ class ExpertParallelOps:
                 f"x: expected at most max_dispatch_tokens_per_rank={capacity} tokens for "
                 f"low-latency dispatch, got {x.shape[0]}"
             )
-        return self.ops.ep_dispatch(
+        payload, counts, inner, *row_index = self.ops.ep_dispatch(
             x,
             topk_ids,
             name=name,
@@ -113,22 +131,41 @@ class ExpertParallelOps:
             capacity=capacity,
             layout=_layout(parsed, layout),
         )
+        rows = tuple(row_index[0].shape) if row_index else tuple(getattr(payload, "data", payload).shape[:-1])
+        handle = EpHandle(name, x.shape[0], topk_ids.shape[1], rows, inner)
+        return (payload, counts, handle, *row_index)  # type: ignore[return-value]
 
     def ep_combine(
         self, rows: torch.Tensor, topk_weights: torch.Tensor, handle: object, *, name: str, out_dtype: torch.dtype
     ) -> torch.Tensor:
         """The weighted sum of each token's expert rows after `ep_dispatch` with the same `name`: `[T, H]`.
-        `rows` is `[R, H]`, or the masked `[L, capacity * ranks, H]` after a low-latency dispatch."""
+        `rows` is `[R, H]`, or the masked `[L, capacity * ranks, H]` after a low-latency dispatch (the
+        leading shape the dispatch's `handle` records); `topk_weights` `[T, k]` as dispatched."""
         self._require_ep(name)
         checks.out_dtype("out_dtype", out_dtype)
+        if not isinstance(handle, EpHandle) or handle.name != name:
+            given = (
+                f"the handle of dispatcher {handle.name!r}" if isinstance(handle, EpHandle) else type(handle).__name__
+            )
+            raise invalid("handle", f"the handle an ep_dispatch through {name!r} returned", given)
         flat = rows.reshape(-1, rows.shape[-1]) if isinstance(rows, torch.Tensor) and rows.dim() == 3 else rows
         checks.rows_and_weights(flat, topk_weights)
+        if tuple(rows.shape[:-1]) != handle.rows:
+            raise invalid("rows", f"the dispatched rows' shape {(*handle.rows, 'H')}", tuple(rows.shape))
+        if tuple(topk_weights.shape) != (handle.tokens, handle.top_k):
+            raise invalid(
+                "topk_weights", f"shape {(handle.tokens, handle.top_k)} (as dispatched)", tuple(topk_weights.shape)
+            )
         for label, tensor in (("rows", rows), ("topk_weights", topk_weights)):
             checks.on_device(label, tensor, self.device)
-        return self.ops.ep_combine(rows, topk_weights, handle, name=name, out_dtype=out_dtype)
+        return self.ops.ep_combine(rows, topk_weights, handle.inner, name=name, out_dtype=out_dtype)
 
-    def _require_ep(self, name: str, capacity: int | None = None) -> None:
+    def _require_ep(self, name: str, capacity: int | None = None, *, process_group: object = _COMBINE) -> None:
+        """`name` a declared dispatcher (with a low-latency mode where `capacity` is given); the dispatch
+        and prepare calls pass their `process_group` (checked before the declaration: a type error first)."""
         checks.name_string("name", name, "an expert-parallel dispatcher name (str)")
+        if process_group is not _COMBINE:
+            checks.process_group(process_group, optional=False)
         caps = self.capabilities()
         declared = caps.ep_dispatchers
         if name not in declared:

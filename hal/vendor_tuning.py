@@ -22,6 +22,15 @@ class TuningOps:
 
     capabilities: Callable[[], Capabilities]  # provided by `hal.Platform`
 
+    def check_tunable(self) -> None:
+        """Raise `UnsupportedCapability` when this vendor has no kernel configurations to tune (its ops do not
+        implement `tune`): callers ask before announcing or preparing a tuning run."""
+        if type(self.ops).tune is VendorOps.tune:
+            raise UnsupportedCapability(
+                f"vendor {self.name!r} ({self.capabilities().device_name}) has no kernel configurations "
+                "to tune (its ops do not implement tune); `hal caps` lists what it declares"
+            )
+
     def tune(self, problems: Sequence[GemmProblem], *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Time this vendor's kernel configurations for `problems` on its device and return its tuning
         table (JSON-able; the vendor documents where it reads tables from). `progress` receives a line
@@ -31,12 +40,8 @@ class TuningOps:
         problems = list(problems)
         if progress is not None and not callable(progress):
             raise invalid("progress", "a callable or None", type(progress).__name__)
+        self.check_tunable()
         caps = self.capabilities()
-        if type(self.ops).tune is VendorOps.tune:
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) has no kernel configurations "
-                "to tune (its ops do not implement tune)"
-            )
         for problem in problems:
             if problem.kind not in caps.grouped_matmul:
                 raise UnsupportedCapability(

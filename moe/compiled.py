@@ -37,8 +37,16 @@ def register_layer(layer: Any) -> int:
     return handle
 
 
-@torch.library.custom_op("moe_hal::moe_forward", mutates_args=())
-def moe_forward(
+# Registered through `torch.library.Library` rather than `torch.library.custom_op`: the latter wraps every
+# call in Python autograd and dispatch layers (measured: about 80 µs more per call on a 2-core host, 200 µs
+# more under torch.compile); the op has no autograd formula either way (the layer is for inference).
+_LIBRARY = torch.library.Library("moe_hal", "DEF")
+_LIBRARY.define(
+    "moe_forward(Tensor x, Tensor? router_logits, Tensor? topk_ids, Tensor? topk_weights, int handle) -> Tensor"
+)
+
+
+def _moe_forward(
     x: torch.Tensor,
     router_logits: torch.Tensor | None,
     topk_ids: torch.Tensor | None,
@@ -54,7 +62,6 @@ def moe_forward(
     return layer._run(x, router_logits, topk_ids, topk_weights)
 
 
-@moe_forward.register_fake
 def _moe_forward_fake(
     x: torch.Tensor,
     router_logits: torch.Tensor | None,
@@ -63,3 +70,10 @@ def _moe_forward_fake(
     handle: int,
 ) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+_LIBRARY.impl("moe_forward", _moe_forward, "CompositeExplicitAutograd")
+torch.library.register_fake("moe_hal::moe_forward", _moe_forward_fake, lib=_LIBRARY)
+
+#: `torch.ops.moe_hal.moe_forward`: the op the compiled layer calls
+moe_forward = torch.ops.moe_hal.moe_forward.default

@@ -116,7 +116,7 @@ class LayerExplanation:
         if self.scheme_fallback is not None:
             lines.append(self.scheme_fallback)
         lines += [
-            f"dispatch dtype: {plan.resolved} ({plan.scale_layout}), from {plan.source}{fallback}",
+            f"dispatch dtype: {plan.resolved} ({plan.scale_layout}), from {plan.source}{_why(plan)}{fallback}",
             f"pipeline: {self.pipeline}",
             f"dispatcher: {self.dispatcher}",
             f"runner: {self.runner}",
@@ -124,6 +124,12 @@ class LayerExplanation:
         lines += [f"not {a.what} {a.name}: {a.reason}" for a in self.rejected]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def _why(plan: DispatchPlan) -> str:
+    """The deciding step's own words (`scheme 'w4a16-mxfp4' declares bf16 (weight-only: ...)`)."""
+    step = next((t for t in plan.trace if t.decided), None)
+    return "" if step is None else f" ({step.detail})"
 
 
 def explain_layer(

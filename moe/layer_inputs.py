@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hal import InvalidInput, invalid
+from hal import FP32_MAX, InvalidInput, invalid
 from moe.arguments import on_device
 from moe.routing import Routing
 
@@ -90,10 +90,13 @@ def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None, wei
 
 
 def _require_finite(name: str, t: torch.Tensor) -> None:
-    bad_rows = ~torch.isfinite(t).all(dim=-1)
+    """Finite values, and for float64 within the fp32 range (routing computes in fp32)."""
+    finite = torch.isfinite(t) if t.dtype != torch.float64 else t.abs() <= FP32_MAX
+    bad_rows = ~finite.all(dim=-1)
     if bool(bad_rows.any()):
         rows = bad_rows.nonzero().flatten()
         raise InvalidInput(
-            f"{name}: expected finite values, got non-finite values in {rows.numel()} token(s) "
+            f"{name}: expected finite values (at most {FP32_MAX:.6g} in magnitude: routing computes in fp32), "
+            f"got non-finite or larger values in {rows.numel()} token(s) "
             f"(first: token {int(rows[0])})"
         )

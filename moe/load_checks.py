@@ -21,6 +21,7 @@ from hal import (
     FLOAT_DTYPES,
     FP8_GROUP_SIZE,
     INT4_PER_WORD,
+    MXFP4_BLOCK_SIZE,
     NVFP4_BLOCK_SIZE,
     GemmSpec,
     HalError,
@@ -52,12 +53,14 @@ class Expected:
 @dataclass(frozen=True)
 class StoredLayout:
     """How a projection's weight `[E, K, N]` of one layout is stored beside its data: the scale's shapes and
-    dtype (None: no scale), the global scale's shapes (None: none), values packed per byte along K."""
+    dtype (None: no scale), the global scale's shapes (None: none), values packed per byte along K, whether
+    the scale holds e8m0 bytes (byte 255 is NaN)."""
 
     scale: Shapes | None = None
     scale_dtype: torch.dtype = torch.float32
     global_scale: Shapes | None = None
     values_per_byte_k: int = 1
+    scale_e8m0: bool = False
 
 
 #: The stored tensors of each weight layout (`hal.formats` defines the layouts).
@@ -72,6 +75,12 @@ STORED_LAYOUTS: dict[ScaleLayout, StoredLayout] = {
         scale_dtype=torch.float8_e4m3fn,
         global_scale=lambda e, k, n: [(e,), (e, n)],
         values_per_byte_k=2,
+    ),
+    ScaleLayout.BLOCK_32: StoredLayout(
+        scale=lambda e, k, n: [(e, k // MXFP4_BLOCK_SIZE, n)],
+        scale_dtype=torch.uint8,
+        values_per_byte_k=2,
+        scale_e8m0=True,
     ),
 }
 #: Storage dtypes that pack several values along N (int4: eight per int32 word).
@@ -94,7 +103,8 @@ def store_tensors(
     kind: GemmSpec, experts: int, hidden: int, width: int, intermediate: int, *, bias: bool
 ) -> dict[str, Expected]:
     """Every tensor a weight store of `experts` experts holds: `w13` `[E, H, W]`, `w2` `[E, I, H]`, fp32
-    biases when `bias`, and the activations' fp32 global scales where the weights have global scales."""
+    biases when `bias`, and the activations' fp32 global scales where the weights have global scales (and the
+    activations are quantized: not for a weight-only kind)."""
     found = {
         **projection_tensors("w13", kind, experts, hidden, width),
         **projection_tensors("w2", kind, experts, intermediate, hidden),
@@ -102,7 +112,7 @@ def store_tensors(
     if bias:
         found["w13_bias"] = Expected([(experts, width)], (torch.float32,))
         found["w2_bias"] = Expected([(experts, hidden)], (torch.float32,))
-    if STORED_LAYOUTS[kind.weight_layout].global_scale is not None:
+    if STORED_LAYOUTS[kind.weight_layout].global_scale is not None and not kind.weight_only:
         for name in ("input_global_scale", "intermediate_global_scale"):
             found[name] = Expected([(1,)], (torch.float32,))
     return found
@@ -129,13 +139,19 @@ def state_problems(
     return problems
 
 
-def non_finite_problems(state: Mapping[str, object], prefix: str) -> list[str]:
-    """The tensors under `prefix` holding inf or NaN (each named by its key)."""
+def e8m0_tensors(kind: GemmSpec) -> frozenset[str]:
+    """The stored tensors of `kind`'s weights holding e8m0 bytes (mxfp4's scales), whose byte 255 is NaN."""
+    return frozenset({"w13_scale", "w2_scale"}) if STORED_LAYOUTS[kind.weight_layout].scale_e8m0 else frozenset()
+
+
+def non_finite_problems(state: Mapping[str, object], prefix: str, e8m0: frozenset[str] = frozenset()) -> list[str]:
+    """The tensors under `prefix` holding inf or NaN (each named by its key); those whose last name is in
+    `e8m0` hold e8m0 bytes."""
     problems = []
     for key, t in state.items():
         if key.startswith(prefix) and isinstance(t, torch.Tensor) and not t.is_meta:
             try:
-                refuse_non_finite(key, t)
+                refuse_non_finite(key, t, e8m0=key.rsplit(".", 1)[-1] in e8m0)
             except HalError as exc:
                 problems.append(str(exc))
     return problems
@@ -146,8 +162,9 @@ def refuse_non_finite_weights(what: str, weights: object) -> None:
     `{what}.w13.scale`, `{what}.w2_bias`, ..."""
     for field in ("w13", "w2"):
         w: QuantizedWeight = getattr(weights, field)
+        e8m0 = STORED_LAYOUTS[w.layout].scale_e8m0 if w.layout in STORED_LAYOUTS else False
         for part, t in w.tensors().items():
-            refuse_non_finite(f"{what}.{field}.{part}", t)
+            refuse_non_finite(f"{what}.{field}.{part}", t, e8m0=e8m0 and part == "scale")
     for field in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
         t = getattr(weights, field)
         if isinstance(t, torch.Tensor):

@@ -18,7 +18,14 @@ import torch
 
 from hal import HalError, InvalidInput, QuantizedWeight, invalid, refuse_non_finite
 from moe.arguments import with_data
-from moe.load_checks import float_tensor, non_finite_problems, refuse_non_finite_weights, state_problems, store_tensors
+from moe.load_checks import (
+    e8m0_tensors,
+    float_tensor,
+    non_finite_problems,
+    refuse_non_finite_weights,
+    state_problems,
+    store_tensors,
+)
 from moe.load_transaction import Snapshot
 from moe.schemes import ExpertWeights, check_float_weights
 from moe.scheme_conversion import convert_float, convert_quantized, holds_format
@@ -272,7 +279,7 @@ class TransactionalState:
             gate = prefix + "shared_experts.gate"
             if block.config.gated and gate in state and (problem := float_tensor(gate, state[gate], [(h,)])):
                 problems.append(problem)
-        return problems + non_finite_problems(state, prefix)
+        return problems + non_finite_problems(state, prefix, e8m0_tensors(kind))
 
     @contextmanager
     def _all_or_nothing(self: MoELayer) -> Iterator[None]:

@@ -22,13 +22,11 @@ Rejecting non-finite logits is the layer's job, not the router's.
 from __future__ import annotations
 
 import abc
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-from hal import InvalidInput, Vendor, invalid, positive_int
+from hal import InvalidInput, Vendor, invalid, positive_fp32, positive_int
 from hal.reference import softmax_topk
 from moe.arguments import with_data
 
@@ -92,10 +90,9 @@ def _flag(argument: str, value: object) -> bool:
 
 
 def _scaling_factor(value: object) -> float:
-    """Return `routed_scaling_factor` as a float if it is a finite positive real number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise invalid("routed_scaling_factor", "a finite positive number", value)
-    return float(value)
+    """Return `routed_scaling_factor` as a float if it is a positive number in the fp32 range (the
+    weights it scales are fp32: a larger factor makes them inf, a smaller one flushes them to zero)."""
+    return positive_fp32("routed_scaling_factor", value)
 
 
 def _choice(value: object, argument: str, allowed: tuple[str, ...]) -> str:

@@ -13,7 +13,9 @@ required (`bounds`):
   plus those roundings (a rounding that lands differently may flip a quantized value downstream).
 
 A layer may refuse a case (`UnsupportedCapability` / `InvalidInput`) when it is built, and a vendor's
-own dispatcher may also refuse a forward (a shape limit): the case is skipped with the message.
+own dispatcher may also refuse a forward for a shape limit (`InvalidInput`): the case is skipped with
+the message. A capability lacking only at the forward of a layer that was built (`UnsupportedCapability`)
+fails the case: the dispatcher is declared, so the build must refuse what it cannot run.
 The torch.distributed dispatchers run every shape the single-rank layer runs, so a refusal in
 their forward fails the case, as does an auto-mode layer refusing a batch above its capacity
 (auto must then take normal mode).
@@ -174,6 +176,13 @@ def run_case(case: Case, ctx: RankContext, group: Any) -> dict[str, Any]:
             result.update(
                 outcome="failed",
                 message=f"the torch.distributed dispatcher refused the forward of a layer it built ({refused})",
+                details=traceback.format_exc()[-MAX_DETAILS:],
+            )
+        elif stage == "forward" and isinstance(exc, UnsupportedCapability):  # a shape limit is InvalidInput
+            result.update(
+                outcome="failed",
+                message=f"the declared dispatcher {case.dispatcher!r} built a layer, then lacked a capability "
+                f"at its forward ({refused})",
                 details=traceback.format_exc()[-MAX_DETAILS:],
             )
         else:

@@ -16,7 +16,17 @@ from conformance.checks import assert_unchanged, snapshot
 from conformance.operands import random_codes_activation, random_codes_weight, to_device
 from conformance.reference import relative_error
 from conformance.tolerances import layer_tolerance
-from hal import KNOWN_SCHEMES, DispatchDtype, GemmKind, Groups, HalError, ScaleLayout, UnsupportedCapability, Vendor
+from hal import (
+    KNOWN_SCHEMES,
+    DispatchDtype,
+    GemmKind,
+    Groups,
+    HalError,
+    InvalidInput,
+    ScaleLayout,
+    UnsupportedCapability,
+    Vendor,
+)
 
 pytestmark = mark(BAD_INPUT)
 
@@ -162,3 +172,46 @@ def test_the_layer_refuses_bad_input_and_keeps_working(hal_vendor):
         else relative_error(after, before.double().cpu()) <= layer_tolerance("unquantized", "bf16")
     )  # not bit-reproducible
     assert same, "the layer computes differently after refusing bad input"
+
+
+def test_group_lists_in_host_memory_that_do_not_fit_are_refused(hal_vendor):
+    """A group list in host memory costs nothing to read, so on every vendor its numbers are checked
+    (`InvalidInput` naming `groups`): negative counts, decreasing offsets, more rows than x has, and
+    fewer unless the vendor declares `grouped_matmul_padding`. A raw error from inside the vendor fails."""
+    before = snapshot(hal_vendor)
+    x, w = _x(hal_vendor, 5, 64), _weight(hal_vendor)
+    bad = [
+        Groups.from_counts(torch.tensor([3, -1, 3])),
+        Groups.from_counts(torch.tensor([2, 2, 3])),
+        Groups.from_offsets(torch.tensor([3, 2, 5])),
+        Groups.from_offsets(torch.tensor([1, 2, 9])),
+    ]
+    if not hal_vendor.capabilities().grouped_matmul_padding:
+        bad += [Groups.from_counts(torch.tensor([2, 1, 1])), Groups.from_offsets(torch.tensor([1, 2, 3]))]
+    for groups in bad:
+        for extra in ({}, {"activation": "silu-glu"}):
+            with pytest.raises(InvalidInput, match=r"^groups:"):
+                hal_vendor.grouped_matmul(x, w, groups, **extra)
+    assert_unchanged(hal_vendor, before)
+
+
+def test_an_object_that_is_not_a_process_group_is_refused(hal_vendor):
+    """Only a torch.distributed process group (or None where one rank is meant) reaches a vendor's
+    communication: anything else is `InvalidInput` naming `process_group`, never a raw error."""
+    w13, w2 = _weight(hal_vendor, 2, 64, 64), _weight(hal_vendor, 2, 32, 64)
+    x, ids = _x(hal_vendor, 3, 64), torch.zeros(3, 1, dtype=torch.int64, device=hal_vendor.device)
+    weights = torch.ones(3, 1, device=hal_vendor.device)
+    scheme = next(iter(sorted(hal_vendor.capabilities().fused_deep_moe)), "w8a8-int8")
+    calls = [
+        lambda: hal_vendor.fused_deep_moe(x, ids, weights, w13, w2, scheme=scheme, process_group="group"),
+        lambda: hal_vendor.prepare_fused(w13, w2, scheme=scheme, process_group=3),
+    ]
+    for name in sorted(hal_vendor.capabilities().ep_dispatchers) or ["any"]:
+        common = {"dtype": "bf16", "num_experts": 2, "process_group": object()}
+        calls.append(lambda name=name, common=common: hal_vendor.ep_dispatch(x, ids, name=name, **common))
+        calls.append(
+            lambda name=name, common=common: hal_vendor.prepare_ep(name, hidden_size=64, capacity=None, **common)
+        )
+    for call in calls:
+        with pytest.raises(InvalidInput, match=r"^process_group:"):
+            call()

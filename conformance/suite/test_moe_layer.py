@@ -10,8 +10,14 @@ import torch
 from conformance.capability import build_scheme, fused_label, layer_label, mark, require_fused, require_scheme
 from conformance.expectations import expected_resolution
 from conformance.reference import emulated_integer_moe, generator, moe as reference_moe, relative_error, softmax_topk
-from conformance.tolerances import EMULATED_LAYER_TOLERANCE, FUSED_TOLERANCE, layer_tolerance
+from conformance.tolerances import (
+    EMULATED_LAYER_TOLERANCE,
+    FUSED_TOLERANCE,
+    WEIGHT_ONLY_LAYER_TOLERANCE,
+    layer_tolerance,
+)
 from hal import KNOWN_SCHEMES, DispatchConfig, DispatchDtype, UnsupportedDispatchDtype
+from hal.reference import weight_value
 from moe import MoELayer
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 8, 256, 128, 2
@@ -75,6 +81,15 @@ def test_layer_matches_the_float64_moe(hal_vendor, scheme, requested, dispatcher
     assert error <= bound, (
         f"relative error {error:.4g} > {bound} for scheme {scheme} carried as {expected.resolved} ({path} path)"
     )
+    kind = KNOWN_SCHEMES[scheme].gemm_kind
+    if kind is not None and kind.spec.weight_only and expected.resolved is DispatchDtype.BF16 and tokens:
+        stored = layer.experts.weights  # as the vendor prepared them: the values its GEMMs multiply by
+        exact = reference_moe(x, ids, weights, weight_value(stored.w13).float(), weight_value(stored.w2).float())
+        error = relative_error(y, exact)
+        assert error <= WEIGHT_ONLY_LAYER_TOLERANCE, (
+            f"relative error {error:.4g} > {WEIGHT_ONLY_LAYER_TOLERANCE} against the MoE of the layer's own "
+            f"{kind} weights ({path} path)"
+        )
     if scheme in EMULATED_LAYER_TOLERANCE and expected.resolved in (DispatchDtype.INT8, DispatchDtype.BF16):
         levels, tight = EMULATED_LAYER_TOLERANCE[scheme]
         error = relative_error(y, emulated_integer_moe(x, ids, weights, w13, w2, levels))

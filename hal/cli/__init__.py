@@ -1,9 +1,10 @@
 """The `hal` command line: which vendor, which capabilities, why this dispatch dtype.
 
 Public for command plugins (the `hal.commands` entry-point group): `register(subparsers)`
-adds a command; `positive_int_argument` is the shared argparse type for counts.
+adds a command; `positive_int_argument` is the shared argparse type for counts; `lazy("module:name")`
+names a handler or argument type imported only when called (so that `hal --help` does not import torch).
 """
 
-from hal.cli.app import main, positive_int_argument
+from hal.cli.app import lazy, main, positive_int_argument
 
-__all__ = ["main", "positive_int_argument"]
+__all__ = ["lazy", "main", "positive_int_argument"]

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import NoReturn
 
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
-from hal.cli import commands
+from hal.activations import ActivationKind
+from hal.cli.names import DISPATCH_DTYPE_NAMES, SCHEME_NAMES
 from hal.entry_points import guarded, load_plugins
-from hal.activations import Activation, ActivationKind
-from hal.dtypes import DispatchDtype
 from hal.errors import HalError, InvalidInput
-from hal.schemes import KNOWN_SCHEMES, parse_scheme
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: Entry-point group where upper layers (conformance, bench) register extra commands.
 COMMAND_GROUP = "hal.commands"
@@ -31,10 +33,25 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _converter(parse, what: str):  # type: ignore[no-untyped-def]
+def lazy(target: str) -> Callable[..., Any]:
+    """A callable that imports `"module:name"` when first called and calls it: command handlers and
+    argument types that need torch are named this way, so that `hal --help` does not import it."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        module, _, path = target.partition(":")
+        found: Any = importlib.import_module(module)
+        for name in path.split("."):
+            found = getattr(found, name)
+        return found(*args, **kwargs)
+
+    call.__name__ = target.rpartition(":")[2]
+    return call
+
+
+def _converter(parse: str, what: str):  # type: ignore[no-untyped-def]
     def convert(value: str):  # type: ignore[no-untyped-def]
         try:
-            return parse(value)
+            return lazy(parse)(value)
         except InvalidInput as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -78,36 +95,35 @@ def build_parser() -> OneLineParser:
         return p
 
     vendors = command("vendors", "list every discovered vendor: available, or why not")
-    vendors.set_defaults(handler=commands.vendors)
+    vendors.set_defaults(handler=lazy("hal.cli.commands:vendors"))
 
     caps = command("caps", "show a vendor's capability table")
     caps.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
     caps.add_argument("--device-model", help="show the declared table of a named device model (e.g. H100, A3)")
-    caps.set_defaults(handler=commands.caps)
+    caps.set_defaults(handler=lazy("hal.cli.commands:caps"))
 
     explain = command("explain", "trace how the dispatch dtype is resolved")
     explain.add_argument("--vendor", help="vendor name (default: HAL_VENDOR, then the highest-priority available)")
     explain.add_argument("--device-model", help="plan for a named device model's declared table")
     explain.add_argument(
         "--scheme",
-        type=_converter(parse_scheme, "scheme"),
-        help=f"quant scheme: {', '.join(KNOWN_SCHEMES)}; fp16 / fp32: unquantized over weights of that dtype",
+        type=_converter("hal.schemes:parse_scheme", "scheme"),
+        help=f"quant scheme: {', '.join(SCHEME_NAMES)}; fp16 / fp32: unquantized over weights of that dtype",
     )
     explain.add_argument(
         "--model-dtype",
-        type=_converter(DispatchDtype.parse, "dispatch dtype"),
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
         help="the model's float dtype (bf16, fp16, fp32): an unquantized model asks to dispatch "
         "in it (--scheme defaults to unquantized)",
     )
     explain.add_argument(
         "--dispatch-dtype",
-        type=_converter(DispatchDtype.parse, "dispatch dtype"),
-        default=DispatchDtype.AUTO,
-        help=f"requested dtype: {', '.join(DispatchDtype.names())}",
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
+        help=f"requested dtype (default auto): {', '.join(DISPATCH_DTYPE_NAMES)}",
     )
     explain.add_argument(
         "--runner-dtype",
-        type=_converter(DispatchDtype.parse, "dispatch dtype"),
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
         help="dtype the expert runner requires, if any",
     )
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")
@@ -118,7 +134,7 @@ def build_parser() -> OneLineParser:
     )
     explain.add_argument(
         "--activation",
-        type=_converter(Activation.parse, "activation"),
+        type=_converter("hal.activations:Activation.parse", "activation"),
         help=f"the experts' activation (default silu-glu): {', '.join(k.value for k in ActivationKind)}",
     )
     layer = explain.add_argument_group("layer settings (checked where given)")
@@ -131,7 +147,7 @@ def build_parser() -> OneLineParser:
     ):
         layer.add_argument(flag, type=positive_int_argument, help=what)
     layer.add_argument("--bias", action="store_true", help="the experts have biases")
-    explain.set_defaults(handler=commands.explain)
+    explain.set_defaults(handler=lazy("hal.cli.commands:explain"))
 
     _load_command_plugins(sub)
     return parser
@@ -150,6 +166,8 @@ def _load_command_plugins(sub: argparse._SubParsersAction) -> None:
 
 def make_console() -> Console:
     """A console for tables: a fixed, roomy width when the output is not a terminal."""
+    from rich.console import Console
+
     return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
@@ -159,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
+        sys.stderr.write("hal: error: a command is required\n")
         return 2
     try:
         return int(args.handler(args, make_console()))

@@ -264,7 +264,7 @@ def explain(args: argparse.Namespace, console: Console) -> int:
                 target.vendor,
                 args.hidden,
                 choice,
-                config=DispatchConfig(dtype=args.dispatch_dtype),
+                config=DispatchConfig(dtype=args.dispatch_dtype or "auto"),
                 runner_dtype=args.runner_dtype,
                 capabilities=target.capabilities,
             )

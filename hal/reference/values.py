@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from hal.dtypes import E2M1_VALUES, FP8_GROUP_SIZE, INT4_PER_WORD, NVFP4_BLOCK_SIZE, Codec, ScaleLayout
+from hal.dtypes import (
+    E2M1_VALUES,
+    E8M0_BIAS,
+    E8M0_NAN,
+    FP8_GROUP_SIZE,
+    INT4_PER_WORD,
+    MXFP4_BLOCK_SIZE,
+    NVFP4_BLOCK_SIZE,
+    Codec,
+    ScaleLayout,
+)
 from hal.errors import invalid
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 
@@ -55,11 +65,16 @@ def activation_value(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> to
 
 
 def weight_value(weight: QuantizedWeight) -> torch.Tensor:
-    """The float64 value of expert weights `[E, K, N]` (nvfp4: a global scale per expert or per channel)."""
+    """The float64 value of expert weights `[E, K, N]` (nvfp4: a global scale per expert or per channel;
+    mxfp4: e8m0 bytes, NaN (255) where the byte is 255)."""
     if not isinstance(weight, QuantizedWeight):
         raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
     if weight.layout is ScaleLayout.NONE:
         return weight.data.cpu().double()
+    if weight.layout is ScaleLayout.BLOCK_32:
+        byte = weight.scale.cpu().to(torch.int64)  # type: ignore[union-attr]
+        power = torch.where(byte == E8M0_NAN, torch.nan, 2.0 ** (byte - E8M0_BIAS).double())
+        return decode_e2m1(weight.data, 1) * power.repeat_interleave(MXFP4_BLOCK_SIZE, 1)
     scale = weight.scale.cpu().double()  # type: ignore[union-attr]
     if weight.layout is ScaleLayout.BLOCK_16:
         gs = weight.global_scale.cpu().double()  # type: ignore[union-attr]

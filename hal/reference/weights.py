@@ -4,7 +4,9 @@ none: a cast; per-channel: int8, fp8 or int4 (`torch.quint4x2`, packed eight per
 along N) with `scale[e, n] = max_k |w[e, k, n]| / qmax`; block-128x128: fp8 with one
 scale per (partial) 128x128 tile of each expert; block-16: nvfp4 (two e2m1 codes per
 byte along K) with an e4m3 scale per 16 k and n, under a per-expert fp32 global scale
-`448 * 6 / amax(|w[e]|)`. Zero channels, tiles and blocks get scale 0 and data 0.
+`448 * 6 / amax(|w[e]|)`; block-32: mxfp4 (two e2m1 codes per byte along K) with an e8m0 scale per
+32 k and n (`hal.reference.mxfp4`). Zero channels, tiles and blocks get scale 0 and data 0 (mxfp4: scale
+byte 0).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import math
 import torch
 
 from hal import checks
-from hal.dtypes import FP8_GROUP_SIZE, FP8_MAX, INT4_MAX, INT8_MAX, NVFP4_BLOCK_SIZE, ScaleLayout
+from hal.dtypes import FP8_GROUP_SIZE, FP8_MAX, INT4_MAX, INT8_MAX, MXFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout
 from hal.errors import invalid
 from hal.formats import QuantizedWeight
-from hal.reference import e2m1
+from hal.reference import e2m1, mxfp4
 from hal.reference.int4 import pack_int4, unpack_int4
 from hal.reference.quantize import refuse_non_finite, symmetric
 
@@ -41,6 +43,8 @@ def encode_weight(w: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | Non
     wf = w.to(torch.float32)
     if parsed is ScaleLayout.BLOCK_16:
         return _nvfp4(wf)
+    if parsed is ScaleLayout.BLOCK_32:
+        return _mxfp4(wf)
     target = dtype or (torch.int8 if parsed is ScaleLayout.PER_CHANNEL else torch.float8_e4m3fn)
     qmax = _QMAX[target]
     if parsed is ScaleLayout.PER_CHANNEL:
@@ -57,7 +61,7 @@ def encode_weight(w: torch.Tensor, layout: ScaleLayout, dtype: torch.dtype | Non
 
 def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     """Invert `quantize_weight`: fp32 `[E, K, N]` (`data * scale`; nvfp4: `e2m1 * scale / global_scale[e]`,
-    or `/ global_scale[e, n]` for a per-channel global scale)."""
+    or `/ global_scale[e, n]` for a per-channel global scale; mxfp4: `e2m1 * 2**(scale - 127)`)."""
     if not isinstance(weight, QuantizedWeight):
         raise invalid("weight", "a QuantizedWeight", type(weight).__name__)
     if weight.layout is ScaleLayout.NONE:
@@ -69,6 +73,8 @@ def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     if weight.layout is ScaleLayout.BLOCK_128X128:
         _, k, n = weight.data.shape
         return weight.data.to(torch.float32) * expand_tiles(scale, k, n)
+    if weight.layout is ScaleLayout.BLOCK_32:
+        return mxfp4.decode_blocks(weight.data, weight.scale, dim=1)  # type: ignore[arg-type]
     values = e2m1.decode(weight.data, dim=1)  # [E, K, N]
     gs = weight.global_scale.to(torch.float32)  # type: ignore[union-attr]
     gs = gs.unsqueeze(1) if gs.dim() == 2 else gs.reshape(-1, 1, 1)  # per channel [E, 1, N] or per expert
@@ -99,4 +105,14 @@ def _nvfp4(w: torch.Tensor) -> QuantizedWeight:
     packed, scale = e2m1.encode_blocks(w.transpose(1, 2), gs.reshape(e, 1, 1))
     return QuantizedWeight(
         packed.transpose(1, 2).contiguous(), ScaleLayout.BLOCK_16, scale.transpose(1, 2).contiguous(), gs
+    )
+
+
+def _mxfp4(w: torch.Tensor) -> QuantizedWeight:
+    """mxfp4 weights `[E, K, N]`: blocks of 32 along K, e8m0 scales."""
+    if w.shape[1] % MXFP4_BLOCK_SIZE:
+        raise invalid("weight", f"K a multiple of {MXFP4_BLOCK_SIZE} for block-32 (mxfp4) weights", tuple(w.shape))
+    packed, scale = mxfp4.encode_blocks(w.transpose(1, 2))  # blocks and packing along the last dimension
+    return QuantizedWeight(
+        packed.transpose(1, 2).contiguous(), ScaleLayout.BLOCK_32, scale.transpose(1, 2).contiguous()
     )

@@ -15,8 +15,12 @@ activation), the down projection giving `w2` `[E, I, H]`. Scales follow, by form
 - nvfp4
   - `w13.scale` / `w2.scale`: each e4m3 `weight_scale` transposed: `[E, K/16, N]`
   - global scale: `1 / weight_scale_2`: fp32 `[E]`, or `[E, 2I]` where gate and up differ
+- mxfp4
+  - data: each `blocks` tensor (viewed `[N, K/2]`) transposed: `[E, K/2, N]`
+  - `w13.scale` / `w2.scale`: each e8m0 `scales` tensor transposed: `[E, K/32, N]` uint8
+  - global scale: none
 
-The nvfp4 bytes need no change: ModelOpt packs two e2m1 codes per byte along K with the
+The nvfp4 and mxfp4 bytes need no change: ModelOpt packs two e2m1 codes per byte along K with the
 even k in the low nibble, which is hal's layout once transposed. Only the reciprocal of
 `weight_scale_2` is computed (in float64, rounded once to fp32). Biases are widened to fp32;
 under tensor parallelism the down projection's bias is rank 0's (zeros on the other ranks).
@@ -75,7 +79,10 @@ def _weight(
     spec: FormatSpec, part: PartGetter, experts: int, projections: tuple[Projection, ...], device: torch.device | None
 ) -> QuantizedWeight:
     """One hal weight `[E, K, N]` from the projections concatenated along N."""
-    data = _transposed(part, experts, projections, TensorKind.WEIGHT, spec.storage, device)
+    data = _transposed(part, experts, projections, spec.data_kind, spec.storage, device)
+    if spec.layout is ScaleLayout.BLOCK_32:
+        scale = _transposed(part, experts, projections, TensorKind.SCALES, torch.uint8, device)
+        return QuantizedWeight(data, ScaleLayout.BLOCK_32, scale)
     if spec.layout is ScaleLayout.NONE:
         return QuantizedWeight(data, ScaleLayout.NONE)
     if spec.layout is ScaleLayout.PER_CHANNEL:

@@ -11,11 +11,7 @@ from moe.checkpoint.formats import FormatSpec, dtype_name
 from moe.checkpoint.names import Projection, TensorKind, unknown_expert_tensor
 
 #: Kinds no format reads, with what they would have meant (the reason given when one is refused).
-_MEANINGS = {
-    "zero_point": "asymmetric (zero-point) weights, which hal's formats do not represent",
-    "blocks": "MXFP4 weights, not supported yet",
-    "scales": "MXFP4 scales, not supported yet",
-}
+_MEANINGS = {"zero_point": "asymmetric (zero-point) weights, which hal's formats do not represent"}
 
 
 def check_tensor(name: str, t: torch.Tensor, shapes: list[tuple[int, ...]], dtypes: tuple[torch.dtype, ...]) -> None:

@@ -22,6 +22,10 @@ A projection's weight is stored `[N, K]` (out, in), as `torch.nn.Linear` keeps i
   - `weight`: uint8 `[N, K/2]`
   - scales: `weight_scale` e4m3 `[N, K/16]`, `weight_scale_2` fp32 `[]`, `input_scale` fp32 `[]`
   - hal weights built: block-16
+- `mxfp4` (gpt-oss)
+  - `blocks`: uint8 `[N, K/32, 16]`, two e2m1 codes per byte along K (the even k in the low nibble)
+  - `scales`: uint8 `[N, K/32]`, e8m0 biased exponents (`2**(s - 127)`)
+  - hal weights built: block-32
 
 Scales may also come in bf16 or fp16 (widened to fp32, exactly). Every format takes an
 optional fp32/bf16/fp16 `bias` `[N]` per projection.
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hal import FLOAT_DTYPES, FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout, invalid
+from hal import FLOAT_DTYPES, FP8_GROUP_SIZE, MXFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE, ScaleLayout, invalid
 from moe.checkpoint.names import TensorKind
 
 
@@ -50,6 +54,7 @@ class CheckpointFormat(str, enum.Enum):
     FP8 = "fp8"  #: e4m3 with a per-tensor or per-channel `weight_scale`, optional static `input_scale`
     INT8 = "int8"  #: W8A8-INT8: int8 with a per-channel `weight_scale`, dynamic per-token activations
     NVFP4 = "nvfp4"  #: NVIDIA ModelOpt NVFP4
+    MXFP4 = "mxfp4"  #: OCP MXFP4 as gpt-oss stores it (`*_blocks`, `*_scales`)
 
     def __str__(self) -> str:
         return self.value
@@ -98,8 +103,8 @@ class TensorRule:
 class FormatSpec:
     """One checkpoint format: weight storage, the tensor kinds it has, the hal weights it becomes.
 
-    `scales` describes every tensor kind beside the weight and the bias (shapes and dtypes per
-    projection): with `required` and `optional`, the whole of what the loader understands of the
+    `scales` describes every tensor kind beside the `weight` and the bias (mxfp4's `blocks` included; shapes
+    and dtypes per projection): with `required` and `optional`, the whole of what the loader understands of the
     format; any other tensor of an expert is refused by name. A new format is one row of `FORMATS`.
     """
 
@@ -108,8 +113,18 @@ class FormatSpec:
     layout: ScaleLayout
     required: tuple[TensorKind, ...]
     optional: tuple[TensorKind, ...] = ()
-    values_per_byte: int = 1  #: weight values per stored element along K (nvfp4: two)
+    values_per_byte: int = 1  #: weight values per stored element along K (nvfp4, mxfp4: two)
     scales: Mapping[TensorKind, TensorRule] = field(default_factory=dict)
+
+    @property
+    def data_kind(self) -> TensorKind:
+        """The tensor kind holding the weights' values (`blocks` for mxfp4, else `weight`)."""
+        return TensorKind.BLOCKS if self.layout is ScaleLayout.BLOCK_32 else TensorKind.WEIGHT
+
+    @property
+    def block(self) -> int:
+        """Channels along K one block scale covers (0: no block scales along K)."""
+        return {ScaleLayout.BLOCK_16: NVFP4_BLOCK_SIZE, ScaleLayout.BLOCK_32: MXFP4_BLOCK_SIZE}.get(self.layout, 0)
 
     @property
     def quantized(self) -> bool:
@@ -129,12 +144,14 @@ class FormatSpec:
         return self.scales[kind]
 
 
-_W, _S, _INV, _S2, _IN = (
+_W, _S, _INV, _S2, _IN, _BLOCKS, _SCALES = (
     TensorKind.WEIGHT,
     TensorKind.WEIGHT_SCALE,
     TensorKind.WEIGHT_SCALE_INV,
     TensorKind.WEIGHT_SCALE_2,
     TensorKind.INPUT_SCALE,
+    TensorKind.BLOCKS,
+    TensorKind.SCALES,
 )
 #: Dtypes a scale may be stored in (all widen to fp32 exactly).
 SCALE_DTYPES = FLOAT_DTYPES
@@ -145,6 +162,9 @@ _ONE_VALUE = TensorRule(lambda n, k: list(SCALAR_SHAPES), SCALE_DTYPES)
 _PER_CHANNEL = TensorRule(lambda n, k: [*SCALAR_SHAPES, (n,), (n, 1)], SCALE_DTYPES)
 _BLOCK_128 = TensorRule(lambda n, k: [(math.ceil(n / FP8_GROUP_SIZE), math.ceil(k / FP8_GROUP_SIZE))], SCALE_DTYPES)
 _BLOCK_16 = TensorRule(lambda n, k: [(n, k // NVFP4_BLOCK_SIZE)], (torch.float8_e4m3fn,))
+#: mxfp4: e8m0 bytes, one per 32 values along K; its data `[N, K/32, 16]`, 32 codes of a block in 16 bytes.
+_BLOCK_32 = TensorRule(lambda n, k: [(n, k // MXFP4_BLOCK_SIZE)], (torch.uint8,))
+_MXFP4_BLOCKS = TensorRule(lambda n, k: [(n, k // MXFP4_BLOCK_SIZE, MXFP4_BLOCK_SIZE // 2)], (torch.uint8,))
 
 #: The checkpoint formats, one row each.
 FORMATS: dict[CheckpointFormat, FormatSpec] = {
@@ -177,6 +197,14 @@ FORMATS: dict[CheckpointFormat, FormatSpec] = {
             values_per_byte=2,
             scales={_S: _BLOCK_16, _S2: _ONE_VALUE, _IN: _ONE_VALUE},
         ),
+        FormatSpec(
+            CheckpointFormat.MXFP4,
+            torch.uint8,
+            ScaleLayout.BLOCK_32,
+            (_BLOCKS, _SCALES),
+            values_per_byte=2,
+            scales={_BLOCKS: _MXFP4_BLOCKS, _SCALES: _BLOCK_32},
+        ),
     )
 }
 
@@ -194,6 +222,8 @@ _ALIASES: dict[str, CheckpointFormat] = {
     "fp8-per-channel": CheckpointFormat.FP8,
     "w8a8-int8": CheckpointFormat.INT8,
     "modelopt-nvfp4": CheckpointFormat.NVFP4,
+    "gpt-oss-mxfp4": CheckpointFormat.MXFP4,
+    "w4a16-mxfp4": CheckpointFormat.MXFP4,
 }
 
 

@@ -28,7 +28,7 @@ from moe.checkpoint.names import (
     unknown_expert_tensor,
 )
 from moe.checkpoint.shard import shard, split_gate_up
-from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W8A8Fp8, W8A8Fp8Block, W8A8Int8
+from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W4A16MxFp4, W8A8Fp8, W8A8Fp8Block, W8A8Int8
 
 _FLOAT_SCHEMES = {
     CheckpointFormat.BF16: torch.bfloat16,
@@ -108,10 +108,13 @@ class ExpertCheckpointLoader:
                 "static_input_scale", f"None for a {self.format} checkpoint (only fp8 has a choice)", static_input_scale
             )
         self.static_input_scale = True if self.format is CheckpointFormat.NVFP4 else static_input_scale
-        if self.format is CheckpointFormat.NVFP4:
+        if self.spec.block:
+            block = self.spec.block
             for name, size in (("hidden_size", hidden_size), ("intermediate_size / tp_size", self.local_intermediate)):
-                if size % 16:
-                    raise invalid(name, "a multiple of 16 for nvfp4 (its block scales cover 16 channels)", size)
+                if size % block:
+                    raise invalid(
+                        name, f"a multiple of {block} for {self.format} (its block scales cover {block} channels)", size
+                    )
         self.prefix = None if prefix is None else normalize_prefix(prefix)
         self._style: NameStyle | None = None
         self._prefix = ""
@@ -253,6 +256,8 @@ class ExpertCheckpointLoader:
     ) -> None:
         """One expert's tensor `[N, K]` (shape checked): split (gate_up), sharded (TP), its values checked and
         staged if local; nothing is kept before the whole tensor passed (`_commit`)."""
+        if kind is TensorKind.BLOCKS:
+            t = t.reshape(t.shape[0], -1)  # [N, K/32, 16] -> [N, K/2]: the same bytes, a view
         if kind in _SCALAR_VALUED:
             value = float(t.reshape(()))
             if not 0 < value < float("inf"):
@@ -293,7 +298,7 @@ class ExpertCheckpointLoader:
                 self.local_intermediate,
                 self.intermediate_size,
             )
-            refuse_non_finite(name, local)
+            refuse_non_finite(name, local, e8m0=kind is TensorKind.SCALES)
             key = (expert - self.local_experts.start, p, kind)
             if key in self._sources or key in staged.parts:
                 raise InvalidInput(
@@ -371,6 +376,8 @@ class ExpertCheckpointLoader:
             return W8A8Fp8Block()
         if self.format is CheckpointFormat.INT8:
             return W8A8Int8()
+        if self.format is CheckpointFormat.MXFP4:
+            return W4A16MxFp4()
         if not self._uses_input_scales():
             return W8A8Fp8()
         self._require_complete(input_scales_only=True)

@@ -10,8 +10,8 @@ Three naming families are recognised, each under any module prefix (`model.layer
 
 A per-expert `gate_up_proj` (both projections in one tensor) is recognised too. The tensor
 kinds are `weight`, `bias`, `weight_scale`, `weight_scale_inv`, `weight_scale_2` and
-`input_scale` (after a dot per expert; after a dot or an underscore on fused tensors:
-`gate_up_proj_bias`). `shared_experts.*` / `shared_expert.*` are not routed experts and never match.
+`input_scale`, and mxfp4's `blocks` and `scales` (after a dot per expert; after a dot or an underscore
+on fused tensors: `gate_up_proj_bias`, `gate_up_proj_blocks`). `shared_experts.*` / `shared_expert.*` are not routed experts and never match.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class TensorKind(str, enum.Enum):
     WEIGHT_SCALE_INV = "weight_scale_inv"  #: fp8 128x128 block scales (DeepSeek-V3 naming)
     WEIGHT_SCALE_2 = "weight_scale_2"  #: nvfp4 per-tensor fp32 scale
     INPUT_SCALE = "input_scale"  #: static activation scale (fp8, nvfp4)
+    BLOCKS = "blocks"  #: mxfp4 e2m1 codes, `[N, K/32, 16]` bytes (gpt-oss `*_blocks`)
+    SCALES = "scales"  #: mxfp4 e8m0 block scales, `[N, K/32]` bytes (gpt-oss `*_scales`)
 
     def __str__(self) -> str:
         return self.value
@@ -147,7 +149,7 @@ def parse_expert_name(name: str, prefix: str | None = None) -> ExpertTensorName 
 
 def unknown_expert_tensor(name: str, prefix: str | None = None) -> tuple[str, str] | None:
     """`(prefix, kind)` of a tensor of an expert's projection whose kind is none of `TensorKind` (an int8
-    zero point, an AWQ `qweight`, MXFP4 `_blocks`): what no format understands. None for every other name,
+    zero point, an AWQ `qweight`, a GPTQ `g_idx`): what no format understands. None for every other name,
     recognised ones included (and names not under `prefix`, when given)."""
     if not isinstance(name, str) or parse_expert_name(name) is not None:
         return None

@@ -5,7 +5,8 @@ Tensors are in checkpoint orientation, `[N, K]` (out, in). The intermediate dime
 N of the gate and up projections (rows) and K of the down projection (columns); each rank
 keeps `[offset, offset + size)` of it. Scales follow their channels: per-channel scales
 and biases of gate/up by row, block scales by 128 rows or columns, nvfp4 block scales by
-16 columns; per-tensor scales are kept whole. Nothing is computed: every result is a view
+16 columns, mxfp4 block scales by 32 columns; per-tensor scales are kept whole. mxfp4 `blocks`
+arrive here as `[N, K/2]` bytes (the loader views `[N, K/32, 16]` so). Nothing is computed: every result is a view
 of the bytes given (the loader copies views of larger tensors so as not to keep the rest).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from hal import FP8_GROUP_SIZE, NVFP4_BLOCK_SIZE, InvalidInput, ScaleLayout
+from hal import FP8_GROUP_SIZE, InvalidInput
 from moe.checkpoint.formats import SCALAR_SHAPES, FormatSpec
 from moe.checkpoint.names import Projection, TensorKind
 
@@ -65,21 +66,21 @@ def shard(
     if size == full or is_per_tensor(kind, t):
         return t
     if projection is Projection.DOWN:
-        if kind in (TensorKind.BIAS, TensorKind.WEIGHT_SCALE) and spec.layout is not ScaleLayout.BLOCK_16:
+        if kind is TensorKind.BIAS or (kind is TensorKind.WEIGHT_SCALE and not spec.block):
             return t  # per output channel (H): the same on every rank
-        if kind is TensorKind.WEIGHT:
+        if kind in (TensorKind.WEIGHT, TensorKind.BLOCKS):
             step = spec.values_per_byte
             return t[:, offset // step : (offset + size) // step]
         return t[:, _blocks(name, kind, spec, offset, size, full)]
     if kind is TensorKind.WEIGHT_SCALE_INV:
         return t[_blocks(name, kind, spec, offset, size, full)]
-    return t[offset : offset + size]  # gate/up rows: weights, biases, per-channel and nvfp4 block scales
+    return t[offset : offset + size]  # gate/up rows: weights, biases, per-channel and nvfp4/mxfp4 block scales
 
 
 def _blocks(name: str, kind: TensorKind, spec: FormatSpec, offset: int, size: int, full: int) -> slice:
     """The block indices of channels `[offset, offset + size)`; refused unless the shard starts and
     ends on a block boundary (or at the end of the dimension)."""
-    block = FP8_GROUP_SIZE if kind is TensorKind.WEIGHT_SCALE_INV else NVFP4_BLOCK_SIZE
+    block = FP8_GROUP_SIZE if kind is TensorKind.WEIGHT_SCALE_INV else spec.block
     end = offset + size
     if offset % block or (end % block and end != full):
         raise InvalidInput(

@@ -8,7 +8,8 @@ all-to-all returns one partial sum per (token, rank) (`moe.dispatch.tokens`). Co
 never depend on the routing, nothing waits on the host, so a forward can be captured in a CUDA
 graph where the backend allows it. The communication buffers are allocated once per dispatcher
 (two sets, so two micro-batches can be in flight) and sized from the plan; a capacity whose
-buffers could never fit the vendor's device memory raises `InvalidInput` at construction.
+buffers could never fit the vendor's device memory (`hal.MAX_DEVICE_MEMORY_BYTES` where the vendor does not state
+it) raises `InvalidInput` at construction.
 
 The experts get every rank's slots as received tokens and, sorted by local expert, the row of
 each (token, local expert) pair (`DispatchOutput.row_index`, `capacity * ranks * k` entries, the
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hal import DispatchPlan, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
+from hal import MAX_DEVICE_MEMORY_BYTES, DispatchPlan, InvalidInput, QuantizedTensor, Vendor, invalid, positive_int
 from hal.reference import ReceivedTokens
 from moe.dispatch.base import DispatchFormat, DispatchOutput, Dispatcher, Pending, padded_counts
 from moe.dispatch.tokens import Constants, all_to_all, partial_sums, receive, sum_partials
@@ -136,15 +137,19 @@ class LowLatencyDispatcher(Dispatcher):
 
     def _check_fits(self) -> None:
         """Refuse a capacity whose buffers alone exceed the device's memory (as the vendor states it;
-        an unknown size refuses nothing): better now than a huge allocation at the first forward."""
+        unknown: `hal.MAX_DEVICE_MEMORY_BYTES`): better now than a huge allocation at the first forward."""
         vendor = self.vendor
         memory = None if vendor is None else vendor.device_memory_bytes()
-        if vendor is None or memory is None or self.memory_bytes <= memory:
+        if memory is None:
+            memory, whose = MAX_DEVICE_MEMORY_BYTES, "hal.MAX_DEVICE_MEMORY_BYTES (the device memory is not stated)"
+        else:
+            whose = f"the device memory of vendor {vendor.name!r}"  # type: ignore[union-attr]
+        if self.memory_bytes <= memory:
             return
         fits = memory * self.capacity // self.memory_bytes
         raise invalid(
             "max_dispatch_tokens_per_rank",
-            f"a capacity whose buffers fit the device memory of vendor {vendor.name!r} "
+            f"a capacity whose buffers fit {whose} "
             f"({memory / 2**30:.1f} GiB; {self.memory_bytes // self.capacity} bytes per token of capacity: "
             f"at most {fits} tokens)",
             self.capacity,

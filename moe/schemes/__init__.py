@@ -12,10 +12,12 @@ from moe.schemes.w4a4_int4 import W4A4Int4
 from moe.schemes.w8a8_fp8 import W8A8Fp8
 from moe.schemes.w8a8_fp8_block import W8A8Fp8Block
 from moe.schemes.w8a8_int8 import W8A8Int8
+from moe.schemes.weight_only import W4A16MxFp4, W4A16NvFp4
 
 #: Every scheme class, by the name `hal` knows it under (`hal.KNOWN_SCHEMES`).
 SCHEMES: dict[str, type[QuantScheme]] = {
-    cls.traits.name: cls for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W8A8Fp8, W4A4Int4, NvFp4)
+    cls.traits.name: cls
+    for cls in (Unquantized, W8A8Int8, W8A8Fp8Block, W8A8Fp8, W4A4Int4, NvFp4, W4A16MxFp4, W4A16NvFp4)
 }
 
 
@@ -55,6 +57,8 @@ __all__ = [
     "nvfp4_global_scale",
     "Unquantized",
     "W4A4Int4",
+    "W4A16MxFp4",
+    "W4A16NvFp4",
     "W8A8Fp8",
     "W8A8Fp8Block",
     "W8A8Int8",

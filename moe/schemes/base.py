@@ -232,4 +232,20 @@ def check_float_weights(w13: torch.Tensor, w2: torch.Tensor, *, gated: bool = Tr
     i = width // 2 if gated else width
     if (gated and width % 2) or tuple(w2.shape) != (e, i, h):
         want = "w13 [E, H, 2I] (gate then up) and w2 [E, I, H]" if gated else "w13 [E, H, I] and w2 [E, I, H]"
-        raise invalid("w13, w2", want, f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)}")
+        found = f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)}"
+        if _linear_layout(w13, w2, gated):
+            found += (
+                ": the nn.Linear layout ([out_features, in_features] per expert); pass w13.transpose(1, 2) and "
+                "w2.transpose(1, 2)"
+            )
+        raise invalid("w13, w2", want, found)
+
+
+def _linear_layout(w13: torch.Tensor, w2: torch.Tensor, gated: bool) -> bool:
+    """Whether gated `w13`, `w2` are the `nn.Linear` layout of the experts (`[E, 2I, H]` and `[E, H, I]`).
+
+    Not gated, the transposed pair `[E, I, H]`, `[E, H, I]` is itself a valid pair with H and I swapped, so
+    it cannot be recognised: such a layer's `hidden_size` is the experts' intermediate size, and its first
+    forward refuses the model's hidden states (docs/layer.md says to transpose)."""
+    e, n, h = w13.shape
+    return gated and n % 2 == 0 and tuple(w2.shape) == (e, h, n // 2)

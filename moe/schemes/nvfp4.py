@@ -6,15 +6,13 @@ import dataclasses
 
 import torch
 
-from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, Activation, GemmKind, Vendor, invalid
+from hal import FP4_MAX, FP8_MAX, KNOWN_SCHEMES, Activation, GemmKind, Vendor, positive_fp32
 from moe.schemes.base import ExpertWeights, QuantScheme
 
 
 def nvfp4_global_scale(amax: float) -> float:
     """The global scale a calibration maximum `amax` calls for: `448 * 6 / amax`."""
-    if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not 0 < amax < float("inf"):
-        raise invalid("amax", "a finite positive number", amax)
-    return FP8_MAX * FP4_MAX / float(amax)
+    return positive_fp32("global scale 448 * 6 / amax", FP8_MAX * FP4_MAX / positive_fp32("amax", amax))
 
 
 class NvFp4(QuantScheme):
@@ -35,8 +33,7 @@ class NvFp4(QuantScheme):
             ("input_global_scale", input_global_scale),
             ("intermediate_global_scale", intermediate_global_scale),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise invalid(name, "a finite positive number", value)
+            positive_fp32(name, value)
         self.input_global_scale = float(input_global_scale)
         self.intermediate_global_scale = float(intermediate_global_scale)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hal import FP8_MAX, KNOWN_SCHEMES, DispatchDtype, DispatchPlan, GemmKind, QuantizedTensor, ScaleLayout, Vendor
-from hal import invalid
+from hal import positive_fp32
 from moe.schemes.base import ExpertWeights, GemmOperand, QuantScheme, Quantizer
 
 
@@ -36,10 +36,8 @@ class W8A8Fp8(QuantScheme):
 
     def __init__(self, input_scale: float | None = None, intermediate_scale: float | None = None) -> None:
         for name, value in (("input_scale", input_scale), ("intermediate_scale", intermediate_scale)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf")
-            ):
-                raise invalid(name, "None or a finite positive number", value)
+            if value is not None:
+                positive_fp32(name, value, "None or a finite positive number")
         self.input_scale = None if input_scale is None else float(input_scale)
         self.intermediate_scale = None if intermediate_scale is None else float(intermediate_scale)
 

@@ -179,7 +179,7 @@ def test_nvfp4_dimensions_must_be_whole_blocks_and_formats_are_named():
     with pytest.raises(InvalidInput, match=r"intermediate_size / tp_size: expected a multiple of 16"):
         ExpertCheckpointLoader("nvfp4", 2, 32, 32, tp_size=4)
     with pytest.raises(InvalidInput, match="format: expected one of bf16, fp16, fp32, fp8-block128"):
-        ExpertCheckpointLoader("mxfp4", 2, 32, 32)
+        ExpertCheckpointLoader("gptq-int4", 2, 32, 32)
 
 
 def test_load_safetensors_reports_a_bad_tensor_by_name(tmp_path):

@@ -72,11 +72,26 @@ def test_names_parse(name):
         "model.layers.3.mlp.experts.7.gate_proj.weight_zero_point",
         "model.layers.3.mlp.experts.x.gate_proj.weight",
         "model.layers.3.self_attn.q_proj.weight",
-        "model.layers.0.mlp.experts.gate_up_proj_blocks",  # gpt-oss MXFP4: not read
+        "model.layers.0.mlp.router.weight",  # gpt-oss's router
     ],
 )
 def test_other_tensors_are_not_expert_tensors(name):
     assert parse_expert_name(name) is None
+
+
+@pytest.mark.parametrize(
+    "name, projection, kind",
+    [
+        ("model.layers.0.mlp.experts.gate_up_proj_blocks", Projection.GATE_UP, TensorKind.BLOCKS),
+        ("model.layers.0.mlp.experts.gate_up_proj_scales", Projection.GATE_UP, TensorKind.SCALES),
+        ("model.layers.0.mlp.experts.down_proj_blocks", Projection.DOWN, TensorKind.BLOCKS),
+        ("model.layers.0.mlp.experts.down_proj_bias", Projection.DOWN, TensorKind.BIAS),
+    ],
+)
+def test_gpt_oss_mxfp4_names_are_fused_expert_tensors(name, projection, kind):
+    parsed = parse_expert_name(name, "model.layers.0.mlp")
+    assert parsed is not None and parsed.fused and (parsed.projection, parsed.kind) == (projection, kind)
+    assert expert_tensor_name("model.layers.0.mlp", None, projection, kind) == name
 
 
 def test_the_layer_prefix_filters_exactly():

@@ -1,5 +1,5 @@
 """Checkpoint tensors are checked as they arrive: inf / NaN in a weight or any scale, and tensors of an
-expert no format understands (int8 zero points, MXFP4 blocks), are refused by name; a refused tensor
+expert no format understands (int8 zero points, GPTQ zeros), are refused by name; a refused tensor
 leaves the loader as it was, so the checkpoint can be fixed and fed again."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_a_per_expert_gate_up_with_a_bad_up_half_keeps_neither_half():
     ("fmt", "name"),
     [
         ("int8", f"{P}.experts.1.up_proj.weight_zero_point"),
-        ("bf16", f"{P}.experts.gate_up_proj_blocks"),
+        ("bf16", f"{P}.experts.gate_up_proj_qzeros"),
         ("fp8", f"{P}.experts.0.w1.qweight"),
     ],
 )
@@ -141,3 +141,61 @@ def test_a_checkpoint_refused_at_load_never_reaches_the_layer(vendor):
     with pytest.raises(InvalidInput, match=re.escape(f"1 missing: {name}")):
         layer.load_expert_weights(fresh.build())
     before.unchanged(layer)
+
+
+def _mxfp4(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A gpt-oss MXFP4 layer: fused `*_blocks` [E, N, K/32, 16] and e8m0 `*_scales` [E, N, K/32] bytes."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for proj, (n, k) in (("gate_up_proj", (2 * I, H)), ("down_proj", (H, I))):
+        tensors[f"{P}.experts.{proj}_blocks"] = torch.randint(0, 256, (E, n, k // 32, 16), generator=gen).byte()
+        tensors[f"{P}.experts.{proj}_scales"] = torch.randint(118, 130, (E, n, k // 32), generator=gen).byte()
+    return tensors
+
+
+def _mxfp4_loader(**kwargs) -> ExpertCheckpointLoader:
+    return ExpertCheckpointLoader("mxfp4", E, H, I, activation="swiglu-oai", gate_up_interleaved=True, **kwargs)
+
+
+@pytest.mark.parametrize("proj", ["gate_up_proj", "down_proj"])
+def test_an_mxfp4_scale_byte_255_is_refused_by_name_and_the_checkpoint_can_be_fed_again(proj):
+    tensors = _mxfp4()
+    name = f"{P}.experts.{proj}_scales"
+    bad = tensors[name].clone()
+    bad[E - 1, 5, 1] = 255  # e8m0's NaN
+    loader = _mxfp4_loader()
+    for key, t in tensors.items():
+        if key != name:
+            assert loader.add(key, t)
+    with pytest.raises(InvalidInput, match=re.escape(name) + r": expected finite values, got 1 non-finite"):
+        loader.add(name, bad)
+    assert loader.missing()  # nothing of the refused tensor was kept, for any expert
+    assert loader.add(name, tensors[name])
+    whole = _mxfp4_loader()
+    for key, t in tensors.items():
+        whole.add(key, t)
+    assert all(same(getattr(a, f), getattr(b, f)) for a, b in _weights(loader, whole) for f in ("data", "scale"))
+
+
+def _weights(*loaders: ExpertCheckpointLoader):
+    built = [loader.build() for loader in loaders]
+    return [(built[0].w13, built[1].w13), (built[0].w2, built[1].w2)]
+
+
+def test_mxfp4_tensors_of_a_wrong_shape_or_dtype_are_refused_by_name(tmp_path):
+    tensors = _mxfp4()
+    name = f"{P}.experts.down_proj_blocks"
+    for bad in (tensors[name][..., :8], tensors[name].reshape(E, H, -1), tensors[name].to(torch.int8)):
+        with pytest.raises(InvalidInput, match=re.escape(name) + r": expected uint8 of shape \[4, 128, 4, 16\]"):
+            _mxfp4_loader().add(name, bad)
+    save_file({**tensors, name: tensors[name][..., :8].contiguous()}, str(tmp_path / "m.safetensors"))
+    with pytest.raises(InvalidInput, match=re.escape(name)):
+        load_safetensors(tmp_path / "m.safetensors", P, _mxfp4_loader())
+
+
+def test_mxfp4_tensors_are_understood_and_refused_by_other_formats_as_not_theirs():
+    assert _mxfp4_loader().wants(f"{P}.experts.gate_up_proj_blocks")
+    with pytest.raises(InvalidInput, match=r"gate_up_proj_blocks: expected one of the bf16 tensors .*got 'blocks'"):
+        ExpertCheckpointLoader("bf16", E, H, I).add(
+            f"{P}.experts.gate_up_proj_blocks", _mxfp4()[f"{P}.experts.gate_up_proj_blocks"]
+        )

@@ -33,6 +33,9 @@ BAD_ARGUMENTS = {
     "bench model": ("bench", "--vendor", "cpu", "--model", "gpt-5"),
     "doctor seed": ("doctor", "--seed", str(10**23)),
     "no command": (),
+    "unknown vendor to conformance": ("conformance", "--vendor", "nope"),
+    "unknown vendor to doctor": ("doctor", "--vendor", "nope"),
+    "petabytes of tokens": ("bench", "--tokens", str(10**12)),
 }
 
 
@@ -40,7 +43,8 @@ BAD_ARGUMENTS = {
 def test_bad_arguments_exit_2_with_one_line(case):
     done = _hal(*BAD_ARGUMENTS[case])
     assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
-    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "error:" in done.stderr and "Traceback" not in done.stderr
 
 
 REFUSED = {
@@ -109,3 +113,18 @@ def test_bench_table_leaves_out_columns_empty_in_every_row():
     console.print(table(results, "t"))
     header = console.export_text().splitlines()[1]
     assert "graph" not in header and "roof" not in header and "eager" in header
+
+
+def test_tune_refuses_a_vendor_with_nothing_to_tune_before_announcing_a_run(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "hal", "tune", "--vendor", "cpu", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "hal: error: vendor 'cpu' (cpu) has no kernel configurations to tune (its ops do not implement tune); "
+        "`hal caps` lists what it declares"
+    ]
+    assert not list(tmp_path.iterdir())  # no table written

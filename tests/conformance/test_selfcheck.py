@@ -47,7 +47,19 @@ def test_reference_vendor_passes_every_check(cpu):
 def test_broken_grouped_matmul_fails_exactly_the_gemm_checks():
     failed = {r.name for r in run_doctor(DropsLastGroup()) if not r.passed}
     assert failed == {
-        f"grouped_matmul {k}" for k in ("bf16", "fp16", "fp32", "int8", "fp8-rowwise", "fp8-block128", "int4", "nvfp4")
+        f"grouped_matmul {k}"
+        for k in (
+            "bf16",
+            "fp16",
+            "fp32",
+            "int8",
+            "fp8-rowwise",
+            "fp8-block128",
+            "int4",
+            "nvfp4",
+            "bf16-mxfp4",
+            "bf16-nvfp4",
+        )
     }
 
 

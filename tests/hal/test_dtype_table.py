@@ -145,7 +145,7 @@ def test_the_bf16_kind_also_takes_rows_as_they_were_dispatched():
 def test_consumers_of_each_dtype():
     assert gemm_kinds_consuming(DispatchDtype.FP8) == (GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128)
     assert gemm_kinds_consuming(DispatchDtype.INT8) == (GemmKind.INT8,)
-    assert gemm_kinds_consuming(DispatchDtype.BF16) == (GemmKind.BF16,)
+    assert gemm_kinds_consuming(DispatchDtype.BF16) == (GemmKind.BF16, GemmKind.BF16_MXFP4, GemmKind.BF16_NVFP4)
     assert all(GEMM_KINDS[k].default_out_dtype == torch.bfloat16 for k in GemmKind if not GEMM_KINDS[k].is_float)
 
 

@@ -269,3 +269,14 @@ def test_an_unknown_hidden_act_is_refused():
 def test_moe_does_not_import_the_integration_or_transformers():
     code = "import sys, moe; assert 'moe.integrations' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_a_compiled_model_traces_through_the_drop_in_without_graph_breaks(family, cpu):
+    model = build_model(family)
+    ids = _prompt()
+    moe_hf.replace_moe_blocks(model, vendor=cpu)
+    want = _logits(model, ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    assert torch.equal(_logits(compiled, ids), want)

@@ -83,10 +83,24 @@ def _hal_layer(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b"])
 def test_hal_layer_explains_model_presets_on_a_declared_table(model):
-    done = _hal_layer("--model", model, "--vendor", "cuda", "--device-model", "H100", "--json")
+    done = _hal_layer(
+        "--model", model, "--vendor", "cuda", "--device-model", "H100", "--json", "--scheme", "unquantized"
+    )
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert payload["buildable"] and payload["dispatcher"] and payload["runner"]
     assert payload["table"] == "declared for device model H100"
     refused = _hal_layer("--model", model, "--vendor", "ascend-emulated", "--scheme", "w4a4-int4")
     assert refused.returncode == 1 and "refused:" in refused.stdout
+
+
+def test_gpt_oss_preset_explains_its_mxfp4_checkpoint_weight_only():
+    done = _hal_layer("--model", "gpt-oss-20b", "--vendor", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["buildable"] and "w4a16-mxfp4" in json.dumps(payload)
+    text = _hal_layer("--model", "gpt-oss-20b", "--vendor", "cpu").stdout
+    assert "dispatch dtype: bf16" in text and "from scheme" in text
+    refused = _hal_layer("--model", "gpt-oss-20b", "--vendor", "ascend-emulated")
+    assert refused.returncode == 1 and "no weight-only mxfp4" not in refused.stdout  # A3 (the emulated SoC)
+    assert "bf16-mxfp4 grouped matmul" in refused.stdout and "no fp4 support" in refused.stdout

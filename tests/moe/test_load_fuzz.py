@@ -27,10 +27,11 @@ from tests.support.moe_reference import random_weights, reference_moe, relative_
 
 P = "model.layers.4.mlp"
 E, H, I, K, T = 4, 128, 128, 2, 12  # checkpoints (fp8-block128 splits gate and up on 128-row tiles)
-HS, IS = 64, 48  # state dicts
-#: (vendor, scheme) of the state-dict path; nvfp4 on the CPU vendor only (no nvfp4 on Atlas A2/A3)
+HS, IS = 64, 96  # state dicts (multiples of 32, mxfp4's block)
+#: (vendor, scheme) of the state-dict path; nvfp4 and the weight-only 4-bit schemes on the CPU vendor only (no
+#: fp4 on Atlas A2/A3)
 LAYERS = [(v, s) for v in ("cpu", "ascend-emulated") for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block")] + [
-    ("cpu", "nvfp4")
+    ("cpu", s) for s in ("nvfp4", "w4a16-mxfp4", "w4a16-nvfp4")
 ]
 QUICK = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 LONG = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))

@@ -14,7 +14,7 @@ import torch
 
 import moe
 from hal import InvalidInput
-from tests.support.load_checks import Before
+from tests.support.load_checks import Before, same
 from tests.support.moe_reference import random_weights
 
 E, H, I, K, IS = 8, 96, 40, 2, 24
@@ -185,3 +185,24 @@ def test_a_part_refused_by_a_submodule_rolls_back_the_parts_loaded_before_it(ven
     with pytest.raises(InvalidInput, match=r"shared_experts\.store\.w2_weight: expected a tensor with data"):
         layer.load_state_dict(dict(state, **{"shared_experts.store.w2_weight": no_data}))
     before.unchanged(layer)  # the routed experts, loaded before the shared ones were refused, are the old ones
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-mxfp4", "w4a16-nvfp4"])
+def test_weight_only_fp4_state_dicts_are_checked_against_their_stored_layout(scheme):
+    inter = 64  # a multiple of mxfp4's 32-value blocks
+    layer = _layer("cpu", scheme, inter=inter)
+    before = Before(layer)
+    other = _layer("cpu", scheme, seed=9, inter=inter).state_dict()
+    wrong = dict(other, **{"experts.w2_weight": other["experts.w2_weight"][:, :-1]})
+    with pytest.raises(InvalidInput, match=rf"experts\.w2_weight: expected uint8 of shape \[{E}, {inter // 2}, {H}\]"):
+        layer.load_state_dict(wrong)
+    scale = other["experts.w13_scale"].clone()
+    if scale.dtype == torch.uint8:  # mxfp4's e8m0 bytes: 255 is NaN
+        scale.view(-1)[7] = 255
+    else:
+        scale.view(torch.uint8).view(-1)[7] = 0x7F
+    with pytest.raises(InvalidInput, match=r"experts\.w13_scale: expected finite values"):
+        layer.load_state_dict(dict(other, **{"experts.w13_scale": scale}))
+    before.unchanged(layer)
+    layer.load_state_dict(other)
+    assert all(same(t, other[key]) for key, t in layer.state_dict().items())

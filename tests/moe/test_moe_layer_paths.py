@@ -170,5 +170,14 @@ def test_default_registry_covers_every_format_and_scheme():
     assert covered == {
         (f, s)
         for f in moe.DispatchFormat
-        for s in ("unquantized", "w8a8-int8", "w8a8-fp8-block", "w8a8-fp8", "w4a4-int4", "nvfp4")
+        for s in (
+            "unquantized",
+            "w8a8-int8",
+            "w8a8-fp8-block",
+            "w8a8-fp8",
+            "w4a4-int4",
+            "w4a16-mxfp4",
+            "w4a16-nvfp4",
+            "nvfp4",
+        )
     }

@@ -209,6 +209,18 @@ def test_compiled_layers_still_check_their_routing():
         compiled(x, logits)
 
 
+def test_the_layer_op_passes_torch_library_opcheck():
+    layer = _layer()
+    x, logits = _inputs()
+    r = layer.router(logits)
+    for args in ((x, logits, None, None, layer._handle), (x, None, r.topk_ids, r.topk_weights, layer._handle)):
+        torch.library.opcheck(
+            torch.ops.moe_hal.moe_forward.default,
+            args,
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+        )
+
+
 def test_a_deep_copy_is_a_layer_of_its_own_compiled_too():
     import copy
 

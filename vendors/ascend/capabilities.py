@@ -91,6 +91,7 @@ def _scheme_fallbacks(generation: str, fp8: bool) -> dict[str, SchemeFallback]:
     conversion is plain torch on the host (`moe.scheme_conversion`): it adds no torch_npu call, so the
     emulation's op schemas are unchanged."""
     fallbacks = {"nvfp4": SchemeFallback(None, f"Atlas {generation} has no fp4 support")}
+    fallbacks.update(_fp4_weight_only(generation, fp8))
     done = "the weights are dequantized and quantized again to int8 per output channel (npu_grouped_matmul int8 x int8)"
     if fp8:  # A5: fp8 per channel is computed, 128x128 blocks are not
         why = (
@@ -103,6 +104,30 @@ def _scheme_fallbacks(generation: str, fp8: bool) -> dict[str, SchemeFallback]:
     fallbacks["w8a8-fp8-block"] = SchemeFallback("w8a8-int8", why, INT8_FROM_FP8_BOUND)
     fallbacks["w8a8-fp8"] = SchemeFallback("w8a8-int8", why, INT8_FROM_FP8_BOUND)
     return fallbacks
+
+
+#: Where torch-npu 2.13.0 documents its MX (e8m0 block-32) formats, all with the activations quantized too.
+_A5_MX_SOURCES = (
+    "torch-npu 2.13.0 documents MX formats on Ascend 950 (A5) only with MX-quantized activations: "
+    "npu_quant_matmul and npu_alltoallv_quant_gmm take float4_e2m1fn_x2 weights with an e8m0 activation scale, "
+    "npu_moe_init_routing_v2's quant_mode 2/3 quantize the routed rows to MXFP8, npu_dynamic_mx_quant makes "
+    "MXFP4 activations; npu_grouped_matmul's weight-only (antiquant) table lists int8/int4 weights with "
+    "fp16/bf16 scales only (torch_npu/_op_plugin_docs.py, op_plugin/meta/_meta_registrations.py)"
+)
+
+
+def _fp4_weight_only(generation: str, fp8: bool) -> dict[str, SchemeFallback]:
+    """The weight-only 4-bit float schemes (mxfp4 / nvfp4 weights, bf16 activations): refused on every
+    generation, each with its reason; no npu_grouped_matmul form with bf16 x and e2m1 weights is documented."""
+    if fp8:  # A5: MX formats exist, but not weight-only
+        mx = f"Atlas {generation} has no weight-only mxfp4 grouped matmul: {_A5_MX_SOURCES}"
+        nv = f"Atlas {generation} has no nvfp4 (e4m3 block-16 scales) in any torch-npu op; {_A5_MX_SOURCES}"
+    else:
+        mx = nv = (
+            f"Atlas {generation} has no fp4 support: npu_grouped_matmul's weight-only (antiquant) form takes "
+            "int8/int4 weights with fp16/bf16 scales (torch-npu 2.8.0-2.13.0 docs)"
+        )
+    return {"w4a16-mxfp4": SchemeFallback(None, mx), "w4a16-nvfp4": SchemeFallback(None, nv)}
 
 
 #: The name of the MC2 expert-parallel dispatcher (`DispatchConfig(ep_dispatcher="mc2")`).

@@ -12,6 +12,10 @@ from vendors.cuda.deepep_limits import LOW_LATENCY_HIDDEN, LOW_LATENCY_MAX_TOP_K
 MAX_GROUPS = 1024
 
 _FLOAT_KINDS = frozenset({GemmKind.BF16, GemmKind.FP16, GemmKind.FP32})
+#: Weight-only 4-bit kinds (bf16 activations, e2m1 weights decoded inside the Triton grouped GEMM): mxfp4
+#: wherever bf16 runs, nvfp4 from sm89 (its e4m3 block scales are converted by the fp8 hardware).
+_WEIGHT_ONLY_KINDS = frozenset({GemmKind.BF16_MXFP4})
+_WEIGHT_ONLY_KINDS_SM89 = frozenset({GemmKind.BF16_MXFP4, GemmKind.BF16_NVFP4})
 #: Float dispatch dtypes every sm carries: a cast, then the Triton grouped GEMM of the same dtype
 #: (fp32 with IEEE products, no TF32), swiglu and combine in any float dtype.
 _FLOAT_DISPATCH = frozenset({DispatchDtype.BF16, DispatchDtype.FP16, DispatchDtype.FP32})
@@ -27,7 +31,7 @@ def cuda_capabilities(
     deepep: DeepEpProbe | None = None,
 ) -> Capabilities:
     """The capabilities of a CUDA device: bf16, fp16 and fp32 everywhere, fp8 from sm89, nvfp4 from
-    sm100; int8 falls back.
+    sm100; int8 falls back; bf16 x mxfp4 weights everywhere, bf16 x nvfp4 weights from sm89.
 
     `kernels`: Triton is installed (the grouped GEMM then limits a call to `MAX_GROUPS` groups).
     `deepep`: what the probe found of DeepEP (`vendors.cuda.deepep.probe_deep_ep`): the expert-parallel
@@ -47,7 +51,7 @@ def cuda_capabilities(
     if sm >= 89:
         dispatch = {*_FLOAT_DISPATCH, DispatchDtype.FP8}
         fallbacks = {DispatchDtype.INT8: DeclaredFallback(DispatchDtype.FP8, _INT8_REASON)}
-        kinds = _FLOAT_KINDS | {GemmKind.INT8, GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128}
+        kinds = _FLOAT_KINDS | _WEIGHT_ONLY_KINDS_SM89 | {GemmKind.INT8, GemmKind.FP8_ROWWISE, GemmKind.FP8_BLOCK128}
     else:
         dispatch = set(_FLOAT_DISPATCH)
         fallbacks = {
@@ -58,7 +62,7 @@ def cuda_capabilities(
                 DispatchDtype.BF16, f"sm{sm} has no fp8 tensor cores (fp8 needs sm89+); carried as bf16"
             ),
         }
-        kinds = _FLOAT_KINDS | {GemmKind.INT8}
+        kinds = _FLOAT_KINDS | _WEIGHT_ONLY_KINDS | {GemmKind.INT8}
     schemes = {} if sm >= 89 else _fp8_as_int8(sm)
     if sm >= 100:
         dispatch.add(DispatchDtype.NVFP4)
@@ -66,7 +70,11 @@ def cuda_capabilities(
         fallbacks[DispatchDtype.NVFP4] = DeclaredFallback(
             None, f"nvfp4 needs sm100+ (Blackwell); this device is sm{sm}"
         )
-        schemes["nvfp4"] = SchemeFallback(None, f"nvfp4 GEMMs need sm100+ (Blackwell); this device is sm{sm}")
+        schemes["nvfp4"] = SchemeFallback(
+            None,
+            f"nvfp4 GEMMs need sm100+ (Blackwell); this device is sm{sm}"
+            + ("; its weights run weight-only as w4a16-nvfp4 (bf16 activations)" if sm >= 89 else ""),
+        )
     ep = deepep_declaration(deepep, sm, kernels)
     return Capabilities(
         device_name=device_name,

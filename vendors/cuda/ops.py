@@ -26,7 +26,7 @@ Each op and its kernel:
 - weight quantization: the reference, then one-byte weights are stored K-major (each expert's
   `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions
   read
-- everything else (dequantize, int4, nvfp4): the torch reference (`hal.reference.ReferenceOps`)
+- bf16 x mxfp4 / nvfp4 weights: `weight_only.py`; the rest (dequantize, int4, nvfp4): `hal.reference.ReferenceOps`
 - expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine): DeepEP v1.2.1's
   buffers, normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep`
   imports)
@@ -69,6 +69,7 @@ from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
+from vendors.cuda.weight_only import WeightOnlyOps
 
 _TRITON_KINDS = {
     GemmKind.BF16,
@@ -95,7 +96,7 @@ GROUPED_MM_MIN_ROWS_PER_GROUP = 192
 ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
-class CudaOps(CountingOps, DeepEpOps, ReferenceOps):
+class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+);
     `dependent_launch`: launch the Triton kernels with programmatic dependent launch (sm90+,
     `kernels/dependent.py`)."""
@@ -108,7 +109,7 @@ class CudaOps(CountingOps, DeepEpOps, ReferenceOps):
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
         "fp8 128x128-block tiles fed by TMA (sm90+) where the table or built-in rule says so; "
         "tile configurations from the device's tuned table where it has the problem, else "
-        f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group)",
+        f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group); bf16 x fp4: weight_only.py",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
         "torch._grouped_mm and for other activations",
         "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "

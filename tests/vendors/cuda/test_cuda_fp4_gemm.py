@@ -1,0 +1,113 @@
+"""The weight-only 4-bit grouped GEMM (bf16 activations x MXFP4 / NVFP4 weights decoded in the kernel)
+against float64, on the GPU: K a multiple of 32 but not of 128, many experts, top-1 to top-8 routings,
+both tile families (decode and prefill), the SiLU-GLU epilogue and the read through the dispatch's index.
+
+The dequantized weights are exact in bf16 and x is bf16, so the only errors are the fp32 accumulation
+and the bf16 output's rounding (2**-9 relative)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.fp4_weights import grouped_reference, random_fp4
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _routing(tokens: int, top_k: int, experts: int, seed: int) -> tuple[torch.Tensor, list[int]]:
+    """The token of each row sorted by expert, and the rows per expert, of a random top-k routing."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    order = torch.argsort(ids.flatten(), stable=True)
+    counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
+    return (order // top_k).to(torch.int32), counts
+
+
+def _check(y: torch.Tensor, expected: torch.Tensor) -> None:
+    err = (y.double().cpu() - expected).abs()
+    scale = expected.abs().max().item()
+    assert err.max().item() <= 8e-3 * scale, (err.max().item(), scale)
+    assert torch.linalg.norm(err) <= 4e-3 * torch.linalg.norm(expected)
+
+
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, k, n", [(1, 1, 40, 2880, 360), (17, 4, 32, 2880, 200), (700, 8, 40, 96, 136)]
+)
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "silu-glu"])
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
+def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts, k, n, gated, asm):
+    """Rows gathered through the dispatch's index and rows already sorted give the float64 product."""
+    from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+
+    w = random_fp4(experts, k, 2 * n if gated else n, mx=mx, per_column_global=gated, device="cuda", seed=tokens)
+    index, counts = _routing(tokens, top_k, experts, seed=k)
+    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    expected = grouped_reference(x, w.values(), counts, gated=gated, row_index=index)
+    dev_counts = torch.tensor(counts, device="cuda", dtype=torch.int32)
+    xc, ic = x.cuda(), index.cuda()
+    common = {"mx": mx, "global_scale": w.global_scale, "gated": gated, "asm_decode": asm}
+    y = grouped_gemm_fp4(xc, w.data, w.scale, dev_counts, torch.bfloat16, row_index=ic, **common)
+    _check(y, expected)
+    y = grouped_gemm_fp4(xc[ic.long()], w.data, w.scale, dev_counts, torch.bfloat16, **common)
+    _check(y, expected)
+
+
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm):
+    """Every one of the 16 codes in both nibbles, MXFP4 scales from 2**-20 to 2**20 (e4m3 scales across
+    their range for NVFP4), a one-hot x picking single weights out: each output equals one weight exactly."""
+    from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+
+    k, n = 64, 256
+    w = random_fp4(1, k, n, mx=mx, device="cuda")
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 1, 256).expand(1, k // 2, n).contiguous()
+    blocks = k // (32 if mx else 16)
+    if mx:
+        scale = torch.arange(107, 148, dtype=torch.int32).repeat(30)[: blocks * n].reshape(1, blocks, n)
+        scale = scale.to(torch.uint8)
+    else:
+        scale = torch.linspace(2.0**-6, 448.0, blocks * n).reshape(1, blocks, n).to(torch.float8_e4m3fn)
+    w = type(w)(codes.cuda(), scale.cuda(), w.global_scale, mx)
+    x = torch.eye(k, dtype=torch.bfloat16)
+    expected = grouped_reference(x, w.values(), [k])
+    y = grouped_gemm_fp4(
+        x.cuda(),
+        w.data,
+        w.scale,
+        torch.tensor([k], device="cuda"),
+        torch.float32,
+        mx=mx,
+        global_scale=w.global_scale,
+        asm_decode=asm,
+    )
+    torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("layout, kind", [("block-32", "bf16-mxfp4"), ("block-16", "bf16-nvfp4")])
+@pytest.mark.parametrize("top_k, activation", [(1, "silu-glu"), (4, "swiglu-oai"), (8, "silu-glu")])
+def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, top_k, activation):
+    """Through the vendor: weights quantized on the device by the reference, the first projection with its
+    activation reading the dispatch's rows through the index (SiLU-GLU in the epilogue, swiglu-oai after)
+    and the second projection, each against float64 on the dequantized weights."""
+    from conformance.reference import activation as float64_activation
+    from hal import GemmKind, Groups
+    from hal.reference import weight_value
+    from vendors.cuda import CudaVendor
+
+    vendor = CudaVendor()
+    assert GemmKind(kind) in vendor.capabilities().grouped_matmul
+    experts, tokens, k, n = 24, 37, 2880, 416
+    gen = torch.Generator().manual_seed(top_k)
+    w1 = vendor.quantize_weight(torch.randn(experts, k, 2 * n, generator=gen).cuda() * 0.05, layout)
+    w2 = vendor.quantize_weight(torch.randn(experts, n, k, generator=gen).cuda() * 0.05, layout)
+    index, counts = _routing(tokens, top_k, experts, seed=top_k)
+    groups = Groups.from_counts(torch.tensor(counts, device="cuda"))
+    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+    h = vendor.grouped_matmul(x.cuda(), w1, groups, activation=activation, row_index=index.cuda())
+    product = grouped_reference(x, weight_value(w1), counts, row_index=index)
+    _check(h, float64_activation(product, activation)[0])
+    y = vendor.grouped_matmul(h, w2, groups)
+    _check(y, grouped_reference(h.cpu(), weight_value(w2), counts))

@@ -1,0 +1,344 @@
+"""A grouped GEMM of bf16 activations times 4-bit float weights, dequantized in the kernel (Triton).
+
+`y[rows of g] = x[rows of g] @ dequant(w[g])` for x `[M, K]` bf16 and packed weights `[E, K/2, N]`
+uint8 (two e2m1 codes along K, even k in the low nibble). The weights are decoded tile by tile in
+registers and never exist in full precision in memory: a call reads 4.25 (MXFP4) or 4.5 (NVFP4)
+bits per weight value.
+
+Formats (`MX`):
+- MXFP4 (`MX=True`): scale `[E, K/32, N]` uint8 e8m0 (a biased exponent: `2 ** (s - 127)`).
+- NVFP4 (`MX=False`): scale `[E, K/16, N]` float8_e4m3fn, and a global scale `[E]` or `[E, N]` fp32
+  that the dequantized value is divided by (applied once to the fp32 accumulators in the epilogue).
+
+A code times its block scale is exact in bf16 (2 mantissa bits times a power of two, or times an
+e4m3 scale's 4 bits), so the tensor cores multiply the exact dequantized weights, accumulating in
+fp32. Two decodes (`asm_decode`): inline PTX, four bytes at a time (a byte-permute table lookup per
+four codes, bf16x2 scaling; the default, 3-16 % less time per GEMM on an H100), or Triton operations on each
+value. Either way the decode, not the bytes read, bounds a decode-sized call: on an H100 it moves about
+0.75 TB/s of packed weights at 8 tokens of gpt-oss-20b's experts, a quarter of the copy roofline.
+
+Each K step loads the x columns of even and odd k apart (two strided loads of the same lines) and
+takes two products, one per nibble: the unpacked `[BLOCK_K, BLOCK_N]` tile is never interleaved.
+
+The scheduling (groups found on the device, grid orders), `GATED` (SiLU-GLU in the epilogue, w's
+columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `grouped_gemm.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+from vendors.cuda.kernels.grouped_gemm import MAX_GROUPS, TileConfig
+from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
+from vendors.cuda.kernels.schedule import program_tile
+
+#: Values along K that share a scale: MXFP4, NVFP4.
+MX_BLOCK, NV_BLOCK = 32, 16
+
+
+# The magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 of the e2m1 codes 0-7 as bf16 (0x0000, 0x3F00, 0x3F80, 0x3FC0,
+# 0x4000, 0x4040, 0x4080, 0x40C0): their low bytes in la:lb and high bytes in ha:hb, looked up by `prmt`
+# with the codes as byte selectors, four at a time. A code's sign (its bit 3) is the top bit of its byte
+# once shifted there, replicated into a byte by `prmt`'s sign mode and masked into the bf16's sign bit.
+# Four bytes in (`$4`: eight codes of four elements), four bf16 pairs out: `$0`/`$1` the low nibbles'
+# values of elements 0-1 / 2-3, `$2`/`$3` the high nibbles'. MX: times the e8m0 scales of `$5`, whose
+# bytes shifted into bf16 exponent fields are the scales exactly, by one bf16x2 multiply per pair.
+# The inputs are copied first: an output may share an input's register.
+_ASM_HEAD = """
+{
+.reg .b32 w, la, lb, ha, hb, sel, l8, h8, sg, t, m, s, z;
+mov.b32 w, $4;
+"""
+_E2M1_ASM = """
+mov.b32 la, 0xC0800000;
+mov.b32 lb, 0xC0804000;
+mov.b32 ha, 0x3F3F3F00;
+mov.b32 hb, 0x40404040;
+mov.b32 m, 0x80008000;
+and.b32 sel, w, 0x7777;
+prmt.b32 l8, la, lb, sel;
+prmt.b32 h8, ha, hb, sel;
+prmt.b32 $0, l8, h8, 0x6240;
+prmt.b32 $2, l8, h8, 0x7351;
+shr.b32 sel, w, 16;
+and.b32 sel, sel, 0x7777;
+prmt.b32 l8, la, lb, sel;
+prmt.b32 h8, ha, hb, sel;
+prmt.b32 $1, l8, h8, 0x6240;
+prmt.b32 $3, l8, h8, 0x7351;
+shl.b32 sg, w, 4;
+prmt.b32 t, sg, sg, 0x9080;
+lop3.b32 $0, $0, t, m, 0xF8;
+prmt.b32 t, sg, sg, 0xB0A0;
+lop3.b32 $1, $1, t, m, 0xF8;
+prmt.b32 t, w, w, 0x9080;
+lop3.b32 $2, $2, t, m, 0xF8;
+prmt.b32 t, w, w, 0xB0A0;
+lop3.b32 $3, $3, t, m, 0xF8;
+"""
+_E8M0_SCALE_ASM = """
+mov.b32 z, 0;
+prmt.b32 t, s, z, 0x4140;
+shl.b32 t, t, 7;
+fma.rn.bf16x2 $0, $0, t, m;
+fma.rn.bf16x2 $2, $2, t, m;
+prmt.b32 t, s, z, 0x4342;
+shl.b32 t, t, 7;
+fma.rn.bf16x2 $1, $1, t, m;
+fma.rn.bf16x2 $3, $3, t, m;
+"""
+
+
+# Kernels read module globals only as constexprs.
+_MX_ASM = tl.constexpr(_ASM_HEAD + "mov.b32 s, $5;" + _E2M1_ASM + _E8M0_SCALE_ASM + "}")
+_NV_ASM = tl.constexpr(_ASM_HEAD + _E2M1_ASM + "}")
+
+
+@triton.jit
+def _scale_f32(scale, MX: tl.constexpr):
+    """fp32 block scales of loaded scale bytes (e8m0 exponents, or e4m3)."""
+    if MX:
+        return (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return scale.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode_f16(codes, scale):
+    """bf16 values of 4-bit codes (int32, 0..15) times `2**-14` times their fp32 block scales: a code's
+    exponent and mantissa bits are an fp16's (subnormal for the smallest codes, which the conversion to
+    fp32 keeps exact); the `2**14` is applied to the accumulators."""
+    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
+    return (bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
+
+
+@triton.jit
+def _dequantize(packed, scale, MX: tl.constexpr, ASM: tl.constexpr):
+    """The bf16 values of the low and high nibbles of `packed` (uint8) times their block scales (`scale`,
+    bytes); through the Triton decode, times `2**-14` (see `_decode_f16`)."""
+    if ASM:
+        if MX:
+            lo, hi = tl.inline_asm_elementwise(
+                _MX_ASM, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+            )
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                _NV_ASM, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+            )
+            s = scale.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            lo = lo * s
+            hi = hi * s
+    else:
+        codes = packed.to(tl.int32)
+        s32 = _scale_f32(scale, MX)
+        lo = _decode_f16(codes & 15, s32)
+        hi = _decode_f16(codes >> 4, s32)
+    return lo, hi
+
+
+@triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
+def _grouped_gemm_fp4(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    gs_ptr,
+    y_ptr,
+    counts_ptr,
+    index_ptr,
+    M,
+    N,
+    K,
+    E,
+    M_BLOCKS,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_wse,
+    stride_wsk,
+    stride_wsn,
+    stride_gse,
+    stride_gsn,
+    stride_ym,
+    stride_yn,
+    MX: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HALF_K: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    ASM_DECODE: tl.constexpr,
+    N_FASTEST: tl.constexpr,
+    GATED: tl.constexpr,
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    wait_for_previous(PDL)
+    group, row0, group_end, pid_n = program_tile(
+        tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
+    )
+    if group >= E:
+        return
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < group_end
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    if GATHER:
+        src64 = tl.load(index_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+    else:
+        src64 = rows64
+    group64 = group.to(tl.int64)
+    x_rows = x_ptr + src64[:, None] * stride_xm
+    w_cols = w_ptr + group64 * stride_we + cols[None, :] * stride_wn
+    s_cols = ws_ptr + group64 * stride_wse + cols[None, :] * stride_wsn
+    up = N * stride_wn  # GATED: the up half's columns (N is the output width)
+    up_s = N * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    half_k = K // 2
+    for k0 in range(0, half_k, HALF_K):
+        kp = k0 + tl.arange(0, HALF_K)  # packed rows: k = 2 * kp (low nibble) and 2 * kp + 1 (high)
+        kp_ok = kp < half_k
+        a_mask = row_ok[:, None] & kp_ok[None, :]
+        a_lo = tl.load(x_rows + (2 * kp)[None, :] * stride_xk, mask=a_mask, other=0.0)
+        a_hi = tl.load(x_rows + (2 * kp + 1)[None, :] * stride_xk, mask=a_mask, other=0.0)
+        b_mask = kp_ok[:, None] & col_ok[None, :]
+        w_at = w_cols + kp[:, None] * stride_wk
+        s_at = s_cols + (kp // SCALE_ROWS)[:, None] * stride_wsk
+        w_lo, w_hi = _dequantize(
+            tl.load(w_at, mask=b_mask, other=0), tl.load(s_at, mask=b_mask, other=0), MX, ASM_DECODE
+        )
+        acc += tl.dot(a_lo, w_lo)
+        acc += tl.dot(a_hi, w_hi)
+        if GATED:
+            u_lo, u_hi = _dequantize(
+                tl.load(w_at + up, mask=b_mask, other=0), tl.load(s_at + up_s, mask=b_mask, other=0), MX, ASM_DECODE
+            )
+            acc_up += tl.dot(a_lo, u_lo)
+            acc_up += tl.dot(a_hi, u_hi)
+    release_next(PDL)
+    out = acc
+    if not ASM_DECODE:  # the Triton decode's 2**-14
+        out = out * 16384.0
+        acc_up = acc_up * 16384.0
+    if not MX:  # NVFP4's global scale divides each column (one number per expert, or per column)
+        gs = gs_ptr + group64 * stride_gse
+        out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[None, :]
+        if GATED:
+            acc_up = acc_up / tl.load(gs + (cols + N) * stride_gsn, mask=col_ok, other=1.0)[None, :]
+    if GATED:
+        out = out / (1.0 + tl.exp(-out)) * acc_up
+    y = y_ptr + rows64[:, None] * stride_ym + cols[None, :] * stride_yn
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def default_fp4_tiles(m: int, groups: int, gated: bool) -> TileConfig:
+    """The built-in tiles for a call of `m` rows over `groups` groups (H100 timings, gpt-oss-20b's experts,
+    1 to 4096 tokens). Few rows per group: the call streams the packed weights; narrow column blocks give
+    enough programs to keep every SM's loads in flight. From 64 rows per group (512 tokens at top-4 of 32)
+    large tiles decode each weight tile once for many rows."""
+    per_group = m / max(groups, 1)
+    if per_group <= 16:
+        return TileConfig(16, 32, 128, 4, 4) if gated else TileConfig(16, 64, 256, 4, 4)
+    return TileConfig(128, 128, 64, 8, 3) if gated else TileConfig(128, 256, 64, 8, 3)
+
+
+def grouped_gemm_fp4(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    counts: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    mx: bool,
+    global_scale: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+    gated: bool = False,
+    row_index: torch.Tensor | None = None,
+    pdl: bool = False,
+    asm_decode: bool = True,
+) -> torch.Tensor:
+    """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
+
+    `mx`: MXFP4 (`w_scale` uint8 `[E, K/32, N]`); else NVFP4 (`w_scale` e4m3 `[E, K/16, N]`, `global_scale`
+    fp32 `[E]` or `[E, N]`). `gated`, `row_index`, `config`, `pdl`: as `grouped_gemm.grouped_gemm`.
+    `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling; the
+    default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
+    """
+    e, half_k, n = w.shape
+    k = 2 * half_k
+    m = x.shape[0] if row_index is None else row_index.numel()
+    if x.shape[1] != k:
+        raise ValueError(f"grouped_gemm_fp4: x has {x.shape[1]} columns, the packed weights hold K = {k}")
+    if gated:
+        if n % 2:
+            raise ValueError(f"grouped_gemm_fp4: a gated product needs an even number of columns, got {n}")
+        n //= 2
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if e > MAX_GROUPS:
+        raise ValueError(f"grouped_gemm_fp4: at most {MAX_GROUPS} groups, got {e}")
+    if k == 0:
+        return y.zero_()
+    tiles = config if config is not None else default_fp4_tiles(m, e, gated)
+    block = MX_BLOCK if mx else NV_BLOCK
+    if tiles.block_k % block or tiles.block_k < 32:
+        raise ValueError(f"grouped_gemm_fp4: BLOCK_K must be a multiple of {block} and >= 32, got {tiles}")
+    m_blocks = m // tiles.block_m + min(e, m)
+    grid = (m_blocks * cdiv(n, tiles.block_n),)
+    if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)
+        w_scale = w_scale.view(torch.uint8)
+    if global_scale is None:
+        gs, gs_strides = w_scale, (0, 0)
+    else:
+        gs = global_scale
+        gs_strides = (gs.stride(0), gs.stride(1) if gs.dim() == 2 else 0)
+    launch(
+        _grouped_gemm_fp4,
+        grid,
+        x,
+        w,
+        w_scale,
+        gs,
+        y,
+        counts,
+        row_index if row_index is not None else counts,
+        m,
+        n,
+        k,
+        e,
+        m_blocks,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        w_scale.stride(2),
+        *gs_strides,
+        y.stride(0),
+        y.stride(1),
+        MX=mx,
+        E_PAD=max(16, next_power_of_2(e)),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        HALF_K=tiles.block_k // 2,
+        SCALE_ROWS=block // 2,  # packed rows per scale row
+        ASM_DECODE=asm_decode,
+        N_FASTEST=tiles.n_fastest,
+        GATED=gated,
+        GATHER=row_index is not None,
+        PDL=pdl,
+        GROUP_M=tiles.group_m,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        launch_pdl=pdl,
+    )
+    return y

@@ -1,0 +1,103 @@
+"""The CUDA vendor's weight-only 4-bit grouped GEMMs: bf16 activations times MXFP4 or NVFP4 expert weights.
+
+`GemmKind.BF16_MXFP4` (e8m0 scales per 32 values along K) and `GemmKind.BF16_NVFP4` (e4m3 scales per 16
+values, an fp32 global scale per expert or per column) run the Triton kernel of
+`kernels/grouped_gemm_fp4.py`, which decodes the packed weights tile by tile in registers: the weights stay
+4-bit in memory and no full-precision copy is ever made. SiLU-GLU runs in the kernel's epilogue; other
+activations after it; a dispatch's row index is read by the kernel's loads (no gathered copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hal import Activation, ActivationKind, GemmKind, Groups, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+
+#: The weight-only kinds, and whether each one's scales are e8m0 (MXFP4).
+WEIGHT_ONLY_KINDS = {GemmKind.BF16_MXFP4: True, GemmKind.BF16_NVFP4: False}
+
+
+class WeightOnlyOps:
+    """The weight-only kinds of the grouped-matmul ops (a mixin of the CUDA vendor's ops: the other kinds go
+    on to the next class)."""
+
+    pdl: bool
+
+    def grouped_matmul(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """`y[rows of g] = x[rows of g] @ dequant(weight[g])` for the weight-only kinds."""
+        if kind not in WEIGHT_ONLY_KINDS:
+            return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)  # type: ignore[misc]
+        return self._weight_only(x, weight, groups, kind, out_dtype, gated=False, row_index=None)
+
+    def grouped_matmul_activated(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation,
+    ) -> torch.Tensor:
+        """SiLU-GLU in the kernel's epilogue; other activations after the product."""
+        if kind not in WEIGHT_ONLY_KINDS or activation.kind is not ActivationKind.SILU_GLU:
+            return super().grouped_matmul_activated(  # type: ignore[misc]
+                x, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
+            )
+        return self._weight_only(x, weight, groups, kind, out_dtype, gated=True, row_index=None)
+
+    def grouped_matmul_gathered(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        row_index: torch.Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+    ) -> torch.Tensor:
+        """The kernel reads x's rows through `row_index`; SiLU-GLU in its epilogue, other activations after."""
+        if kind not in WEIGHT_ONLY_KINDS:
+            return super().grouped_matmul_gathered(  # type: ignore[misc]
+                x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
+            )
+        gated = activation is not None and activation.kind is ActivationKind.SILU_GLU
+        y = self._weight_only(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
+        if activation is None or gated:
+            return y
+        return self.activate(y, activation=activation)  # type: ignore[attr-defined]
+
+    def _weight_only(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        *,
+        gated: bool,
+        row_index: torch.Tensor | None,
+    ) -> torch.Tensor:
+        data = x if isinstance(x, torch.Tensor) else x.data  # bf16 rows, or rows carried as bf16
+        return grouped_gemm_fp4(
+            data,
+            weight.data,
+            weight.scale,  # type: ignore[arg-type]
+            groups.counts().to(data.device),
+            out_dtype,
+            mx=WEIGHT_ONLY_KINDS[kind],
+            global_scale=weight.global_scale,
+            gated=gated,
+            row_index=row_index,
+            pdl=self.pdl,
+        )
