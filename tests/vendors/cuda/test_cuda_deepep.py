@@ -266,13 +266,17 @@ class _StandIn(Vendor):
         return Unreachable()
 
 
+#: a process group of one rank that no collective ever runs on (the checks before the ops only read its type)
+_GROUP = torch.distributed.ProcessGroup(torch.distributed.HashStore(), 0, 1)
+
+
 @pytest.mark.parametrize(
     "low_latency, call, error, words",
     [
         (
             True,
             lambda v: v.prepare_ep(
-                DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8", capacity=0
+                DEEPEP, process_group=_GROUP, num_experts=256, hidden_size=7168, dtype="fp8", capacity=0
             ),
             InvalidInput,
             "capacity",
@@ -280,7 +284,7 @@ class _StandIn(Vendor):
         (
             False,
             lambda v: v.prepare_ep(
-                DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="fp8", capacity=128
+                DEEPEP, process_group=_GROUP, num_experts=256, hidden_size=7168, dtype="fp8", capacity=128
             ),
             UnsupportedCapability,
             "no low-latency mode",
@@ -293,7 +297,7 @@ class _StandIn(Vendor):
                 name=DEEPEP,
                 dtype="bf16",
                 num_experts=8,
-                process_group=None,
+                process_group=_GROUP,
                 capacity=8,
             ),
             InvalidInput,
@@ -302,7 +306,7 @@ class _StandIn(Vendor):
         (
             True,
             lambda v: v.prepare_ep(
-                "mc2", process_group=None, num_experts=256, hidden_size=7168, dtype="bf16", capacity=None
+                "mc2", process_group=_GROUP, num_experts=256, hidden_size=7168, dtype="bf16", capacity=None
             ),
             UnsupportedCapability,
             "declared: deepep",
@@ -319,7 +323,7 @@ def test_hal_refuses_before_the_ops(low_latency, call, error, words):
 def test_an_absent_deepep_is_refused_with_its_reason():
     vendor = _StandIn(DeepEpProbe("deep_ep is not installed: build it (docs/deepep.md)"))
     with pytest.raises(UnsupportedCapability, match="deep_ep is not installed"):
-        vendor.prepare_ep(DEEPEP, process_group=None, num_experts=256, hidden_size=7168, dtype="bf16", capacity=None)
+        vendor.prepare_ep(DEEPEP, process_group=_GROUP, num_experts=256, hidden_size=7168, dtype="bf16", capacity=None)
 
 
 # -- DeepEP itself, on GPUs ---------------------------------------------------------------------------------
