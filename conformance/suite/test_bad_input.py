@@ -176,8 +176,8 @@ def test_the_layer_refuses_bad_input_and_keeps_working(hal_vendor):
 
 def test_group_lists_in_host_memory_that_do_not_fit_are_refused(hal_vendor):
     """A group list in host memory costs nothing to read, so on every vendor its numbers are checked
-    (`InvalidInput` naming `groups`): negative counts, decreasing offsets, more rows than x has, and
-    fewer unless the vendor declares `grouped_matmul_padding`. A raw error from inside the vendor fails."""
+    (`InvalidInput` naming `groups`): negative counts, decreasing offsets, more rows than x has (fewer
+    leave the rows beyond the groups unspecified). A raw error from inside the vendor fails."""
     before = snapshot(hal_vendor)
     x, w = _x(hal_vendor, 5, 64), _weight(hal_vendor)
     bad = [
@@ -186,8 +186,6 @@ def test_group_lists_in_host_memory_that_do_not_fit_are_refused(hal_vendor):
         Groups.from_offsets(torch.tensor([3, 2, 5])),
         Groups.from_offsets(torch.tensor([1, 2, 9])),
     ]
-    if not hal_vendor.capabilities().grouped_matmul_padding:
-        bad += [Groups.from_counts(torch.tensor([2, 1, 1])), Groups.from_offsets(torch.tensor([1, 2, 3]))]
     for groups in bad:
         for extra in ({}, {"activation": "silu-glu"}):
             with pytest.raises(InvalidInput, match=r"^groups:"):

@@ -85,9 +85,12 @@ def test_an_op_that_writes_into_its_inputs(conformance):
     # the grouped matmul scales its float operands in place and back; nvfp4 operands have none that
     # change (uint8 codes, e4m3 scales, a global scale that triples exactly)
     must = {f"{OP_INPUTS}[grouped_matmul-{k}{a}]" for k in GemmKind if k is not GemmKind.NVFP4 for a in GEMM_FORMS}
-    must |= {f"{OP_INPUTS}[grouped_matmul-bias]"} | {f"{LAYER_INPUTS}[{s}]" for s in KNOWN_SCHEMES}
+    must |= {f"{OP_INPUTS}[grouped_matmul-bias]"} | {f"{LAYER_INPUTS}[{s}]" for s in KNOWN_SCHEMES if "w4a16" not in s}
     assert must <= failed, sorted(must - failed)
-    assert failed <= must | {f"{OP_INPUTS}[grouped_matmul-nvfp4{a}]" for a in GEMM_FORMS}, sorted(failed - must)
+    may = {f"{OP_INPUTS}[grouped_matmul-nvfp4{a}]" for a in GEMM_FORMS} | {
+        f"{LAYER_INPUTS}[{s}]" for s in KNOWN_SCHEMES
+    }
+    assert failed <= must | may, sorted(failed - must)
     assert _functions(failed) == {OP_INPUTS, LAYER_INPUTS}
     assert result["exit"] == 1 and _row(result, "op contracts")["result"] == "FAIL"
 
@@ -113,7 +116,8 @@ def test_a_grouped_matmul_that_is_not_bit_reproducible(conformance):
     assert must <= failed, sorted(must - failed)
     # moving experts between slots is checked bit for bit too, where the vendor declares deterministic ops
     placement = {t for t in failed if t.startswith(PLACEMENT)}
-    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING} | placement, sorted(failed - must)
+    concurrency = {t for t in failed if t.startswith("test_concurrency.py")}  # threads see other results too
+    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING} | placement | concurrency, sorted(failed - must)
     assert len(_functions(failed)) >= 2 and result["exit"] == 1
 
 
