@@ -385,8 +385,8 @@ def environ_mapping(environ: object) -> Mapping[str, str] | None:
 
 def group_values(groups: Groups, rows: int, *, padding: bool) -> None:
     """The numbers of a group list against the `rows` of the operand (reads them: only where that is
-    free): counts non-negative, offsets non-negative and non-decreasing, and all `rows` covered (at most
-    `rows` where the vendor declares `grouped_matmul_padding`), or `InvalidInput` naming `groups`."""
+    free): counts non-negative, offsets non-negative and non-decreasing, and at most `rows` covered (rows
+    beyond the groups are unspecified on every vendor; `padding` is kept for callers), or `InvalidInput`."""
     values = [int(v) for v in groups.tensor.tolist()]
     if groups.kind is GroupListKind.COUNTS:
         if any(v < 0 for v in values):

@@ -164,8 +164,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         index inside the GEMM, so a dispatch's gather is never written out. Indices outside `[0, T)`
         are refused where reading them is free (host-synchronous vendors), else undefined.
 
-        The group list's numbers (non-negative counts, non-decreasing offsets, covering all M rows, or
-        at most M where the vendor declares `grouped_matmul_padding`) raise `InvalidInput` where reading
+        The group list's numbers (non-negative counts, non-decreasing offsets, covering at most M rows;
+        rows beyond the groups are unspecified) raise `InvalidInput` where reading
         them is free: a host-synchronous vendor, or a group list in host memory. A list on the device of
         another vendor is not read: inconsistent numbers there give unspecified rows (or a device-side
         error), never a write outside the output.
