@@ -95,6 +95,7 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     may = {t for t in ran if t.startswith((LAYER, MODEL_DTYPE)) and ("1-tokens" in t or "w4a" in t)}
     may.add("test_moe_features.py::test_state_dict_round_trip_onto_a_fresh_layer")  # rows left unwritten differ
     may |= {t for t in ran if t.startswith((*GEMM_SWEEPS, LAYER_SWEEP, OP_CONTRACTS, PLACEMENT))}
+    may |= {t for t in ran if t.startswith("test_loading.py")}  # loaded layers are computed and compared too
     assert must | layers <= failed
     assert failed <= must | layers | may, sorted(failed - must - layers - may)
     assert any(t.startswith(GEMM_SWEEPS[0]) for t in failed)
