@@ -116,7 +116,7 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     assert "## drops-last-group: FAILED" in markdown
     assert "| grouped_matmul bf16 | declared | FAIL |" in markdown
     assert "### Failures" in markdown and "[bf16-counts]" in markdown
-    assert rows["dispatch fp8"]["result"] == rows["swiglu"]["result"] == rows["bad input"]["result"] == "pass"
+    assert rows["dispatch fp8"]["result"] == rows["swiglu"]["result"] == "pass"  # "bad input" computes loaded layers
 
 
 def test_an_fp8_quantizer_that_truncates(tmp_path):
