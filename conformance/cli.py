@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from hal import HalError, InvalidInput
+from hal import HalError, InvalidInput, UnknownVendor, VendorUnavailable
 from hal.cli import positive_int_argument
 
 if TYPE_CHECKING:
@@ -140,10 +140,8 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
     _writable_directory(args.report)
     registry = VendorRegistry.discover()
     names = list(args.vendors) if args.vendors else [v.name for v in registry.available()]
-    for (
-        name
-    ) in names:  # an unknown name is a bad argument (exit 2), refused before any run; unavailable ones are reported
-        registry.select(name, require_available=False)
+    for name in names:
+        _refuse_unknown(registry, name)
     if not names:
         raise HalError("no vendor is available to test; `hal vendors` says why")
     with contextlib.ExitStack() as stack:
@@ -171,6 +169,17 @@ def conformance(args: argparse.Namespace, console: Console) -> int:
         selected = f" (-k {args.keyword!r} selected none)" if args.keyword else ""
         sys.stderr.write(f"hal: error: no conformance test ran for {', '.join(empty)}{selected}\n")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _refuse_unknown(registry: VendorRegistry, name: str) -> None:
+    """An unknown name is a bad argument (exit 2), refused before any run; a vendor that is installed but
+    unavailable, or whose plugin fails to load, is run as far as it can be and reported (exit 1)."""
+    try:
+        registry.select(name, require_available=False)
+    except UnknownVendor:
+        raise
+    except VendorUnavailable:
+        pass
 
 
 def _writable_directory(path: Path) -> None:

@@ -142,12 +142,12 @@ def test_plain_pytest_runs_the_suite_and_skips_without_a_vendor(tmp_path):
     assert unknown.returncode == 4 and "no vendor named 'nope'" in unknown.stderr
 
 
-def test_an_unknown_vendor_is_reported_and_fails(tmp_path):
+def test_an_unknown_vendor_is_a_bad_argument_refused_before_any_run(tmp_path):
     done = _hal("conformance", "--vendor", "nope", "--report", str(tmp_path), "--json")
-    assert done.returncode == 1
-    report = json.loads(done.stdout)
-    assert report["ok"] is False and "no vendor named 'nope'" in report["vendors"][0]["not_run"]
-    assert json.loads((tmp_path / "conformance.json").read_text()) == report
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "no vendor named 'nope'" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["error"]["type"] == "UnknownVendor"
+    assert not (tmp_path / "conformance.json").exists()
 
 
 def test_full_depth_adds_the_shapes_of_large_models(tmp_path):
