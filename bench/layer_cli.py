@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from hal import InvalidInput
-from hal.cli import positive_int_argument
+from hal.cli import dispatch_dtype_name_argument, positive_int_argument, scheme_name_argument
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument(flag, type=positive_int_argument, help=what)
     parser.add_argument(
         "--scheme",
+        type=scheme_name_argument,
         help="quant scheme (default: the preset's checkpoint scheme, gpt-oss-20b w4a16-mxfp4; else unquantized)",
     )
     parser.add_argument("--activation", help="the experts' activation (default: the preset's, else silu-glu)")
@@ -52,7 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--redundant", type=int, default=0, metavar="R", help="redundant expert slots")
     parser.add_argument("--ep-mode", choices=("normal", "low-latency", "auto"), help="expert-parallel mode")
     parser.add_argument("--ep-dispatcher", metavar="NAME", help="a vendor's own expert-parallel dispatcher")
-    parser.add_argument("--dispatch-dtype", default="auto", help="requested dispatch dtype (default auto)")
+    parser.add_argument(
+        "--dispatch-dtype",
+        default="auto",
+        type=dispatch_dtype_name_argument,
+        help="requested dispatch dtype (default auto)",
+    )
     parser.add_argument("--no-fused", action="store_true", help="never take the vendor's fused op")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(handler=layer)

@@ -14,7 +14,7 @@ from typing import NoReturn
 from typing import TYPE_CHECKING, Any
 
 from hal.activations import ActivationKind
-from hal.cli.names import DISPATCH_DTYPE_NAMES, SCHEME_NAMES
+from hal.cli.names import DISPATCH_DTYPE_NAMES, SCHEME_NAMES, known_dispatch_dtype, known_scheme
 from hal.entry_points import guarded, load_plugins
 from hal.errors import HalError, InvalidInput
 
@@ -48,8 +48,14 @@ def lazy(target: str) -> Callable[..., Any]:
     return call
 
 
-def _converter(parse: str, what: str):  # type: ignore[no-untyped-def]
+def _converter(  # type: ignore[no-untyped-def]
+    parse: str, what: str, known: Callable[[str], bool] | None = None, names: Sequence[str] = ()
+):
+    """An argparse type: a name `known` refuses is an error without importing torch; others are parsed."""
+
     def convert(value: str):  # type: ignore[no-untyped-def]
+        if known is not None and not known(value):
+            raise argparse.ArgumentTypeError(f"{what}: expected one of {', '.join(names)}, got {value!r}")
         try:
             return lazy(parse)(value)
         except InvalidInput as exc:
@@ -57,6 +63,22 @@ def _converter(parse: str, what: str):  # type: ignore[no-untyped-def]
 
     convert.__name__ = what
     return convert
+
+
+def scheme_name_argument(value: str) -> str:
+    """argparse type for a quant scheme's name, checked without importing torch (kept as given)."""
+    if not known_scheme(value):
+        raise argparse.ArgumentTypeError(f"scheme: expected one of {', '.join(SCHEME_NAMES)}, got {value!r}")
+    return value
+
+
+def dispatch_dtype_name_argument(value: str) -> str:
+    """argparse type for a dispatch dtype's name, checked without importing torch (kept as given)."""
+    if not known_dispatch_dtype(value):
+        raise argparse.ArgumentTypeError(
+            f"dispatch dtype: expected one of {', '.join(DISPATCH_DTYPE_NAMES)}, got {value!r}"
+        )
+    return value
 
 
 def positive_int_argument(value: str) -> int:
@@ -107,23 +129,23 @@ def build_parser() -> OneLineParser:
     explain.add_argument("--device-model", help="plan for a named device model's declared table")
     explain.add_argument(
         "--scheme",
-        type=_converter("hal.schemes:parse_scheme", "scheme"),
+        type=_converter("hal.schemes:parse_scheme", "scheme", known_scheme, SCHEME_NAMES),
         help=f"quant scheme: {', '.join(SCHEME_NAMES)}; fp16 / fp32: unquantized over weights of that dtype",
     )
     explain.add_argument(
         "--model-dtype",
-        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype", known_dispatch_dtype, DISPATCH_DTYPE_NAMES),
         help="the model's float dtype (bf16, fp16, fp32): an unquantized model asks to dispatch "
         "in it (--scheme defaults to unquantized)",
     )
     explain.add_argument(
         "--dispatch-dtype",
-        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype", known_dispatch_dtype, DISPATCH_DTYPE_NAMES),
         help=f"requested dtype (default auto): {', '.join(DISPATCH_DTYPE_NAMES)}",
     )
     explain.add_argument(
         "--runner-dtype",
-        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype"),
+        type=_converter("hal.dtypes:DispatchDtype.parse", "dispatch dtype", known_dispatch_dtype, DISPATCH_DTYPE_NAMES),
         help="dtype the expert runner requires, if any",
     )
     explain.add_argument("--hidden", type=positive_int_argument, default=4096, help="hidden size (default 4096)")

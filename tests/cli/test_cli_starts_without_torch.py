@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import hal
-from hal.cli.names import DISPATCH_DTYPE_NAMES, SCHEME_NAMES
+from hal.cli.names import DISPATCH_DTYPE_NAMES, DISPATCH_DTYPE_SPELLINGS, SCHEME_NAMES, SCHEME_SPELLINGS, known_scheme
 
 NO_TENSOR_NEEDED = {
     "version": ("--version",),
@@ -26,6 +26,10 @@ NO_TENSOR_NEEDED = {
     "bad integer": ("explain", "--hidden", "many"),
     "petabytes of tokens": ("bench", "--tokens", str(10**12)),
     "tune tokens": ("tune", "--tokens", str(10**12)),
+    "misspelt scheme": ("explain", "--scheme", "w8a8-fp9"),
+    "misspelt dispatch dtype": ("explain", "--dispatch-dtype", "fp7"),
+    "misspelt scheme of a layer": ("layer", "--scheme", "int3"),
+    "misspelt dispatch dtype of a layer": ("layer", "--dispatch-dtype", "e5m2"),
 }
 
 
@@ -68,3 +72,38 @@ def test_a_command_that_computes_still_imports_torch():
 def test_help_lists_the_tables_names():
     assert SCHEME_NAMES == tuple(hal.KNOWN_SCHEMES)
     assert DISPATCH_DTYPE_NAMES == tuple(hal.DispatchDtype.names())
+
+
+def _accepted(parse, value: str) -> bool:
+    try:
+        parse(value)
+    except hal.InvalidInput:
+        return False
+    return True
+
+
+CANDIDATES = sorted(
+    {*SCHEME_SPELLINGS, *DISPATCH_DTYPE_SPELLINGS, *(n.replace("-", "_") for n in SCHEME_SPELLINGS)}
+    | {"e5m2", "fp4", "int3", "w8a8", "float64", "fp8-e5m2", "mxfp6", "bfloat", ""}
+)
+
+
+@pytest.mark.parametrize("value", CANDIDATES + [c.upper() for c in CANDIDATES if c])
+def test_the_torch_free_name_checks_agree_with_the_parsers(value):
+    assert known_scheme(value) == _accepted(hal.parse_scheme, value)
+    assert (value.strip().lower().replace("-", "_") in DISPATCH_DTYPE_SPELLINGS) == _accepted(
+        hal.DispatchDtype.parse, value
+    )
+
+
+def test_every_spelling_the_parsers_accept_is_known_without_torch():
+    from hal.dtypes import _ALIASES
+    from hal.schemes import _SCHEME_ALIASES
+
+    assert set(_ALIASES) == DISPATCH_DTYPE_SPELLINGS
+    assert {*hal.KNOWN_SCHEMES, *_SCHEME_ALIASES} <= SCHEME_SPELLINGS
+    assert {s for s in SCHEME_SPELLINGS if s not in hal.KNOWN_SCHEMES and s not in _SCHEME_ALIASES} == {
+        a.replace("_", "-")
+        for a in _ALIASES
+        if _accepted(hal.parse_scheme, a) and a not in _SCHEME_ALIASES and a not in hal.KNOWN_SCHEMES
+    }
