@@ -16,15 +16,15 @@ from hal import InvalidInput, Vendor
 from moe import MoELayer, SharedExperts, Unquantized
 
 pytest.importorskip("hypothesis", reason="the property tests need hypothesis: pip install 'moe-hal[test]'")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
-from conformance.corruptions import corrupted  # noqa: E402
+from conformance.corruptions import corrupted
+from conformance.hypothesis_settings import property_settings
 
 pytestmark = mark(BAD_INPUT)
 
 EXPERTS, HIDDEN, INTERMEDIATE, SHARED, TOP_K, TOKENS = 8, 96, 40, 24, 2, 16
-EXAMPLES = {"quick": 12, "full": 150}
 
 
 def _weights(seed: int, intermediate: int = INTERMEDIATE) -> tuple[torch.Tensor, ...]:
@@ -113,19 +113,6 @@ def test_a_state_dict_of_another_layer_or_with_a_non_finite_tensor_is_refused_an
     assert torch.equal(layer(x, logits), out)
 
 
-def _settings(depth: str) -> settings:
-    phases = tuple(Phase) if depth == "full" else (Phase.explicit, Phase.generate)
-    return settings(
-        max_examples=EXAMPLES[depth],
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-    )
-
-
 def test_corrupted_state_dicts_are_refused_without_a_change_or_computed_within_bound(hal_vendor, hal_depth):
     layer = _layer(hal_vendor, 6)
     source = _state(_layer(hal_vendor, 7))
@@ -138,7 +125,7 @@ def test_corrupted_state_dicts_are_refused_without_a_change_or_computed_within_b
     want = routed + shared * torch.sigmoid(x.cpu().double() @ gate.double())[:, None]
     bound = layer_tolerance("unquantized", "bf16")
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         _, state = corrupted(source, data, lambda key: key.rsplit("_", 1)[0] + "_zero_point")

@@ -6,7 +6,7 @@ of every declared grouped-matmul kind), grouped_matmul (every declared kind), sw
 (every declared kind), sort_by_expert and weighted_combine. Examples are derandomized (the same
 cases on every run in one environment, so CI is reproducible; hypothesis also mixes in constants of
 the loaded modules, so another environment may draw others) and stored nowhere; `--hal-depth quick`
-draws `EXAMPLES["quick"]` per test, `full` many more. Needs hypothesis (the `[test]` extra);
+draws `conformance.hypothesis_settings.EXAMPLES["quick"]` per test, `full` many more. Needs hypothesis (the `[test]` extra);
 without it this module is skipped.
 """
 
@@ -44,28 +44,14 @@ from hal import ActivationKind, DispatchDtype, GemmKind
 from hal.reference import activation_value, weight_value
 
 pytest.importorskip("hypothesis", reason="the property tests need hypothesis: pip install 'moe-hal[test]'")
-from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from conformance.hypothesis_settings import property_settings
 
 #: Examples per property test at each depth.
-EXAMPLES = {"quick": 12, "full": 150}
 FLOATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FORMATS = [(d, layout) for d in DispatchDtype.concrete() for layout in d.scale_layouts()]
-
-
-def _settings(depth: str) -> settings:
-    """Derandomized, no example database, no deadline; quick runs report the first failing example
-    as drawn (shrinking it would cost a faulty vendor's run minutes)."""
-    phases = tuple(Phase) if depth == "full" else (Phase.explicit, Phase.generate)
-    return settings(
-        max_examples=EXAMPLES[depth],
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-    )
 
 
 def _up(value: int, multiple: int) -> int:
@@ -85,7 +71,7 @@ def test_quantize_round_trip_property(hal_vendor, hal_depth, dtype, layout):
     require_dispatch(hal_vendor, dtype)
     multiple = dtype_facts.channel_multiple(dtype, layout)
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(
         tokens=st.integers(0, 300),
         hidden=st.integers(1, 700),
@@ -128,7 +114,7 @@ def test_quantize_weight_property(hal_vendor, hal_depth, kind):
     require_gemm(hal_vendor, kind)
     spec = kind.spec
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(experts=st.integers(1, 6), k=st.integers(1, 300), n=st.integers(1, 300), spread=st.floats(0, 3), seed=seeds)
     def check(experts, k, n, spread, seed):
         shape = (experts, _up(k, K_GRANULARITY.get(kind, 1)), _up(n, N_GRANULARITY.get(kind, 1)))
@@ -150,7 +136,7 @@ def test_grouped_matmul_property(hal_vendor, hal_depth, kind):
     limits = hal_vendor.capabilities().limits
     most_groups = min(40, limits.max_groups or 40)
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(
         groups=st.integers(1, most_groups),
         rows=st.integers(0, 500),
@@ -196,7 +182,7 @@ def test_activation_property(hal_vendor, hal_depth, kind):
         require_activation(hal_vendor, kind)
     gated = kind is None or kind.gated
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(
         lead=st.lists(st.integers(0, 40), min_size=1, max_size=3),
         width=st.integers(1, 300),
@@ -225,7 +211,7 @@ def test_sort_by_expert_property(hal_vendor, hal_depth):
     """Any token count, top-k and expert count, int32 or int64 ids: the stable sort by expert, its
     inverse, and the pairs of every expert."""
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(
         tokens=st.integers(0, 300), top_k=st.integers(1, 8), extra=st.integers(0, 300), int32=st.booleans(), seed=seeds
     )
@@ -249,7 +235,7 @@ def test_weighted_combine_property(hal_vendor, hal_depth):
     """Any token count, top-k (1 to 8) and width, indexed or in pair order, any row and output
     dtype, rows of very different magnitude, weights that do not sum to one."""
 
-    @_settings(hal_depth)
+    @property_settings(hal_depth)
     @given(
         tokens=st.integers(0, 300),
         top_k=st.integers(1, 8),
