@@ -5,8 +5,6 @@ the same results, output dtypes that are strings or integers, counts that are bo
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -14,6 +12,7 @@ import hal
 from hal import InvalidInput, ScaleLayout, checks
 from hal.reference import sort_by_expert as reference_sort
 from hal.reference import weighted_combine as reference_combine
+from tests.support.refusals import refused
 
 VENDORS = ["cpu", "ascend-emulated"]
 E, T, K, H = 8, 6, 2, 16
@@ -36,15 +35,6 @@ def _combine_operands(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
     return rows, index, weights
 
 
-def _raises(call, argument: str) -> str:
-    """The message of the `InvalidInput` the call raises; it must begin with the argument's name."""
-    with pytest.raises(InvalidInput) as raised:
-        call()
-    message = str(raised.value)
-    assert re.match(rf"{re.escape(argument)}:", message), message
-    return message
-
-
 # -- sort_by_expert --------------------------------------------------------------------------------
 
 
@@ -54,19 +44,19 @@ def _raises(call, argument: str) -> str:
 def test_out_of_range_expert_ids_are_refused(vendor, bad, shown):
     ids = _ids()
     ids[2, 1] = bad
-    message = _raises(lambda: vendor.sort_by_expert(ids, E), "topk_ids")
+    message = refused(lambda: vendor.sort_by_expert(ids, E), "topk_ids")
     assert f"expert ids in [0, {E})" in message and shown in message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.uint8, torch.int16])
 def test_expert_ids_must_be_int32_or_int64(vendor, dtype):
-    message = _raises(lambda: vendor.sort_by_expert(_ids().to(dtype), E), "topk_ids")
+    message = refused(lambda: vendor.sort_by_expert(_ids().to(dtype), E), "topk_ids")
     assert "int32 or int64" in message
 
 
 @pytest.mark.parametrize("bad", [True, False, 0, -3, 8.0, "8", torch.tensor(8), None])
 def test_num_experts_must_be_a_positive_int(vendor, bad):
-    _raises(lambda: vendor.sort_by_expert(_ids(), bad), "num_experts")
+    refused(lambda: vendor.sort_by_expert(_ids(), bad), "num_experts")
 
 
 @pytest.mark.parametrize(
@@ -75,12 +65,12 @@ def test_num_experts_must_be_a_positive_int(vendor, bad):
     ids=["list", "3d", "1d"],
 )
 def test_expert_ids_must_be_a_2d_tensor(vendor, bad):
-    _raises(lambda: vendor.sort_by_expert(bad, E), "topk_ids")
+    refused(lambda: vendor.sort_by_expert(bad, E), "topk_ids")
 
 
 @pytest.mark.parametrize("bad", [1, 0, "yes", None, torch.tensor(True)])
 def test_the_tokens_flag_must_be_a_bool(vendor, bad):
-    _raises(lambda: vendor.sort_by_expert(_ids(), E, tokens=bad), "tokens")
+    refused(lambda: vendor.sort_by_expert(_ids(), E, tokens=bad), "tokens")
 
 
 def test_the_tokens_of_the_sorted_rows_are_the_pairs_over_k(vendor):
@@ -113,7 +103,7 @@ def test_a_bad_call_leaves_the_vendor_working(vendor):
 @pytest.mark.parametrize("bad", ["float32", "bf16", torch.int8, torch.int32, torch.float64, None, 5])
 def test_out_dtype_must_be_a_float_torch_dtype(vendor, bad):
     rows, index, weights = _combine_operands()
-    message = _raises(lambda: vendor.weighted_combine(rows, index, weights, bad), "out_dtype")
+    message = refused(lambda: vendor.weighted_combine(rows, index, weights, bad), "out_dtype")
     assert "torch.bfloat16, torch.float16 or torch.float32" in message
 
 
@@ -128,7 +118,7 @@ def test_bad_row_indices_are_refused(vendor, case):
         "too-short": lambda: index[:-1],
         "list": lambda: index.tolist(),
     }[case]()
-    _raises(lambda: vendor.weighted_combine(rows, bad, weights, torch.float32), "index")
+    refused(lambda: vendor.weighted_combine(rows, bad, weights, torch.float32), "index")
 
 
 @pytest.mark.parametrize(
@@ -145,7 +135,7 @@ def test_rows_and_weights_must_be_floating_point(vendor, argument, dtype):
     rows, index, weights = _combine_operands()
     operands = {"rows": rows, "topk_weights": weights}
     operands[argument] = operands[argument].to(dtype)
-    _raises(lambda: vendor.weighted_combine(operands["rows"], index, operands["topk_weights"], torch.float32), argument)
+    refused(lambda: vendor.weighted_combine(operands["rows"], index, operands["topk_weights"], torch.float32), argument)
 
 
 def test_int32_and_int64_indices_combine_identically(vendor):
@@ -186,7 +176,7 @@ def test_bad_gemm_row_indices_are_refused(vendor, case):
         "past-the-tokens": index + T,
         "a-list": index.tolist(),
     }[case]
-    message = _raises(lambda: vendor.grouped_matmul(x, w, groups, row_index=bad), "row_index")
+    message = refused(lambda: vendor.grouped_matmul(x, w, groups, row_index=bad), "row_index")
     if case in ("negative", "past-the-tokens"):
         assert f"rows of x in [0, {T})" in message
 
@@ -278,4 +268,4 @@ OTHER_CASES = {
 @pytest.mark.parametrize("case", OTHER_CASES)
 def test_other_ops_name_the_bad_argument(vendor, case):
     call, argument = OTHER_CASES[case]
-    _raises(lambda: call(vendor), argument)
+    refused(lambda: call(vendor), argument)
