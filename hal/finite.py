@@ -21,7 +21,10 @@ _E4M3FN_NAN = 0x7F
 
 def non_finite_count(x: torch.Tensor, *, e8m0: bool = False) -> int:
     """How many values of `x` are inf or NaN (0 for integer and packed tensors); `e8m0`: `x` holds e8m0
-    bytes (uint8 biased exponents), of which 255 is NaN."""
+    bytes (uint8 biased exponents), of which 255 is NaN. A tensor without storage (the meta device) has no
+    values: 0."""
+    if x.device.type == "meta":
+        return 0
     if e8m0:
         return int((x == E8M0_NAN).sum())
     if not (torch.is_floating_point(x) or x.is_complex()) or x.numel() == 0:
@@ -41,7 +44,10 @@ def non_finite_count(x: torch.Tensor, *, e8m0: bool = False) -> int:
 
 def refuse_non_finite(name: str, x: torch.Tensor, *, e8m0: bool = False) -> torch.Tensor:
     """`x` unless a value is inf or NaN, else `InvalidInput` naming `name` (a scale made from one, or a
-    weight holding one, poisons whole output rows); reads the values. `e8m0`: `x` holds e8m0 scale bytes."""
+    weight holding one, poisons whole output rows); reads the values. `e8m0`: `x` holds e8m0 scale bytes.
+    A tensor on the meta device (a model built without storage) has no values to read and passes."""
+    if not isinstance(x, torch.Tensor):
+        raise InvalidInput(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     bad = non_finite_count(x, e8m0=e8m0)
     if bad:
         raise InvalidInput(f"{name}: expected finite values, got {bad} non-finite (inf/NaN) value(s)")

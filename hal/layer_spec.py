@@ -256,6 +256,19 @@ class LayerSpec:
                     True,
                 )
             )
+        local = None if self.intermediate_size is None else self.intermediate_size // self.tp_ranks
+        if local is not None and local % multiple:  # the K of the second projection
+            per_rank = (
+                "" if self.tp_ranks == 1 else f" per tensor-parallel rank ({self.intermediate_size} / {self.tp_ranks})"
+            )
+            found.append(
+                LayerProblem(
+                    "intermediate_size",
+                    f"intermediate size {local}{per_rank} is not a multiple of {multiple}, which the {kind} "
+                    "grouped matmul packs or scales together along the second projection's K",
+                    True,
+                )
+            )
         return found
 
 

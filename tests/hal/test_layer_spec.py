@@ -31,25 +31,31 @@ EXPERTS, INTERMEDIATE, TOP_K = 4, 32, 2
 VENDORS = ["cpu", "ascend-emulated"]
 SCHEMES = [*KNOWN_SCHEMES, "fp16", "fp32"]
 HIDDEN = [256, 100, 1000, 36]
+#: the second projection's K: packed and block-scaled kinds need it whole in their blocks too
+INTERMEDIATES = [INTERMEDIATE, 40, 36]
 ACTIVATIONS = [ActivationKind.SILU_GLU, ActivationKind.GELU]
 
 
-def _explain_verdict(vendor, caps, scheme: str, hidden: int, activation: ActivationKind) -> list[str]:
+def _explain_verdict(
+    vendor, caps, scheme: str, hidden: int, activation: ActivationKind, intermediate: int = INTERMEDIATE
+) -> list[str]:
     """What `hal explain` refuses: a dispatch dtype resolution cannot give, then the layer checks."""
     try:
         resolve_dispatch_plan(vendor, hidden, config=DispatchConfig(), scheme=parse_scheme(scheme), environ={})
     except HalError as exc:
         return [str(exc)]
-    spec = LayerSpec(hidden, INTERMEDIATE, EXPERTS, TOP_K, scheme=scheme, activation=activation)
+    spec = LayerSpec(hidden, intermediate, EXPERTS, TOP_K, scheme=scheme, activation=activation)
     return [p.message for p in spec.problems(caps)]
 
 
-def _builds(vendor, scheme: str, hidden: int, activation: ActivationKind) -> str | None:
+def _builds(
+    vendor, scheme: str, hidden: int, activation: ActivationKind, intermediate: int = INTERMEDIATE
+) -> str | None:
     """None when a layer builds and loads weights, else the error it raised."""
     gen = torch.Generator().manual_seed(hidden)
-    width = 2 * INTERMEDIATE if activation.gated else INTERMEDIATE
+    width = 2 * intermediate if activation.gated else intermediate
     w13 = torch.randn(EXPERTS, hidden, width, generator=gen) / hidden**0.5
-    w2 = torch.randn(EXPERTS, INTERMEDIATE, hidden, generator=gen) / INTERMEDIATE**0.5
+    w2 = torch.randn(EXPERTS, intermediate, hidden, generator=gen) / intermediate**0.5
     quant = build_scheme(scheme) if scheme in KNOWN_SCHEMES else scheme
     try:
         MoELayer.from_float(
@@ -65,12 +71,12 @@ def test_explain_approves_exactly_what_a_layer_builds(vendor_name):
     vendor = get_vendor(vendor_name, environ={})
     caps = vendor.capabilities()
     disagreements = []
-    for scheme, hidden, activation in itertools.product(SCHEMES, HIDDEN, ACTIVATIONS):
-        problems = _explain_verdict(vendor, caps, scheme, hidden, activation)
-        error = _builds(vendor, scheme, hidden, activation)
+    for scheme, hidden, activation, inter in itertools.product(SCHEMES, HIDDEN, ACTIVATIONS, INTERMEDIATES):
+        problems = _explain_verdict(vendor, caps, scheme, hidden, activation, inter)
+        error = _builds(vendor, scheme, hidden, activation, inter)
         if bool(problems) != bool(error):
             disagreements.append(
-                f"{scheme} H={hidden} {activation}: explain says {problems or 'buildable'}, "
+                f"{scheme} H={hidden} I={inter} {activation}: explain says {problems or 'buildable'}, "
                 f"the layer says {error or 'built'}"
             )
     assert not disagreements, "\n".join(disagreements)
