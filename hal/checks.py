@@ -134,7 +134,7 @@ def float_weights(weight: object, layout: ScaleLayout, dtype: object) -> torch.T
         if dtype is not None and dtype not in FLOAT_DTYPES:
             raise invalid("dtype", "bf16, fp16 or fp32 for unscaled weights", dtype)
         return weight
-    choices = [s.weight_dtype for s in GEMM_KINDS.values() if s.weight_layout is layout]
+    choices = list(dict.fromkeys(s.weight_dtype for s in GEMM_KINDS.values() if s.weight_layout is layout))
     if dtype is not None and dtype not in choices:
         raise invalid("dtype", f"None or {' or '.join(map(str, choices))} for {layout} weights", dtype)
     if dtype == torch.quint4x2 and weight.shape[2] % INT4_PER_WORD:

@@ -269,3 +269,12 @@ OTHER_CASES = {
 def test_other_ops_name_the_bad_argument(vendor, case):
     call, argument = OTHER_CASES[case]
     refused(lambda: call(vendor), argument)
+
+
+@pytest.mark.parametrize("layout", [layout for layout in ScaleLayout if layout is not ScaleLayout.NONE], ids=str)
+def test_a_weight_dtype_refused_for_a_layout_lists_each_allowed_dtype_once(layout):
+    message = refused(
+        lambda: hal.get_vendor("cpu").quantize_weight(torch.ones(2, 256, 32), layout, torch.float16), "dtype"
+    )
+    allowed = message.split("expected None or ", 1)[1].split(" for ", 1)[0].split(" or ")
+    assert allowed and len(allowed) == len(set(allowed)), message
