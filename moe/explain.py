@@ -25,6 +25,7 @@ from hal import (
     resolve_layer_plan,
 )
 from moe.dispatch import DispatchFormat
+from moe.dispatch.low_latency import capacity_problem
 from moe.runners import ANY_VENDOR, RunnerKey, RunnerRegistry
 
 #: The dispatchers of the torch.distributed path, by the name `dispatcher_kind` gives them.
@@ -158,13 +159,17 @@ def explain_layer(
         caught = [str(w.message) for w in seen]
     except HalError as exc:
         problems.insert(0, str(exc))
+    kind = dispatcher_kind(config, spec.expert_parallel)
+    capacity = config.max_dispatch_tokens_per_rank
+    if plan is not None and kind in ("auto", "low-latency") and capacity is not None:
+        too_large = capacity_problem(plan, capacity, spec.ep_ranks, vendor)
+        problems += [] if too_large is None else [too_large]
     if problems or plan is None:
         return LayerExplanation(problems=tuple(problems), **base)
     rejected: list[Alternative] = []
     fused = spec.takes_fused(caps)
     pipeline = "fused (the vendor's fused_deep_moe)" if fused else "unfused (dispatch -> grouped GEMMs -> combine)"
     rejected.append(_pipeline_alternative(spec, caps, fused))
-    kind = dispatcher_kind(config, spec.expert_parallel)
     rejected += _dispatcher_alternatives(kind, config, spec, caps)
     dispatcher = _dispatcher_text(kind, config, caps)
     if fused:

@@ -86,6 +86,31 @@ def _views_of(q: QuantizedTensor, buffer: torch.Tensor) -> bool:
     return all(t.untyped_storage().data_ptr() == storage for t in (q.data, q.scale) if t is not None)
 
 
+def low_latency_memory_bytes(plan: DispatchPlan, capacity: int, world_size: int) -> int:
+    """Device memory the low-latency buffer sets take for `capacity` tokens per rank among `world_size`
+    ranks: per set, the send records, every rank's received records and the returned partial sums."""
+    per_set = (world_size + 1) * plan.bytes_per_token + world_size * 4 * plan.hidden_size
+    return LowLatencyDispatcher.IN_FLIGHT * capacity * per_set
+
+
+def capacity_problem(plan: DispatchPlan, capacity: int, world_size: int, vendor: Vendor | None) -> str | None:
+    """Why a low-latency capacity cannot be built (its buffers alone exceed the device memory the vendor
+    states, or `hal.MAX_DEVICE_MEMORY_BYTES` where it states none), or None."""
+    memory = None if vendor is None else vendor.device_memory_bytes()
+    if memory is None:
+        memory, whose = MAX_DEVICE_MEMORY_BYTES, "hal.MAX_DEVICE_MEMORY_BYTES (the device memory is not stated)"
+    else:
+        whose = f"the device memory of vendor {vendor.name!r}"  # type: ignore[union-attr]
+    needed = low_latency_memory_bytes(plan, capacity, world_size)
+    if needed <= memory:
+        return None
+    return (
+        f"max_dispatch_tokens_per_rank: expected a capacity whose buffers fit {whose} "
+        f"({memory / 2**30:.1f} GiB; {needed // capacity} bytes per token of capacity: "
+        f"at most {memory * capacity // needed} tokens), got {capacity}"
+    )
+
+
 class LowLatencyDispatcher(Dispatcher):
     """Masked-layout dispatch with a fixed per-rank token capacity (one rank or many)."""
 
@@ -132,28 +157,14 @@ class LowLatencyDispatcher(Dispatcher):
     def memory_bytes(self) -> int:
         """Device memory all of this dispatcher's buffer sets take: per set, the send records, every
         rank's received records and the returned partial sums (fp32 at most)."""
-        per_set = (self.world_size + 1) * self.plan.bytes_per_token + self.world_size * 4 * self.plan.hidden_size
-        return self.IN_FLIGHT * self.capacity * per_set
+        return low_latency_memory_bytes(self.plan, self.capacity, self.world_size)
 
     def _check_fits(self) -> None:
-        """Refuse a capacity whose buffers alone exceed the device's memory (as the vendor states it;
-        unknown: `hal.MAX_DEVICE_MEMORY_BYTES`): better now than a huge allocation at the first forward."""
-        vendor = self.vendor
-        memory = None if vendor is None else vendor.device_memory_bytes()
-        if memory is None:
-            memory, whose = MAX_DEVICE_MEMORY_BYTES, "hal.MAX_DEVICE_MEMORY_BYTES (the device memory is not stated)"
-        else:
-            whose = f"the device memory of vendor {vendor.name!r}"  # type: ignore[union-attr]
-        if self.memory_bytes <= memory:
-            return
-        fits = memory * self.capacity // self.memory_bytes
-        raise invalid(
-            "max_dispatch_tokens_per_rank",
-            f"a capacity whose buffers fit {whose} "
-            f"({memory / 2**30:.1f} GiB; {self.memory_bytes // self.capacity} bytes per token of capacity: "
-            f"at most {fits} tokens)",
-            self.capacity,
-        )
+        """Refuse a capacity whose buffers alone exceed the device's memory: better now than a huge
+        allocation at the first forward."""
+        problem = capacity_problem(self.plan, self.capacity, self.world_size, self.vendor)
+        if problem is not None:
+            raise InvalidInput(problem)
 
     def _buffers(self, device: torch.device, top_k: int) -> _Buffers:
         """The next buffer set: persistent on a group (its ranks call from one thread each, in order);

@@ -13,6 +13,7 @@ import torch
 import hal
 import moe
 from hal import FP32_MAX, FP32_TINY, MAX_DEVICE_MEMORY_BYTES, Activation, DispatchConfig, InvalidInput, Vendor
+from moe.explain import explain_layer
 from moe.schemes.nvfp4 import NvFp4, nvfp4_global_scale
 from moe.schemes.w8a8_fp8 import W8A8Fp8
 from vendors.cpu import CpuVendor
@@ -125,3 +126,20 @@ def test_a_low_latency_capacity_beyond_any_device_is_refused_where_memory_is_unk
         H, I, E, K, vendor=vendor, environ={}, dispatch=DispatchConfig(max_dispatch_tokens_per_rank=1024)
     )
     assert fits.dispatcher.memory_bytes <= MAX_DEVICE_MEMORY_BYTES
+
+
+@pytest.mark.parametrize("which", ["cpu", "ascend-emulated", "unknown"])
+@pytest.mark.parametrize("mode", ["low-latency", "auto"])
+def test_the_explanation_refuses_the_capacity_the_layer_refuses_with_the_same_reason(which, mode):
+    vendor = hal.get_vendor(which) if which != "unknown" else UnknownMemory()
+    spec = hal.LayerSpec(H, I, E, K)
+    for capacity in (10**13, 1024):
+        config = DispatchConfig(max_dispatch_tokens_per_rank=capacity, ep_mode=mode)
+        explained = explain_layer(vendor, spec, dispatch=config)
+        try:
+            moe.MoELayer(H, I, E, K, vendor=vendor, environ={}, dispatch=config)
+            refused = None
+        except InvalidInput as exc:
+            refused = str(exc)
+        assert list(explained.problems) == ([] if refused is None else [refused])
+        assert (refused is None) == (capacity == 1024)
