@@ -119,7 +119,13 @@ class Platform(abc.ABC):
     def device(self) -> torch.device:
         """The device this instance computes on (the first of `devices()`, resolved once)."""
         if self._device is None:
-            self._device = self.devices()[0]
+            found = self.devices()
+            if not isinstance(found, (list, tuple)) or not found or not isinstance(found[0], torch.device):
+                shown = type(found).__name__ if not isinstance(found, (list, tuple)) else f"{len(found)} item(s)"
+                raise VendorUnavailable(
+                    f"vendor {self.name!r}: devices() returned {shown}, expected a non-empty list of torch.device"
+                )
+            self._device = found[0]
         return self._device
 
     # -- capabilities ----------------------------------------------------------------------------
@@ -206,8 +212,26 @@ class Platform(abc.ABC):
             self.capabilities()  # availability first, and the table the ops may read
             with self._lock:
                 if self._ops is None:
-                    self._ops = self._make_ops()
+                    self._ops = self._built_ops()
         return self._ops
+
+    def _built_ops(self) -> VendorOps:
+        """`_make_ops()`, or `VendorUnavailable` naming what went wrong (a plugin's fault, said as such)."""
+        from hal.ops import VendorOps
+
+        try:
+            ops = self._make_ops()
+        except HalError:
+            raise
+        except Exception as exc:  # a plugin's failure, whatever it raises, is reported as the vendor's
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: building its ops failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(ops, VendorOps):
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: _make_ops() returned {type(ops).__name__}, expected a hal.VendorOps"
+            )
+        return ops
 
     # -- memory ----------------------------------------------------------------------------------
 
@@ -219,6 +243,15 @@ class Platform(abc.ABC):
         bound allocations by `MAX_DEVICE_MEMORY_BYTES` instead, so a request for petabytes is refused.
         """
         return None
+
+    def stated_memory_bytes(self) -> int | None:
+        """`device_memory_bytes()` checked: a positive int or None, else `VendorUnavailable` (a plugin's fault)."""
+        memory = self.device_memory_bytes()
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: device_memory_bytes() returned {memory!r}, expected a positive int or None"
+            )
+        return memory
 
     @staticmethod
     def host_memory_bytes() -> int | None:

@@ -96,7 +96,7 @@ def low_latency_memory_bytes(plan: DispatchPlan, capacity: int, world_size: int)
 def capacity_problem(plan: DispatchPlan, capacity: int, world_size: int, vendor: Vendor | None) -> str | None:
     """Why a low-latency capacity cannot be built (its buffers alone exceed the device memory the vendor
     states, or `hal.MAX_DEVICE_MEMORY_BYTES` where it states none), or None."""
-    memory = None if vendor is None else vendor.device_memory_bytes()
+    memory = None if vendor is None else vendor.stated_memory_bytes()
     if memory is None:
         memory, whose = MAX_DEVICE_MEMORY_BYTES, "hal.MAX_DEVICE_MEMORY_BYTES (the device memory is not stated)"
     else:
