@@ -21,7 +21,8 @@ def load_safetensors(
     Only what the loader wants is read: this rank's experts (of a fused all-experts tensor,
     only the rows of the local experts) and every expert's `input_scale`; a tensor of an expert that
     no format understands (an int8 zero point) is refused by name, never skipped. Tensors stay on the
-    CPU; `loader.build(device=...)` moves the result. Needs the `safetensors` package
+    CPU; `loader.build(device=...)` moves the result. `paths` are files (not a directory), at least one,
+    every one readable as safetensors before any tensor is fed. Needs the `safetensors` package
     (`pip install moe-hal[checkpoint]`).
     """
     if not isinstance(loader, ExpertCheckpointLoader):
@@ -35,6 +36,9 @@ def load_safetensors(
         raise InvalidInput(
             "load_safetensors: expected the safetensors package (pip install 'moe-hal[checkpoint]'), got an ImportError"
         ) from exc
+    for path in files:  # every file's header first: an unreadable file refuses the load before any tensor is fed
+        with _opened(safetensors, path):
+            pass
     fed: list[str] = []
     for path in files:
         with _opened(safetensors, path) as f:
@@ -71,9 +75,17 @@ def _files(paths: object) -> list[str]:
     for path in given:
         if not isinstance(path, (str, PathLike)):
             raise invalid("paths", expected, f"an entry {path!r}")
+        if os.path.isdir(path):
+            raise invalid(
+                "paths",
+                "safetensors files, not a directory (pass its files: sorted(Path(d).glob('*.safetensors')))",
+                os.fspath(path),
+            )
         if not os.path.isfile(path):
             raise invalid("paths", "existing safetensors files", os.fspath(path))
         files.append(os.fspath(path))
+    if not files:
+        raise invalid("paths", "at least one safetensors file", "none (an empty iterable)")
     return files
 
 

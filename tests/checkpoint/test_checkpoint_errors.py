@@ -191,6 +191,32 @@ def test_load_safetensors_reports_a_bad_tensor_by_name(tmp_path):
         load_safetensors(path, P, ExpertCheckpointLoader("fp8-block128", 2, 256, 256))
 
 
+@pytest.mark.parametrize("what", ["directory", "missing", "empty", "not safetensors", "truncated"])
+def test_load_safetensors_refuses_paths_that_are_not_readable_safetensors_files(tmp_path, what):
+    good = tmp_path / "good.safetensors"
+    save_file(fp8_block().tensors, str(good))
+    (tmp_path / "junk.safetensors").write_bytes(b"plain text, not a checkpoint")
+    (tmp_path / "cut.safetensors").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    paths = {
+        "directory": tmp_path,
+        "missing": tmp_path / "absent.safetensors",
+        "empty": [],
+        "not safetensors": [good, tmp_path / "junk.safetensors"],
+        "truncated": tmp_path / "cut.safetensors",
+    }[what]
+    expected = {
+        "directory": "safetensors files, not a directory",
+        "missing": "existing safetensors files",
+        "empty": "at least one safetensors file",
+        "not safetensors": "readable safetensors files",
+        "truncated": "readable safetensors files",
+    }[what]
+    loader = ExpertCheckpointLoader("fp8-block128", 2, 256, 256)
+    with pytest.raises(InvalidInput, match=rf"^paths: expected {re.escape(expected)}"):
+        load_safetensors(paths, P, loader)
+    assert load_safetensors(good, P, loader)  # the refused call fed the loader nothing
+
+
 def test_the_scheme_needs_only_the_input_scales():
     ckpt = per_expert(lambda w, e, p: encode_nvfp4(w, 0.01 * (e + 1)), 32, 32, 2, P)
     loader = ExpertCheckpointLoader("nvfp4", 2, 32, 32, local_experts=range(1, 2))
