@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import moe
-from hal import DispatchDtype, GemmKind, InvalidInput, ScaleLayout, UnsupportedCapability
+from hal import KNOWN_SCHEMES, DispatchDtype, GemmKind, InvalidInput, ScaleLayout, UnsupportedCapability
 from hal.reference import ReferenceOps
 from tests.moe.test_moe_layer import E, H, I, K, WithoutInt4, _inputs
 from tests.support.moe_reference import random_weights, relative_error
@@ -167,17 +167,4 @@ def test_runner_registry_lookup_and_errors(cpu):
 def test_default_registry_covers_every_format_and_scheme():
     keys = moe.RunnerRegistry.with_defaults(plugins=False).keys()
     covered = {(k.format, k.scheme) for k in keys}
-    assert covered == {
-        (f, s)
-        for f in moe.DispatchFormat
-        for s in (
-            "unquantized",
-            "w8a8-int8",
-            "w8a8-fp8-block",
-            "w8a8-fp8",
-            "w4a4-int4",
-            "w4a16-mxfp4",
-            "w4a16-nvfp4",
-            "nvfp4",
-        )
-    }
+    assert covered == {(f, s) for f in moe.DispatchFormat for s in KNOWN_SCHEMES}
