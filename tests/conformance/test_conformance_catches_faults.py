@@ -109,8 +109,7 @@ def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     } <= {t.split("::")[0] for t in failed}
     assert result["exit"] == 1
     rows = {row["capability"]: row for row in result["matrix"]}
-    # the weight-only kinds' rows are not yet failed by this fault (a gap of their GEMM cases)
-    assert all(rows[f"grouped_matmul {kind}"]["result"] == "FAIL" for kind in GemmKind if not kind.spec.weight_only)
+    assert all(rows[f"grouped_matmul {kind}"]["result"] == "FAIL" for kind in GemmKind)
     # ... and they reach the Markdown report
     markdown = (tmp_path / "report" / "conformance.md").read_text()
     assert "## drops-last-group: FAILED" in markdown
