@@ -34,6 +34,8 @@ def on_device(name: str, t: object, device: torch.device) -> None:
     if not isinstance(t, torch.Tensor):
         return
     given = t.device
+    if given == device:  # the common case, decided in one comparison
+        return
     if given.type != device.type or (device.index is not None and given.index != device.index):
         raise invalid(name, f"a tensor on device {device}", str(given))
 

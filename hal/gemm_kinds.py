@@ -8,6 +8,7 @@ from a chain of tests on dtypes.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -205,6 +206,20 @@ GEMM_KINDS: dict[GemmKind, GemmSpec] = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # a pure function of a small, fixed set of formats
+def _kind_of_formats(key: object, storage: torch.dtype, layout: ScaleLayout) -> GemmKind | None:
+    """The kind whose activation format is `key` (a float dtype, or a (dispatch dtype, layout) pair) and
+    whose weights are stored as `storage` in `layout`, or None."""
+    if isinstance(key, tuple):
+        fmt = ActivationFormat(dtype=key[0], layout=key[1])
+    else:
+        fmt = ActivationFormat(float_dtype=key)  # type: ignore[arg-type]
+    for spec in GEMM_KINDS.values():
+        if spec.accepts(fmt) and spec.weight_layout is layout and spec.weight_storage == storage:
+            return spec.kind
+    return None
+
+
 def gemm_kinds_consuming(dtype: DispatchDtype) -> tuple[GemmKind, ...]:
     """The kinds whose activation operand is a `QuantizedTensor` of `dtype`."""
     return tuple(s.kind for s in GEMM_KINDS.values() if any(f.dtype is dtype for f in (s.activation, *s.also_accepts)))
@@ -212,6 +227,15 @@ def gemm_kinds_consuming(dtype: DispatchDtype) -> tuple[GemmKind, ...]:
 
 def gemm_kind_of(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, weight: QuantizedWeight) -> GemmKind:
     """The grouped-matmul kind an (activation, weight) pair asks for; `InvalidInput` if none."""
+    # Looked up once per (operand format, weight format): this runs twice per forward.
+    if isinstance(x, torch.Tensor):
+        key: object = x.dtype
+    else:  # a QuantizedTensor's (dispatch dtype, layout); other operands take the general path below
+        dtype, layout = getattr(x, "dtype", None), getattr(x, "layout", None)
+        key = (dtype, layout) if isinstance(dtype, DispatchDtype) and isinstance(layout, ScaleLayout) else None
+    found = _kind_of_formats(key, weight.data.dtype, weight.layout) if key is not None else None
+    if found is not None:
+        return found
     fmt = ActivationFormat.of(x)
     for spec in GEMM_KINDS.values():
         if spec.accepts(fmt) and spec.pairs_with(weight):

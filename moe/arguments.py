@@ -45,6 +45,8 @@ def flag(argument: str, value: object, *, optional: bool = False) -> bool | None
 def on_device(argument: str, tensor: torch.Tensor, device: torch.device) -> None:
     """Raise `InvalidInput` unless `tensor` is on `device` (an index-less `device` matches any index)."""
     given = tensor.device
+    if given == device:  # the common case, decided in one comparison
+        return
     if device.index is None:
         given = torch.device(given.type)  # an index-less device matches every index
     if given != device:

@@ -3,10 +3,13 @@ against float64 references built here."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from hal import (
+    GEMM_KINDS,
     DispatchDtype,
     GemmKind,
     InvalidInput,
@@ -17,6 +20,7 @@ from hal import (
     UnsupportedCapability,
     gemm_kind_of,
 )
+from hal.gemm_kinds import ActivationFormat
 from tests.support.gemm_helpers import (
     Bf16OnlyVendor,
     row_scale,
@@ -297,3 +301,25 @@ def test_swiglu_rejects_odd_last_dim(vendor: CpuVendor) -> None:
     with pytest.raises(InvalidInput, match="x"):
         vendor.swiglu(torch.ones(4, 8, dtype=torch.int32))
     assert vendor.swiglu(torch.zeros(2, 0)).shape == (2, 0)
+
+
+def test_the_kind_of_every_operand_and_weight_format_pairing_follows_the_table(vendor: CpuVendor) -> None:
+    """`gemm_kind_of` (looked up once per pair of formats) names the table's kind for every pairing of an
+    operand format and a weight format, and refuses every pairing the table has no kind for."""
+    x = torch.randn(4, 256, generator=gen(31))
+    operands = [x.to(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64)]
+    operands.append(vendor.quantize_int4(x))
+    for dtype in DispatchDtype.concrete():
+        operands += [vendor.quantize(x.bfloat16(), dtype, layout=layout) for layout in dtype.scale_layouts()]
+    w = torch.randn(2, 256, 64, generator=gen(32))
+    weights = [QuantizedWeight(w.to(dtype)) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    weights += [vendor.quantize_weight(w, s.weight_layout, s.weight_dtype) for s in GEMM_KINDS.values()]
+    for operand, weight in itertools.product(operands, weights):
+        fmt = ActivationFormat.of(operand)
+        expected = [s.kind for s in GEMM_KINDS.values() if s.accepts(fmt) and s.pairs_with(weight)]
+        for _ in range(2):  # the second call is answered from the lookup
+            if expected:
+                assert gemm_kind_of(operand, weight) is expected[0], (fmt, weight.layout, weight.data.dtype)
+            else:
+                with pytest.raises(InvalidInput, match="supported pairing"):
+                    gemm_kind_of(operand, weight)
