@@ -9,7 +9,7 @@ import torch
 
 from conformance.operands import random_codes_activation, random_codes_weight, spread_scales, strided, to_device
 from conformance.reference import activation as reference_activation
-from conformance.reference import generator, grouped_matmul, worst
+from conformance.reference import generator, grouped_matmul, relative_error, worst
 from conformance.tolerances import gemm_bound, swiglu_bound
 from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, take_rows
 from hal.reference import activation_value
@@ -188,3 +188,16 @@ def assert_unchanged(vendor: Vendor, before: dict[str, torch.Tensor]) -> None:
             again.shape == value.shape and difference <= 1e-3 * scale,
             f"{name} gives other results after the refused call (max difference {difference:.3g})",
         )
+
+
+#: How far two runs of the same call may differ on a vendor declaring `deterministic=False` (another
+#: order of sums), relative to the result; an aliased or stale result differs by about 1.
+NON_DETERMINISTIC_RELATIVE = 1e-2
+
+
+def same_result(vendor: Vendor, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether two results of the same call agree: bit for bit, or within `NON_DETERMINISTIC_RELATIVE`
+    for float results of a vendor that declares its ops non-deterministic."""
+    if vendor.capabilities().deterministic or not got.is_floating_point():
+        return torch.equal(got, want)
+    return got.shape == want.shape and relative_error(got, want.double().cpu()) <= NON_DETERMINISTIC_RELATIVE

@@ -2,8 +2,8 @@
 caller, so a later call with other inputs never changes a tensor an earlier call returned (a vendor
 reusing one output buffer across calls breaks it); (ii) ops called from several threads at once give
 what the same calls give one after the other (a layer may be called from several threads: the
-vendor's ops must not share scratch state between calls). Equality is bit for bit, or within 1e-6
-relative where the vendor declares `deterministic=False`.
+vendor's ops must not share scratch state between calls). Equality is bit for bit, or within
+`conformance.checks.NON_DETERMINISTIC_RELATIVE` where the vendor declares `deterministic=False`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from conformance.capability import CONCURRENCY, mark
-from conformance.reference import generator, relative_error
+from conformance.checks import same_result
+from conformance.reference import generator
 from hal import Groups, ScaleLayout, Vendor
 
 pytestmark = mark(CONCURRENCY)
@@ -46,12 +47,6 @@ def _calls(vendor: Vendor, seed: int) -> dict[str, Callable[[], torch.Tensor]]:
     }
 
 
-def _same(vendor: Vendor, got: torch.Tensor, want: torch.Tensor) -> bool:
-    if vendor.capabilities().deterministic or not got.is_floating_point():
-        return torch.equal(got, want)
-    return relative_error(got, want.double().cpu()) <= 1e-2  # a declared non-deterministic order of sums
-
-
 def test_a_result_is_not_changed_by_a_later_call(hal_vendor):
     first, later = _calls(hal_vendor, 0), _calls(hal_vendor, 1)
     for name, call in first.items():
@@ -68,6 +63,6 @@ def test_calls_from_threads_equal_serial_calls(hal_vendor):
         threaded = list(pool.map(lambda case: case[2](), cases * 2))
     for i, got in enumerate(threaded):
         seed, name, _ = cases[i % len(cases)]
-        assert _same(hal_vendor, got, serial[i % len(cases)]), (
+        assert same_result(hal_vendor, got, serial[i % len(cases)]), (
             f"{name} (inputs {seed}) differs when called from threads"
         )

@@ -117,7 +117,9 @@ def test_a_grouped_matmul_that_is_not_bit_reproducible(conformance):
     # moving experts between slots is checked bit for bit too, where the vendor declares deterministic ops
     placement = {t for t in failed if t.startswith(PLACEMENT)}
     concurrency = {t for t in failed if t.startswith("test_concurrency.py")}  # threads see other results too
-    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING} | placement | concurrency, sorted(failed - must)
+    # a refused load must leave the output as it was: bit for bit where the vendor declares deterministic ops
+    loading = {t for t in failed if t.startswith("test_loading.py")}
+    assert failed <= must | {ROUND_TRIP, KEEPS_WORKING} | placement | concurrency | loading, sorted(failed - must)
     assert len(_functions(failed)) >= 2 and result["exit"] == 1
 
 
