@@ -14,8 +14,15 @@ def test_weight_only_kinds_follow_the_compute_capability():
         assert {GemmKind.BF16_MXFP4, GemmKind.BF16_NVFP4} <= caps.grouped_matmul
 
 
-def test_hopper_points_nvfp4_checkpoints_at_the_weight_only_scheme():
-    """Without fp4 tensor cores the nvfp4 scheme is refused, naming the weight-only scheme that runs its weights."""
-    name, cc = DECLARED_MODELS["H100"]
+def test_nvfp4_layers_run_weight_only_without_fp4_tensor_cores_and_are_refused_before_sm89():
+    """sm89-sm90 convert the nvfp4 scheme to w4a16-nvfp4 (its weights as stored); sm80 refuses it; sm100 runs it."""
+    for model in ("H100", "H200", "L40S"):
+        name, cc = DECLARED_MODELS[model]
+        fallback = cuda_capabilities(name, cc).scheme_fallbacks["nvfp4"]
+        assert fallback.target == "w4a16-nvfp4" and fallback.max_error is not None, model
+        assert "sm100+" in fallback.reason and "weight-only" in fallback.reason
+    name, cc = DECLARED_MODELS["A100"]
     refusal = cuda_capabilities(name, cc).scheme_fallbacks["nvfp4"]
-    assert refusal.target is None and "w4a16-nvfp4" in refusal.reason
+    assert refusal.target is None and "sm89+" in refusal.reason
+    name, cc = DECLARED_MODELS["B200"]
+    assert "nvfp4" not in cuda_capabilities(name, cc).scheme_fallbacks
