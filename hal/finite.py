@@ -23,7 +23,7 @@ def non_finite_count(x: torch.Tensor, *, e8m0: bool = False) -> int:
     """How many values of `x` are inf or NaN (0 for integer and packed tensors); `e8m0`: `x` holds e8m0
     bytes (uint8 biased exponents), of which 255 is NaN. A tensor without storage (the meta device) has no
     values: 0."""
-    if x.device.type == "meta":
+    if x.is_meta:
         return 0
     if e8m0:
         return int((x == E8M0_NAN).sum())
