@@ -6,8 +6,8 @@ of every declared grouped-matmul kind), grouped_matmul (every declared kind), sw
 (every declared kind), sort_by_expert and weighted_combine. Examples are derandomized (the same
 cases on every run in one environment, so CI is reproducible; hypothesis also mixes in constants of
 the loaded modules, so another environment may draw others) and stored nowhere; `--hal-depth quick`
-draws `conformance.hypothesis_settings.EXAMPLES["quick"]` per test, `full` many more. Needs hypothesis (the `[test]` extra);
-without it this module is skipped.
+draws `conformance.hypothesis_settings.EXAMPLES["quick"]` per test, `full` many more. Needs hypothesis
+(the `[test]` extra); without it this module is skipped.
 """
 
 from __future__ import annotations
