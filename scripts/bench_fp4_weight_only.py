@@ -20,7 +20,7 @@ from hal import Activation, GemmKind, Groups, QuantizedWeight, ScaleLayout
 from tests.support.fp4_weights import Fp4Weights, grouped_reference
 from vendors.cuda import CudaVendor
 from vendors.cuda.kernels.grouped_gemm import TileConfig
-from vendors.cuda.kernels.grouped_gemm_fp4 import default_fp4_tiles, grouped_gemm_fp4
+from vendors.cuda.kernels.grouped_gemm_fp4 import Fp4Tiles, default_fp4_tiles, grouped_gemm_fp4
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 LAYERS = 4
@@ -71,13 +71,60 @@ def timed(fn) -> float:
         return float("inf")
 
 
-def candidates(decode: bool) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """Tile candidates of the first (gated) and second projections."""
-    if decode:
-        gated = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 4), (16, 128, 128, 4, 3)]
-        return gated, [(16, 32, 256, 4, 4), (16, 128, 256, 4, 3), (16, 64, 128, 4, 4)]
-    gated = [(128, 64, 64, 8, 3), (128, 128, 64, 8, 4, 1), (64, 128, 64, 4, 3)]
-    return gated, [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4, 1), (64, 256, 64, 4, 3)]
+def candidates(per_group: float) -> tuple[list[Fp4Tiles], list[Fp4Tiles]]:
+    """Configurations of the first (gated) and second projections to try at `per_group` rows per expert
+    (`[block_m, block_n, block_k, warps, stages(, n_fastest, group_m)]`, interleave)."""
+    if per_group <= 16:
+        gated = [
+            ((16, 64, 128, 4, 4), False),
+            ((16, 64, 64, 4, 4), False),
+            ((16, 32, 128, 4, 4), False),
+            ((16, 64, 128, 4, 5), False),
+            ((16, 64, 128, 8, 4), False),
+        ]
+        plain = [
+            ((16, 128, 128, 4, 3), False),
+            ((16, 64, 128, 4, 4), False),
+            ((16, 128, 64, 4, 4), False),
+            ((16, 128, 128, 4, 4), False),
+            ((16, 256, 64, 8, 3), False),
+        ]
+    elif per_group <= 96:
+        gated = [
+            ((64, 128, 64, 4, 3), False),
+            ((64, 64, 64, 4, 3), False),
+            ((64, 64, 128, 4, 3), True),
+            ((32, 128, 64, 4, 3), False),
+            ((64, 128, 64, 4, 4), False),
+        ]
+        plain = [
+            ((64, 128, 64, 4, 3), False),
+            ((64, 64, 128, 4, 3), True),
+            ((64, 128, 64, 4, 4), False),
+            ((128, 128, 64, 8, 3), True),
+            ((64, 256, 64, 8, 3), False),
+        ]
+    else:
+        gated = [
+            ((128, 128, 64, 8, 3), False),
+            ((128, 64, 64, 4, 3), True),
+            ((256, 64, 64, 8, 3), True),
+            ((128, 128, 64, 8, 4), False),
+            ((128, 128, 64, 8, 3, 1), False),
+            ((64, 128, 64, 4, 4), False),
+        ]
+        plain = [
+            ((256, 128, 64, 8, 3), True),
+            ((128, 64, 64, 4, 3), True),
+            ((256, 64, 64, 8, 3), True),
+            ((256, 128, 64, 8, 4), True),
+            ((256, 128, 64, 8, 3, 1), True),
+            ((128, 128, 64, 8, 4, 1), True),
+        ]
+    return (
+        [Fp4Tiles(TileConfig.from_list(list(c)), il) for c, il in gated],
+        [Fp4Tiles(TileConfig.from_list(list(c)), il) for c, il in plain],
+    )
 
 
 def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
@@ -115,7 +162,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             global_scale=w1.global_scale,
             gated=True,
             row_index=tok,
-            config=t1,
+            config=t1.tiles,
+            interleave=t1.interleave,
             pdl=ops.pdl,
             asm_decode=f1,
         )
@@ -127,7 +175,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             torch.bfloat16,
             mx=mx,
             global_scale=w2.global_scale,
-            config=t2,
+            config=t2.tiles,
+            interleave=t2.interleave,
             pdl=ops.pdl,
             asm_decode=f2,
         )
@@ -149,7 +198,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 global_scale=w1.global_scale,
                 gated=True,
                 row_index=tok,
-                config=cfg,
+                config=cfg.tiles,
+                interleave=cfg.interleave,
                 pdl=ops.pdl,
                 asm_decode=asm,
             )
@@ -166,7 +216,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 torch.bfloat16,
                 mx=mx,
                 global_scale=w2.global_scale,
-                config=cfg,
+                config=cfg.tiles,
+                interleave=cfg.interleave,
                 pdl=ops.pdl,
                 asm_decode=asm,
             )
@@ -183,10 +234,10 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
         flush=True,
     )
     if sweep:
-        c1, c2 = candidates(rows / E <= 16)
+        print(f"tokens {tokens}: default gemm1 {d1}, gemm2 {d2}", flush=True)
+        c1, c2 = candidates(rows / E)
         for cands, which in ((c1, 1), (c2, 2)):
-            for c in cands:
-                cfg = TileConfig.from_list(list(c))
+            for cfg in cands:
                 for asm in (True,):
                     t = timed(gemm1(True, cfg, asm) if which == 1 else gemm2(True, cfg, asm))
                     if which == 1 and t < best1[2]:
@@ -194,9 +245,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                     if which == 2 and t < best2[2]:
                         best2 = (cfg, asm, t)
         print(
-            f"tokens {tokens}: best gemm1 {best1[0].as_list()} asm={best1[1]} {best1[2]:.1f} us "
-            f"(default {d1.as_list()}), gemm2 {best2[0].as_list()} asm={best2[1]} {best2[2]:.1f} us "
-            f"(default {d2.as_list()})",
+            f"tokens {tokens}: best gemm1 {best1[0]} asm={best1[1]} {best1[2]:.1f} us, "
+            f"gemm2 {best2[0]} asm={best2[1]} {best2[2]:.1f} us",
             flush=True,
         )
     gemm_mx = best1[2] + best2[2]

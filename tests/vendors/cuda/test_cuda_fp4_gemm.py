@@ -37,8 +37,10 @@ def _check(y: torch.Tensor, expected: torch.Tensor) -> None:
 )
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "silu-glu"])
 @pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
-def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts, k, n, gated, asm):
-    """Rows gathered through the dispatch's index and rows already sorted give the float64 product."""
+@pytest.mark.parametrize("interleave", [None, False, True], ids=["default-step", "per-nibble", "interleaved"])
+def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts, k, n, gated, asm, interleave):
+    """Rows gathered through the dispatch's index and rows already sorted give the float64 product, with the
+    default K step and with each of the two forced (one product per nibble, or over both nibbles in k order)."""
     from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
 
     w = random_fp4(experts, k, 2 * n if gated else n, mx=mx, per_column_global=gated, device="cuda", seed=tokens)
@@ -47,7 +49,7 @@ def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts
     expected = grouped_reference(x, w.values(), counts, gated=gated, row_index=index)
     dev_counts = torch.tensor(counts, device="cuda", dtype=torch.int32)
     xc, ic = x.cuda(), index.cuda()
-    common = {"mx": mx, "global_scale": w.global_scale, "gated": gated, "asm_decode": asm}
+    common = {"mx": mx, "global_scale": w.global_scale, "gated": gated, "asm_decode": asm, "interleave": interleave}
     y = grouped_gemm_fp4(xc, w.data, w.scale, dev_counts, torch.bfloat16, row_index=ic, **common)
     _check(y, expected)
     y = grouped_gemm_fp4(xc[ic.long()], w.data, w.scale, dev_counts, torch.bfloat16, **common)
@@ -55,8 +57,9 @@ def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts
 
 
 @pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
+@pytest.mark.parametrize("interleave", [False, True], ids=["per-nibble", "interleaved"])
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
-def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm):
+def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm, interleave):
     """Every one of the 16 codes in both nibbles, MXFP4 scales from 2**-20 to 2**20 (e4m3 scales across
     their range for NVFP4), a one-hot x picking single weights out: each output equals one weight exactly."""
     from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
@@ -82,6 +85,7 @@ def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm):
         mx=mx,
         global_scale=w.global_scale,
         asm_decode=asm,
+        interleave=interleave,
     )
     torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=0)
 

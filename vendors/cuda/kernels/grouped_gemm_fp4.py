@@ -13,18 +13,23 @@ Formats (`MX`):
 A code times its block scale is exact in bf16 (2 mantissa bits times a power of two, or times an
 e4m3 scale's 4 bits), so the tensor cores multiply the exact dequantized weights, accumulating in
 fp32. Two decodes (`asm_decode`): inline PTX, four bytes at a time (a byte-permute table lookup per
-four codes, bf16x2 scaling; the default, 3-16 % less time per GEMM on an H100), or Triton operations on each
-value. Either way the decode, not the bytes read, bounds a decode-sized call: on an H100 it moves about
-0.75 TB/s of packed weights at 8 tokens of gpt-oss-20b's experts, a quarter of the copy roofline.
+four codes, bf16x2 scaling; the default), or Triton operations on each value.
 
-Each K step loads the x columns of even and odd k apart (two strided loads of the same lines) and
-takes two products, one per nibble: the unpacked `[BLOCK_K, BLOCK_N]` tile is never interleaved.
+Each program computes the transposed tile `y[rows, cols]^T = w[:, cols]^T @ x[rows]^T`: the decoded
+weights are the MMA's first operand, which Hopper's tensor cores take from registers, where the
+decode leaves them; x's rows are the second, staged through shared memory. (Taking the weights as the
+second operand, as a plain GEMM would, cost 1.3-1.8x the time at 8-64 tokens of gpt-oss-20b's experts
+on an H100 and 1.9-3.3x at 512-4096.) A K step either takes one product per nibble, reading x's even and
+odd k apart, or joins the two nibbles' values in k order and takes one product over x read
+contiguously (`interleave`): which is faster depends on the tiles (`default_fp4_tiles`).
 
 The scheduling (groups found on the device, grid orders), `GATED` (SiLU-GLU in the epilogue, w's
 columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `grouped_gemm.py`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -171,6 +176,7 @@ def _grouped_gemm_fp4(
     HALF_K: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
     ASM_DECODE: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
     N_FASTEST: tl.constexpr,
     GATED: tl.constexpr,
     GATHER: tl.constexpr,
@@ -193,34 +199,46 @@ def _grouped_gemm_fp4(
     else:
         src64 = rows64
     group64 = group.to(tl.int64)
-    x_rows = x_ptr + src64[:, None] * stride_xm
-    w_cols = w_ptr + group64 * stride_we + cols[None, :] * stride_wn
-    s_cols = ws_ptr + group64 * stride_wse + cols[None, :] * stride_wsn
+    # The transposed product: weights (columns x k) are the MMA's first operand, taken from registers
+    # where the decode leaves them; x's rows (k x rows) the second.
+    x_rows = x_ptr + src64[None, :] * stride_xm
+    w_cols = w_ptr + group64 * stride_we + cols[:, None] * stride_wn
+    s_cols = ws_ptr + group64 * stride_wse + cols[:, None] * stride_wsn
     up = N * stride_wn  # GATED: the up half's columns (N is the output width)
     up_s = N * stride_wsn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     half_k = K // 2
     for k0 in range(0, half_k, HALF_K):
         kp = k0 + tl.arange(0, HALF_K)  # packed rows: k = 2 * kp (low nibble) and 2 * kp + 1 (high)
         kp_ok = kp < half_k
-        a_mask = row_ok[:, None] & kp_ok[None, :]
-        a_lo = tl.load(x_rows + (2 * kp)[None, :] * stride_xk, mask=a_mask, other=0.0)
-        a_hi = tl.load(x_rows + (2 * kp + 1)[None, :] * stride_xk, mask=a_mask, other=0.0)
-        b_mask = kp_ok[:, None] & col_ok[None, :]
-        w_at = w_cols + kp[:, None] * stride_wk
-        s_at = s_cols + (kp // SCALE_ROWS)[:, None] * stride_wsk
+        w_mask = col_ok[:, None] & kp_ok[None, :]
+        w_at = w_cols + kp[None, :] * stride_wk
+        s_at = s_cols + (kp // SCALE_ROWS)[None, :] * stride_wsk
         w_lo, w_hi = _dequantize(
-            tl.load(w_at, mask=b_mask, other=0), tl.load(s_at, mask=b_mask, other=0), MX, ASM_DECODE
+            tl.load(w_at, mask=w_mask, other=0), tl.load(s_at, mask=w_mask, other=0), MX, ASM_DECODE
         )
-        acc += tl.dot(a_lo, w_lo)
-        acc += tl.dot(a_hi, w_hi)
+        if INTERLEAVE:  # one product over k in order: the nibbles' values joined along k, x read contiguously
+            kk = 2 * k0 + tl.arange(0, 2 * HALF_K)
+            xt = tl.load(x_rows + kk[:, None] * stride_xk, mask=row_ok[None, :] & (kk < K)[:, None], other=0.0)
+            acc = tl.dot(tl.reshape(tl.join(w_lo, w_hi), (BLOCK_N, 2 * HALF_K)), xt, acc)
+        else:  # one product per nibble, x's even and odd k read apart
+            x_mask = row_ok[None, :] & kp_ok[:, None]
+            x_lo = tl.load(x_rows + (2 * kp)[:, None] * stride_xk, mask=x_mask, other=0.0)
+            x_hi = tl.load(x_rows + (2 * kp + 1)[:, None] * stride_xk, mask=x_mask, other=0.0)
+            acc = tl.dot(w_lo, x_lo, acc)
+            acc = tl.dot(w_hi, x_hi, acc)
+        # The up half is decoded only once the gate's products are taken: decoding both halves first took
+        # 1.8x the time with 64 x 128 tiles at 512 tokens of gpt-oss-20b (H100), more registers live at once.
         if GATED:
             u_lo, u_hi = _dequantize(
-                tl.load(w_at + up, mask=b_mask, other=0), tl.load(s_at + up_s, mask=b_mask, other=0), MX, ASM_DECODE
+                tl.load(w_at + up, mask=w_mask, other=0), tl.load(s_at + up_s, mask=w_mask, other=0), MX, ASM_DECODE
             )
-            acc_up += tl.dot(a_lo, u_lo)
-            acc_up += tl.dot(a_hi, u_hi)
+            if INTERLEAVE:
+                acc_up = tl.dot(tl.reshape(tl.join(u_lo, u_hi), (BLOCK_N, 2 * HALF_K)), xt, acc_up)
+            else:
+                acc_up = tl.dot(u_lo, x_lo, acc_up)
+                acc_up = tl.dot(u_hi, x_hi, acc_up)
     release_next(PDL)
     out = acc
     if not ASM_DECODE:  # the Triton decode's 2**-14
@@ -228,24 +246,39 @@ def _grouped_gemm_fp4(
         acc_up = acc_up * 16384.0
     if not MX:  # NVFP4's global scale divides each column (one number per expert, or per column)
         gs = gs_ptr + group64 * stride_gse
-        out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[None, :]
+        out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[:, None]
         if GATED:
-            acc_up = acc_up / tl.load(gs + (cols + N) * stride_gsn, mask=col_ok, other=1.0)[None, :]
+            acc_up = acc_up / tl.load(gs + (cols + N) * stride_gsn, mask=col_ok, other=1.0)[:, None]
     if GATED:
         out = out / (1.0 + tl.exp(-out)) * acc_up
-    y = y_ptr + rows64[:, None] * stride_ym + cols[None, :] * stride_yn
-    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    y = y_ptr + rows64[None, :] * stride_ym + cols[:, None] * stride_yn
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
 
-def default_fp4_tiles(m: int, groups: int, gated: bool) -> TileConfig:
-    """The built-in tiles for a call of `m` rows over `groups` groups (H100 timings, gpt-oss-20b's experts,
-    1 to 4096 tokens). Few rows per group: the call streams the packed weights; narrow column blocks give
-    enough programs to keep every SM's loads in flight. From 64 rows per group (512 tokens at top-4 of 32)
-    large tiles decode each weight tile once for many rows."""
+@dataclass(frozen=True)
+class Fp4Tiles:
+    """A launch configuration of the FP4 kernel: the tiles, and whether a K step takes one product over
+    the nibbles' values joined in k order (`interleave`) or one product per nibble."""
+
+    tiles: TileConfig
+    interleave: bool
+
+
+def default_fp4_tiles(m: int, groups: int, gated: bool) -> Fp4Tiles:
+    """The built-in configuration for a call of `m` rows over `groups` groups. From H100 timings of
+    gpt-oss-20b's experts at 8 to 4096 tokens (32 experts, top-4; `scripts/bench_fp4_weight_only.py`):
+    with few rows per group the call streams the packed weights, 16-row tiles over 64 or 128 weight
+    columns; with many, large tiles decode each weight tile once for many rows."""
     per_group = m / max(groups, 1)
     if per_group <= 16:
-        return TileConfig(16, 32, 128, 4, 4) if gated else TileConfig(16, 64, 256, 4, 4)
-    return TileConfig(128, 128, 64, 8, 3) if gated else TileConfig(128, 256, 64, 8, 3)
+        return (
+            Fp4Tiles(TileConfig(16, 64, 128, 4, 4), False) if gated else Fp4Tiles(TileConfig(16, 128, 128, 4, 3), False)
+        )
+    if per_group <= 96:
+        return Fp4Tiles(TileConfig(64, 128, 64, 4, 3), False)
+    if gated:
+        return Fp4Tiles(TileConfig(128, 128, 64, 8, 3), False)
+    return Fp4Tiles(TileConfig(256, 128, 64, 8, 3), True)
 
 
 def grouped_gemm_fp4(
@@ -262,6 +295,7 @@ def grouped_gemm_fp4(
     row_index: torch.Tensor | None = None,
     pdl: bool = False,
     asm_decode: bool = True,
+    interleave: bool | None = None,
 ) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
 
@@ -269,6 +303,8 @@ def grouped_gemm_fp4(
     fp32 `[E]` or `[E, N]`). `gated`, `row_index`, `config`, `pdl`: as `grouped_gemm.grouped_gemm`.
     `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling; the
     default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
+    `interleave`: one product per K step over both nibbles' values in k order (None: the default
+    configuration's choice; see `Fp4Tiles`).
     """
     e, half_k, n = w.shape
     k = 2 * half_k
@@ -286,7 +322,10 @@ def grouped_gemm_fp4(
         raise ValueError(f"grouped_gemm_fp4: at most {MAX_GROUPS} groups, got {e}")
     if k == 0:
         return y.zero_()
-    tiles = config if config is not None else default_fp4_tiles(m, e, gated)
+    default = default_fp4_tiles(m, e, gated)
+    tiles = config if config is not None else default.tiles
+    if interleave is None:
+        interleave = default.interleave if config is None else False
     block = MX_BLOCK if mx else NV_BLOCK
     if tiles.block_k % block or tiles.block_k < 32:
         raise ValueError(f"grouped_gemm_fp4: BLOCK_K must be a multiple of {block} and >= 32, got {tiles}")
@@ -332,6 +371,7 @@ def grouped_gemm_fp4(
         HALF_K=tiles.block_k // 2,
         SCALE_ROWS=block // 2,  # packed rows per scale row
         ASM_DECODE=asm_decode,
+        INTERLEAVE=interleave,
         N_FASTEST=tiles.n_fastest,
         GATED=gated,
         GATHER=row_index is not None,
