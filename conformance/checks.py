@@ -10,7 +10,7 @@ import torch
 from conformance.operands import random_codes_activation, random_codes_weight, spread_scales, strided, to_device
 from conformance.reference import activation as reference_activation
 from conformance.reference import generator, grouped_matmul, relative_error, worst
-from conformance.tolerances import gemm_bound, swiglu_bound
+from conformance.tolerances import OUTPUT_ROUNDING, gemm_bound, swiglu_bound
 from hal import GEMM_KINDS, ActivationKind, GemmKind, Groups, Vendor, take_rows
 from hal.reference import activation_value
 
@@ -83,8 +83,10 @@ def run_activated_gemm_case(
     k: int = K,
     n: int = 2 * N,
     gather_from: int | None = None,
+    bias: bool = False,
 ) -> None:
-    """`grouped_matmul(..., activation=...)` against the float64 activation of the float64 product.
+    """`grouped_matmul(..., activation=...)` against the float64 activation of the float64 product
+    (`bias`: plus a per-group bias row of the product's size, added before the activation).
 
     The bound: the product's own (`gemm_bound`), carried through the activation by evaluating
     it at the corners of each element's error box (twice that, for curvature), plus the
@@ -104,13 +106,22 @@ def run_activated_gemm_case(
         product, magnitude = grouped_matmul(x, w, counts)
     device = vendor.device
     groups = Groups.from_counts(torch.tensor(counts).to(device))
-    gather = {} if row_index is None else {"row_index": row_index.to(device)}
+    extra = {} if row_index is None else {"row_index": row_index.to(device)}
+    rounded_first: torch.Tensor | float = 0.0
+    if bias:
+        size = float(product.square().mean().sqrt()) if product.numel() else 1.0  # biases of the product's order
+        rows_bias = torch.randn(len(counts), n, generator=gen) * max(size, 1e-3)
+        per_row = torch.repeat_interleave(rows_bias.double(), torch.tensor(counts), dim=0)
+        # the product may be rounded to the output dtype before the bias is added: one more rounding
+        rounded_first = OUTPUT_ROUNDING[default_out_dtype(kind)] * product.abs()
+        product, magnitude = product + per_row, magnitude + per_row.abs()
+        extra["bias"] = rows_bias.to(device)
     y = vendor.grouped_matmul(
         to_device(x if source is None else source, device),
         to_device(w, device),
         groups,
         activation=activation_kind,
-        **gather,
+        **extra,
     )
     out_dtype = default_out_dtype(kind)
     width = n // 2 if activation_kind.gated else n
@@ -120,7 +131,7 @@ def run_activated_gemm_case(
         f"{activation_kind}: output shape {tuple(y.shape)}, expected {(sum(counts), width)}",
     )
     ref, act_magnitude = reference_activation(product, activation_kind.value)
-    slack = gemm_bound(product, magnitude, out_dtype)
+    slack = gemm_bound(product, magnitude, out_dtype) + rounded_first
     halves = 2 if activation_kind.gated else 1
     signs = [(a, b) for a in (-1, 1) for b in ((-1, 1) if halves == 2 else (1,))]
     carried = torch.zeros_like(ref)

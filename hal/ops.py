@@ -41,6 +41,7 @@ OP_NAMES = (
     "grouped_matmul",
     "grouped_matmul_activated",
     "grouped_matmul_gathered",
+    "grouped_matmul_biased",
     "add_expert_bias",
     "swiglu",
     "activate",
@@ -159,6 +160,31 @@ class VendorOps(abc.ABC):
         return self.grouped_matmul_activated(
             rows, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
         )
+
+    def grouped_matmul_biased(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        bias: torch.Tensor,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+        row_index: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`grouped_matmul` plus each row's group's bias row (`bias` `[G, N]`), then `activation` when given,
+        over x's rows `row_index` when given. The default gathers the rows, takes the product, adds the
+        bias (`add_expert_bias`) and activates (`activate`); a vendor may add the bias and activate in its
+        GEMM's epilogue, from the unrounded product."""
+        from hal import checks
+        from hal.formats import take_rows
+
+        rows = x if row_index is None else take_rows(x, row_index)
+        y = self.grouped_matmul(rows, weight, groups, kind=kind, out_dtype=out_dtype)
+        checks.expert_bias_operands(y, bias, groups)  # the product as this vendor returned it
+        y = self.add_expert_bias(y, bias, groups=groups)
+        return y if activation is None else self.activate(y, activation=activation)
 
     @abc.abstractmethod
     def add_expert_bias(self, y: torch.Tensor, bias: torch.Tensor, *, groups: Groups) -> torch.Tensor:

@@ -25,7 +25,7 @@ from hal import checks
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
-from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight, take_rows
+from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 from hal.groups import Groups
 from hal.ops import OpSource
@@ -217,21 +217,19 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
                 raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
             checks.on_device("bias", bias, device)
         resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
+        if bias is not None:
+            return self.ops.grouped_matmul_biased(
+                x, weight, groups, bias, kind=kind, out_dtype=resolved_dtype, activation=parsed, row_index=row_index
+            )
         if row_index is not None:
-            if bias is None:
-                return self.ops.grouped_matmul_gathered(
-                    x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
-                )
-            x = take_rows(x, row_index)  # the bias goes between the GEMM and the activation: the rows first
-        if parsed is not None and bias is None:
+            return self.ops.grouped_matmul_gathered(
+                x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
+            )
+        if parsed is not None:
             return self.ops.grouped_matmul_activated(
                 x, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
             )
-        y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
-        if bias is not None:
-            checks.expert_bias_operands(y, bias, groups)
-            y = self.ops.add_expert_bias(y, bias, groups=groups)
-        return y if parsed is None else self.ops.activate(y, activation=parsed)
+        return self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""

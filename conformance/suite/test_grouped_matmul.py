@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.capability import activation_label, gemm_label, mark, require_activation, require_gemm
+from conformance.capability import (
+    EXPERT_BIAS,
+    activation_label,
+    gemm_label,
+    mark,
+    require_activation,
+    require_expert_bias,
+    require_gemm,
+)
 from conformance.checks import K_GRANULARITY, run_activated_gemm_case, run_gemm_case
 from hal import ActivationKind, GemmKind, HalError
 
@@ -114,6 +122,29 @@ def test_grouped_matmul_through_row_index_with_activation_matches_float64(hal_ve
     require_activation(hal_vendor, ActivationKind.SILU_GLU)
     counts, k, n, tokens = GATHERED_CASES[case]
     run_activated_gemm_case(hal_vendor, kind, counts, ActivationKind.SILU_GLU, k=k, n=n, gather_from=tokens)
+
+
+@pytest.mark.parametrize(
+    "kind, activation",
+    [
+        pytest.param(
+            kind,
+            act,
+            id=f"{kind}-{act}",
+            marks=[mark(gemm_label(kind)), mark(activation_label(act)), mark(EXPERT_BIAS)],
+        )
+        for kind in GemmKind
+        for act in (ActivationKind.SILU_GLU, ActivationKind.SWIGLU_OAI)
+    ],
+)
+def test_grouped_matmul_with_bias_through_row_index_matches_float64(hal_vendor, kind, activation):
+    """gpt-oss's first projection: rows read through `row_index`, each expert's bias added to the product
+    before the activation (a vendor may do both in its GEMM's epilogue)."""
+    require_gemm(hal_vendor, kind)
+    require_activation(hal_vendor, activation)
+    require_expert_bias(hal_vendor)
+    counts, k, n = ACTIVATED_CASES["small"]
+    run_activated_gemm_case(hal_vendor, kind, counts, activation, k=k, n=n, gather_from=11, bias=True)
 
 
 LIMITS = ["max_groups", "max_inner_dim", "max_group_rows"]

@@ -69,13 +69,17 @@ LAST_GROUP_USED = [
 ]
 #: the first projection read through a row index, with its activation (rows in every group)
 GEMM_THROUGH_INDEX = "test_grouped_matmul.py::test_grouped_matmul_through_row_index_with_activation_matches_float64"
+#: the same with each expert's bias before the activation (rows in the last group)
+GEMM_BIASED = "test_grouped_matmul.py::test_grouped_matmul_with_bias_through_row_index_matches_float64"
 
 
 def test_a_grouped_matmul_that_ignores_the_last_group(tmp_path):
     result = _run(tmp_path, "drops-last-group")
     failed, ran = _outcomes(result)
     must = {f"{GEMM}[{kind}-{case}]" for kind in GemmKind for case in LAST_GROUP_USED}
-    must |= {t for t in ran if t.startswith((GEMM_ACTIVATED, GEMM_THROUGH_INDEX))}  # rows in every last group
+    must |= {
+        t for t in ran if t.startswith((GEMM_ACTIVATED, GEMM_THROUGH_INDEX, GEMM_BIASED))
+    }  # rows in every last group
     # the bias cases whose last group has rows, and every model-features layer (300 tokens, 16 experts)
     must |= {
         f"test_activations_and_bias.py::test_grouped_matmul_bias_matches_float64[{c}]"

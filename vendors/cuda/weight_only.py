@@ -3,8 +3,9 @@
 `GemmKind.BF16_MXFP4` (e8m0 scales per 32 values along K) and `GemmKind.BF16_NVFP4` (e4m3 scales per 16
 values, an fp32 global scale per expert or per column) run the Triton kernel of
 `kernels/grouped_gemm_fp4.py`, which decodes the packed weights tile by tile in registers: the weights stay
-4-bit in memory and no full-precision copy is ever made. SiLU-GLU runs in the kernel's epilogue; other
-activations after it; a dispatch's row index is read by the kernel's loads (no gathered copy).
+4-bit in memory and no full-precision copy is ever made. The experts' biases and SiLU-GLU or gpt-oss's
+swiglu-oai run in the kernel's epilogue (other activations after it); a dispatch's row index is read by
+the kernel's loads (no gathered copy).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
 
 #: The weight-only kinds, and whether each one's scales are e8m0 (MXFP4).
 WEIGHT_ONLY_KINDS = {GemmKind.BF16_MXFP4: True, GemmKind.BF16_NVFP4: False}
+#: The activations the kernel's epilogue applies.
+IN_EPILOGUE = frozenset({ActivationKind.SILU_GLU, ActivationKind.SWIGLU_OAI})
 
 
 class WeightOnlyOps:
@@ -23,6 +26,10 @@ class WeightOnlyOps:
     on to the next class)."""
 
     pdl: bool
+    notes = {
+        "grouped_matmul_biased": "bf16 x fp4: the bias, then SiLU-GLU or swiglu-oai, in the Triton GEMM's "
+        "epilogue, rows read through the index; other kinds: the product, the reference's bias, the activation"
+    }
 
     def grouped_matmul(
         self,
@@ -36,7 +43,7 @@ class WeightOnlyOps:
         """`y[rows of g] = x[rows of g] @ dequant(weight[g])` for the weight-only kinds."""
         if kind not in WEIGHT_ONLY_KINDS:
             return super().grouped_matmul(x, weight, groups, kind=kind, out_dtype=out_dtype)  # type: ignore[misc]
-        return self._weight_only(x, weight, groups, kind, out_dtype, gated=False, row_index=None)
+        return self._weight_only(x, weight, groups, kind, out_dtype, activation=None, row_index=None)
 
     def grouped_matmul_activated(
         self,
@@ -48,12 +55,12 @@ class WeightOnlyOps:
         out_dtype: torch.dtype,
         activation: Activation,
     ) -> torch.Tensor:
-        """SiLU-GLU in the kernel's epilogue; other activations after the product."""
-        if kind not in WEIGHT_ONLY_KINDS or activation.kind is not ActivationKind.SILU_GLU:
+        """SiLU-GLU or swiglu-oai in the kernel's epilogue; other activations after the product."""
+        if kind not in WEIGHT_ONLY_KINDS or activation.kind not in IN_EPILOGUE:
             return super().grouped_matmul_activated(  # type: ignore[misc]
                 x, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
             )
-        return self._weight_only(x, weight, groups, kind, out_dtype, gated=True, row_index=None)
+        return self._weight_only(x, weight, groups, kind, out_dtype, activation=activation, row_index=None)
 
     def grouped_matmul_gathered(
         self,
@@ -66,14 +73,50 @@ class WeightOnlyOps:
         out_dtype: torch.dtype,
         activation: Activation | None,
     ) -> torch.Tensor:
-        """The kernel reads x's rows through `row_index`; SiLU-GLU in its epilogue, other activations after."""
+        """The kernel reads x's rows through `row_index`; SiLU-GLU or swiglu-oai in its epilogue, other
+        activations after."""
         if kind not in WEIGHT_ONLY_KINDS:
             return super().grouped_matmul_gathered(  # type: ignore[misc]
                 x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
             )
-        gated = activation is not None and activation.kind is ActivationKind.SILU_GLU
-        y = self._weight_only(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index)
-        if activation is None or gated:
+        return self._then_activated(x, weight, groups, kind, out_dtype, activation, row_index=row_index)
+
+    def grouped_matmul_biased(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        bias: torch.Tensor,
+        *,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+        row_index: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The bias added in the kernel's epilogue, before SiLU-GLU or swiglu-oai there (other activations
+        after); x's rows read through `row_index`."""
+        if kind not in WEIGHT_ONLY_KINDS:
+            return super().grouped_matmul_biased(  # type: ignore[misc]
+                x, weight, groups, bias, kind=kind, out_dtype=out_dtype, activation=activation, row_index=row_index
+            )
+        return self._then_activated(x, weight, groups, kind, out_dtype, activation, row_index=row_index, bias=bias)
+
+    def _then_activated(
+        self,
+        x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+        weight: QuantizedWeight,
+        groups: Groups,
+        kind: GemmKind,
+        out_dtype: torch.dtype,
+        activation: Activation | None,
+        *,
+        row_index: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The kernel with the activation in its epilogue where it can be, else after it."""
+        fused = activation if activation is not None and activation.kind in IN_EPILOGUE else None
+        y = self._weight_only(x, weight, groups, kind, out_dtype, activation=fused, row_index=row_index, bias=bias)
+        if activation is None or fused is not None:
             return y
         return self.activate(y, activation=activation)  # type: ignore[attr-defined]
 
@@ -85,10 +128,13 @@ class WeightOnlyOps:
         kind: GemmKind,
         out_dtype: torch.dtype,
         *,
-        gated: bool,
+        activation: Activation | None,
         row_index: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """One kernel call; `activation` (SiLU-GLU, swiglu-oai or None) in its epilogue."""
         data = x if isinstance(x, torch.Tensor) else x.data  # bf16 rows, or rows carried as bf16
+        oai = activation is not None and activation.kind is ActivationKind.SWIGLU_OAI
         return grouped_gemm_fp4(
             data,
             weight.data,
@@ -97,7 +143,9 @@ class WeightOnlyOps:
             out_dtype,
             mx=WEIGHT_ONLY_KINDS[kind],
             global_scale=weight.global_scale,
-            gated=gated,
+            gated=activation is not None,
             row_index=row_index,
             pdl=self.pdl,
+            bias=bias,
+            swiglu_oai=(activation.alpha, activation.limit) if oai else None,  # type: ignore[union-attr]
         )

@@ -115,3 +115,73 @@ def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, to
     _check(h, float64_activation(product, activation)[0])
     y = vendor.grouped_matmul(h, w2, groups)
     _check(y, grouped_reference(h.cpu(), weight_value(w2), counts))
+
+
+def _group_rows(bias: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """float64 `[M, N]`: each row's group's bias row."""
+    return torch.repeat_interleave(bias.double().cpu(), torch.tensor(counts), dim=0)
+
+
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("activation", [None, "silu-glu", "swiglu-oai"])
+@pytest.mark.parametrize("tokens, top_k", [(1, 4), (300, 4)])
+def test_fp4_weight_only_bias_and_activation_in_the_epilogue(mx, activation, tokens, top_k):
+    """The experts' bias added to the product and gpt-oss's swiglu-oai (or SiLU-GLU) applied in the kernel's
+    epilogue, rows read through the index: against float64 `act(x @ w + bias)`, at gpt-oss's K (2880) with an
+    output width that is not a multiple of 128 and a limit small enough that the clamps bite."""
+    from conformance.reference import activation as float64_activation
+    from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+
+    experts, k, n = 32, 2880, 360
+    gated = activation is not None
+    w = random_fp4(experts, k, 2 * n if gated else n, mx=mx, per_column_global=True, device="cuda", seed=tokens)
+    index, counts = _routing(tokens, top_k, experts, seed=7)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+    bias = (torch.randn(experts, w.data.shape[2], generator=gen) * 2).to(torch.bfloat16)
+    product = grouped_reference(x, w.values(), counts, row_index=index) + _group_rows(bias, counts)
+    alpha, limit = 1.702, 3.0
+    expected = product if activation is None else float64_activation(product, activation, alpha, limit)[0]
+    y = grouped_gemm_fp4(
+        x.cuda(),
+        w.data,
+        w.scale,
+        torch.tensor(counts, device="cuda", dtype=torch.int32),
+        torch.bfloat16,
+        mx=mx,
+        global_scale=w.global_scale,
+        gated=gated,
+        row_index=index.cuda(),
+        bias=bias.cuda(),
+        swiglu_oai=(alpha, limit) if activation == "swiglu-oai" else None,
+    )
+    _check(y, expected)
+
+
+@pytest.mark.parametrize("layout", ["block-32", "block-16"])
+@pytest.mark.parametrize("activation", ["swiglu-oai", "silu-glu", "gelu-glu"])
+def test_cuda_vendor_adds_expert_biases_in_the_weight_only_epilogue(layout, activation):
+    """Through the vendor, as a gpt-oss layer calls it: the first projection with its bias and activation over
+    the dispatch's rows, the second with its bias; each against float64 (gelu-glu: the bias in the epilogue,
+    the activation after it)."""
+    from conformance.reference import activation as float64_activation
+    from hal import Activation, Groups
+    from hal.reference import weight_value
+    from vendors.cuda import CudaVendor
+
+    vendor = CudaVendor()
+    experts, tokens, top_k, k, n = 32, 45, 4, 2880, 416
+    gen = torch.Generator().manual_seed(5)
+    w1 = vendor.quantize_weight(torch.randn(experts, k, 2 * n, generator=gen).cuda() * 0.05, layout)
+    w2 = vendor.quantize_weight(torch.randn(experts, n, k, generator=gen).cuda() * 0.05, layout)
+    b1 = torch.randn(experts, 2 * n, generator=gen).to(torch.bfloat16)
+    b2 = torch.randn(experts, k, generator=gen).to(torch.bfloat16)
+    index, counts = _routing(tokens, top_k, experts, seed=3)
+    groups = Groups.from_counts(torch.tensor(counts, device="cuda"))
+    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+    act = Activation(activation, limit=2.0) if activation == "swiglu-oai" else Activation(activation)
+    h = vendor.grouped_matmul(x.cuda(), w1, groups, activation=act, bias=b1.cuda(), row_index=index.cuda())
+    product = grouped_reference(x, weight_value(w1), counts, row_index=index) + _group_rows(b1, counts)
+    _check(h, float64_activation(product, activation, act.alpha, act.limit)[0])
+    y = vendor.grouped_matmul(h, w2, groups, bias=b2.cuda())
+    _check(y, grouped_reference(h.cpu(), weight_value(w2), counts) + _group_rows(b2, counts))

@@ -149,6 +149,7 @@ def _grouped_gemm_fp4(
     w_ptr,
     ws_ptr,
     gs_ptr,
+    bias_ptr,
     y_ptr,
     counts_ptr,
     index_ptr,
@@ -167,8 +168,12 @@ def _grouped_gemm_fp4(
     stride_wsn,
     stride_gse,
     stride_gsn,
+    stride_bg,
+    stride_bn,
     stride_ym,
     stride_yn,
+    alpha,
+    limit,
     MX: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -179,6 +184,8 @@ def _grouped_gemm_fp4(
     INTERLEAVE: tl.constexpr,
     N_FASTEST: tl.constexpr,
     GATED: tl.constexpr,
+    OAI: tl.constexpr,
+    BIAS: tl.constexpr,
     GATHER: tl.constexpr,
     PDL: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -249,8 +256,18 @@ def _grouped_gemm_fp4(
         out = out / tl.load(gs + cols * stride_gsn, mask=col_ok, other=1.0)[:, None]
         if GATED:
             acc_up = acc_up / tl.load(gs + (cols + N) * stride_gsn, mask=col_ok, other=1.0)[:, None]
+    if BIAS:  # the group's bias row, on the product before the activation
+        bias_row = bias_ptr + group64 * stride_bg
+        out = out + tl.load(bias_row + cols * stride_bn, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        if GATED:
+            acc_up = acc_up + tl.load(bias_row + (cols + N) * stride_bn, mask=col_ok, other=0.0).to(tl.float32)[:, None]
     if GATED:
-        out = out / (1.0 + tl.exp(-out)) * acc_up
+        if OAI:  # swiglu-oai: gate clamped above, up clamped both ways, (up + 1) * gate * sigmoid(alpha * gate)
+            out = tl.minimum(out, limit)
+            acc_up = tl.minimum(tl.maximum(acc_up, -limit), limit) + 1.0
+            out = out / (1.0 + tl.exp(-alpha * out)) * acc_up
+        else:
+            out = out / (1.0 + tl.exp(-out)) * acc_up
     y = y_ptr + rows64[None, :] * stride_ym + cols[:, None] * stride_yn
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
@@ -296,6 +313,8 @@ def grouped_gemm_fp4(
     pdl: bool = False,
     asm_decode: bool = True,
     interleave: bool | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu_oai: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
 
@@ -304,7 +323,9 @@ def grouped_gemm_fp4(
     `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling; the
     default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
     `interleave`: one product per K step over both nibbles' values in k order (None: the default
-    configuration's choice; see `Fp4Tiles`).
+    configuration's choice; see `Fp4Tiles`). `bias`: `[E, N]` (all of w's columns, `[gate | up]` when
+    gated), each row's group's row added to the product. `swiglu_oai`: with `gated`, gpt-oss's clamped
+    activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
     """
     e, half_k, n = w.shape
     k = 2 * half_k
@@ -320,7 +341,7 @@ def grouped_gemm_fp4(
         return y
     if e > MAX_GROUPS:
         raise ValueError(f"grouped_gemm_fp4: at most {MAX_GROUPS} groups, got {e}")
-    if k == 0:
+    if k == 0 and bias is None:  # an empty product (a bias still runs the epilogue)
         return y.zero_()
     default = default_fp4_tiles(m, e, gated)
     tiles = config if config is not None else default.tiles
@@ -333,6 +354,11 @@ def grouped_gemm_fp4(
     grid = (m_blocks * cdiv(n, tiles.block_n),)
     if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)
         w_scale = w_scale.view(torch.uint8)
+    if swiglu_oai is not None and not gated:
+        raise ValueError("grouped_gemm_fp4: swiglu_oai is a gated activation (pass gated=True)")
+    if bias is not None and tuple(bias.shape) != (e, w.shape[2]):
+        raise ValueError(f"grouped_gemm_fp4: bias must be [{e}, {w.shape[2]}], got {tuple(bias.shape)}")
+    alpha, limit = swiglu_oai if swiglu_oai is not None else (1.0, 0.0)
     if global_scale is None:
         gs, gs_strides = w_scale, (0, 0)
     else:
@@ -345,6 +371,7 @@ def grouped_gemm_fp4(
         w,
         w_scale,
         gs,
+        bias if bias is not None else w_scale,
         y,
         counts,
         row_index if row_index is not None else counts,
@@ -362,8 +389,11 @@ def grouped_gemm_fp4(
         w_scale.stride(1),
         w_scale.stride(2),
         *gs_strides,
+        *(bias.stride() if bias is not None else (0, 0)),
         y.stride(0),
         y.stride(1),
+        float(alpha),
+        float(limit),
         MX=mx,
         E_PAD=max(16, next_power_of_2(e)),
         BLOCK_M=tiles.block_m,
@@ -374,6 +404,8 @@ def grouped_gemm_fp4(
         INTERLEAVE=interleave,
         N_FASTEST=tiles.n_fastest,
         GATED=gated,
+        OAI=swiglu_oai is not None,
+        BIAS=bias is not None,
         GATHER=row_index is not None,
         PDL=pdl,
         GROUP_M=tiles.group_m,
