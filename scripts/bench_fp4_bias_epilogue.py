@@ -8,35 +8,20 @@ bias, the reference's activation): the experts' path (sort, both projections, co
     PYTHONPATH=. python scripts/bench_fp4_bias_epilogue.py 1,8,64,512,4096
 """
 
-import statistics, sys, torch
-from hal import Activation, GemmKind, Groups, QuantizedWeight, ScaleLayout, VendorOps
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from hal import Activation, GemmKind, Groups, VendorOps
+from scripts.bench_fp4_weight_only import LAYERS, replay_us  # the same replays, per layer
 from vendors.cuda import CudaVendor
 
-E, TOP_K, H, I, LAYERS = 32, 4, 2880, 2880, 4
+E, TOP_K, H, I = 32, 4, 2880, 2880
 
 
-def replay_us(fn, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / LAYERS)
-    return statistics.median(ts)
-
-
-def main():
+def main() -> None:
     vendor = CudaVendor()
     ops = vendor.ops
     g = torch.Generator(device="cuda").manual_seed(0)
