@@ -10,7 +10,7 @@ import torch
 
 from bench.baselines import direct_forward, per_expert_loop
 from bench.ceilings import Ceilings
-from bench.shapes import PRECISIONS, ModelShape
+from bench.shapes import PRECISIONS, ModelShape, peak_of
 from bench.timing import NOISY_SPREAD, DeviceTimer, repeats_for, stable_median_us, wall_us
 from hal import Vendor
 from moe import GraphConfig, MoELayer
@@ -180,7 +180,7 @@ class ShapeBench:
         h, i = self.shape.hidden, self.shape.intermediate
         result.flops = 2.0 * result.tokens * self.shape.top_k * (h * 2 * i + i * h)
         if ceilings is not None:
-            peak = ceilings.matmul_flops_per_s.get(result.precision, ceilings.matmul_flops_per_s["bf16"])
+            peak = ceilings.matmul_flops_per_s.get(peak_of(result.precision), ceilings.matmul_flops_per_s["bf16"])
             result.roofline_us = max(result.weight_bytes / ceilings.copy_bytes_per_s, result.flops / peak) * 1e6
 
 

@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=sorted(PRECISIONS),
         dest="precisions",
-        help="bf16 (unquantized) and/or fp8 (w8a8-fp8-block); default both where declared",
+        help="bf16 (unquantized), fp8 (w8a8-fp8-block) and/or fp8-rowwise (w8a8-fp8); default bf16 and fp8 "
+        "where declared",
     )
     parser.add_argument(
         "--routing",

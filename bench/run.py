@@ -13,9 +13,9 @@ from bench import ceilings as ceiling_probe
 from bench.cases import CaseResult, ShapeBench
 from bench.cli import writable_file
 from bench.report import markdown, print_report
-from bench.shapes import CPU_TOKENS, TOKENS, parse_shapes
+from bench.shapes import CPU_TOKENS, DEFAULT_PRECISIONS, PRECISIONS, TOKENS, parse_shapes
 from bench.timing import DeviceTimer
-from hal import Capabilities, HalError, InvalidInput, VendorRegistry
+from hal import Capabilities, HalError, InvalidInput, VendorRegistry, parse_scheme
 
 _FULL = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-ep8")
 NO_ROOFLINE = (
@@ -40,7 +40,7 @@ def bench(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise InvalidInput(f"--model: {exc}") from None
     caps = vendor.capabilities()
-    precisions = args.precisions or [p for p in ("bf16", "fp8") if _supported(caps, p)]
+    precisions = args.precisions or [p for p in DEFAULT_PRECISIONS if _supported(caps, p)]
     tokens = args.tokens or list(TOKENS if gpu else CPU_TOKENS)
     progress = Console(stderr=True) if args.json else console
     timer = DeviceTimer(device)
@@ -102,5 +102,5 @@ def bench(args: argparse.Namespace, console: Console) -> int:
 
 def _supported(caps: Capabilities, precision: str) -> bool:
     """Whether the vendor declares the grouped-matmul kind a precision's scheme needs."""
-    kind = {"bf16": "bf16", "fp8": "fp8-block128"}[precision]
-    return caps.supports_gemm(kind)
+    kind = parse_scheme(PRECISIONS[precision]).compute_kind
+    return kind is not None and caps.supports_gemm(kind)

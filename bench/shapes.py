@@ -47,7 +47,14 @@ MAX_TOKENS = 1 << 20
 CPU_TOKENS = (1, 8, 64)
 
 #: Precision name -> the layer's quantization scheme.
-PRECISIONS: dict[str, str] = {"bf16": "unquantized", "fp8": "w8a8-fp8-block"}
+PRECISIONS: dict[str, str] = {"bf16": "unquantized", "fp8": "w8a8-fp8-block", "fp8-rowwise": "w8a8-fp8"}
+#: The precisions a run takes where none is named (those the vendor declares).
+DEFAULT_PRECISIONS = ("bf16", "fp8")
+
+
+def peak_of(precision: str) -> str:
+    """The measured matmul peak a precision's roofline uses: `fp8` for every fp8 scheme, else `bf16`."""
+    return "fp8" if precision.startswith("fp8") else "bf16"
 
 
 def parse_shapes(names: list[str] | None, default: tuple[str, ...]) -> list[ModelShape]:

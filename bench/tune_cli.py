@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from bench.cli import token_count, writable_file
 from bench.tuning_merge import check_device, has_entries, join_runs, merge_tables, read_table
-from bench.shapes import PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
+from bench.shapes import DEFAULT_PRECISIONS, PRECISIONS, SHAPES, TOKENS, ModelShape, parse_shapes
 from hal import ActivationKind, InvalidInput
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=sorted(PRECISIONS),
         dest="precisions",
-        help="bf16 and/or fp8 (w8a8-fp8-block); default both where declared",
+        help="bf16, fp8 (w8a8-fp8-block) and/or fp8-rowwise (w8a8-fp8); default bf16 and fp8 where declared",
     )
     parser.add_argument(
         "--output", type=Path, metavar="FILE", help="where to write the table (default: hal-tuning-<device>.json here)"
@@ -112,7 +112,7 @@ def tune(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise InvalidInput(f"--model: {exc}") from None
     kinds = []
-    for precision in args.precisions or sorted(PRECISIONS):
+    for precision in args.precisions or DEFAULT_PRECISIONS:
         kind = parse_scheme(PRECISIONS[precision]).compute_kind
         if kind is not None and caps.supports_gemm(kind):
             kinds.append(kind)

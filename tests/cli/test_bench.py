@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from bench.shapes import SHAPES, parse_shapes
+from bench.shapes import SHAPES, parse_shapes, peak_of
 from hal.reference import weighted_combine
 from hal import InvalidInput
 from hal.reference import sort_by_expert
@@ -57,6 +57,19 @@ def test_cpu_bench_runs_the_small_shape_and_says_roofline_needs_a_gpu(tmp_path):
         assert case["flops"] == 2 * case["tokens"] * 2 * (256 * 256 + 128 * 256)  # 2 * pairs * (H*2I + I*H)
     assert "[1/4] tiny bf16 1 tokens" in done.stderr  # progress, on stderr with --json
     assert (tmp_path / "b.md").read_text().startswith("| model | tokens |")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_bench_times_the_row_wise_fp8_scheme_when_asked():
+    done = _hal("bench", "--vendor", "cpu", "--tokens", "8", "--precision", "fp8-rowwise", "--json")
+    assert done.returncode == 0, done.stderr
+    (case,) = json.loads(done.stdout)["cases"]
+    assert (case["model"], case["tokens"], case["precision"]) == ("tiny", 8, "fp8-rowwise") and case["eager_us"] > 0
+
+
+def test_fp8_schemes_take_the_fp8_matmul_peak():
+    assert [peak_of(p) for p in ("bf16", "fp8", "fp8-rowwise")] == ["bf16", "fp8", "fp8"]
 
 
 def test_bench_refuses_an_unknown_model_with_the_known_ones():

@@ -43,6 +43,7 @@ def cuda_capabilities(
         (
             "Triton kernels (quantize, grouped GEMM with a SiLU-GLU epilogue, swiglu, softmax-top-k, sort, combine)"
             + (" and torch._grouped_mm for bf16" if sm >= 90 else "")
+            + (", torch._scaled_grouped_mm for fp8 row-wise" if sm == 90 else "")
         )
         if kernels
         else ("Triton is not installed: ops take the torch reference path (slow, and it synchronises)")

@@ -5,16 +5,16 @@ Each op and its kernel:
 - quantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels: Triton, one pass
   (`kernels/quantize.py`)
 - quantize, cast dtypes (bf16): a cast
-- grouped matmul bf16: `torch._grouped_mm` (sm90+, 16-byte aligned K and N) for many rows per
-  group, else the Triton grouped GEMM
+- grouped matmul bf16 / fp8 row-wise: `torch._grouped_mm` (sm90+) / `torch._scaled_grouped_mm` (sm90) for
+  many rows per group (`torch_grouped.py`), else the Triton grouped GEMM
 - grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
   (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form
   (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so
 - grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the
-  activation in its epilogue; torch._grouped_mm's calls take the swiglu pass after
-- grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its
-  rows through the index or gathers them first, as the tuned table says (without an entry,
-  one-byte rows through the index up to 32 rows per group); torch._grouped_mm: a gather first
+  activation in its epilogue; torch's GEMMs take the swiglu pass after
+- grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its rows
+  through the index or gathers them first, as the tuned table says (without an entry, one-byte rows
+  through the index up to 32 rows per group); torch's GEMMs: a gather first
 - swiglu: Triton, one pass
 - softmax top-k routing: Triton, one launch: softmax, k rounds of argmax, renormalization (up to
   1024 experts)
@@ -48,9 +48,9 @@ import torch
 
 from hal import (
     FLOAT_DTYPES,
+    FP8_GROUP_SIZE,
     Activation,
     ActivationKind,
-    FP8_GROUP_SIZE,
     Codec,
     DispatchDtype,
     GemmKind,
@@ -68,6 +68,9 @@ from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
 from vendors.cuda.streams import SideStreams
+from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
+from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP as SCALED_MIN_ROWS
+from vendors.cuda.torch_grouped import grouped_mm_by_default, torch_grouped, torch_grouped_fits
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
 from vendors.cuda.weight_only import WeightOnlyOps
 
@@ -84,10 +87,6 @@ _SCALE_MODE = {
     GemmKind.FP8_ROWWISE: grouped_gemm.SCALE_ROWWISE,
     GemmKind.FP8_BLOCK128: grouped_gemm.SCALE_BLOCK128,
 }
-#: Rows per group from which torch._grouped_mm beats the Triton kernel for bf16, measured on an H100:
-#: at 256 rows per group (qwen3, 4096 tokens) 463 us against 642 us for the gate/up projection; at
-#: 128 (mixtral, 512 tokens) 1120 us against 756 us; at 32 (qwen3, 512 tokens) even.
-GROUPED_MM_MIN_ROWS_PER_GROUP = 192
 #: Most rows per group at which the Triton GEMM reads one-byte rows (fp8, int8) through the dispatch's index;
 #: above, they are gathered first (16-bit rows are always read through it). Measured on an H200, the gated
 #: first projection, gather + GEMM against the GEMM's own gathered loads (interleaved graph replays): bf16
@@ -97,21 +96,22 @@ ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
 class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
-    """The CUDA vendor's op implementations; `torch_grouped_mm`: use `torch._grouped_mm` for bf16 (sm90+);
-    `dependent_launch`: launch the Triton kernels with programmatic dependent launch (sm90+,
-    `kernels/dependent.py`)."""
+    """The CUDA vendor's op implementations; `torch_grouped_mm` / `torch_scaled_grouped_mm`: use
+    `torch._grouped_mm` for bf16 (sm90+) / `torch._scaled_grouped_mm` for fp8 row-wise (sm90); `dependent_launch`:
+    launch the Triton kernels with programmatic dependent launch (sm90+, `kernels/dependent.py`)."""
 
     notes = {
         "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); "
         "a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
-        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+); "
-        "fp8 128x128-block tiles fed by TMA (sm90+) where the table or built-in rule says so; "
-        "tile configurations from the device's tuned table where it has the problem, else "
-        f"built-in (torch._grouped_mm from {GROUPED_MM_MIN_ROWS_PER_GROUP} rows per group); bf16 x fp4: weight_only.py",
-        "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after "
-        "torch._grouped_mm and for other activations",
+        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+) and "
+        "torch._scaled_grouped_mm for fp8 row-wise (sm90); fp8 128x128-block tiles fed by TMA (sm90+) where the "
+        "table or built-in rule says so; tile configurations from the device's tuned table where it has the "
+        f"problem, else built-in (torch's GEMMs from {GROUPED_MM_MIN_ROWS} rows per group for bf16, "
+        f"{SCALED_MIN_ROWS} for fp8 row-wise); bf16 x fp4: weight_only.py",
+        "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after torch's "
+        "GEMMs and for other activations",
         "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "
         "or gathers them first, as the tuned table says; without an entry, one-byte "
         f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
@@ -131,9 +131,15 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
     }
 
     def __init__(
-        self, *, torch_grouped_mm: bool, tuning: TuningTable | None = None, dependent_launch: bool = False
+        self,
+        *,
+        torch_grouped_mm: bool,
+        tuning: TuningTable | None = None,
+        dependent_launch: bool = False,
+        torch_scaled_grouped_mm: bool = False,
     ) -> None:
         self.torch_grouped_mm = torch_grouped_mm
+        self.torch_scaled_grouped_mm = torch_scaled_grouped_mm
         self.pdl = dependent_launch
         self.tuning = tuning
         self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
@@ -147,7 +153,14 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         """Time candidate grouped-GEMM configurations for `problems` here (see `vendors.cuda.tuner`)."""
         from vendors.cuda.tuner import tune
 
-        return tune(problems, device, device_name, grouped_mm=self.torch_grouped_mm, progress=progress).as_dict()
+        return tune(
+            problems,
+            device,
+            device_name,
+            grouped_mm=self.torch_grouped_mm,
+            scaled_grouped_mm=self.torch_scaled_grouped_mm,
+            progress=progress,
+        ).as_dict()
 
     def graph_set(self, device: torch.device) -> CudaGraphSet:
         """CUDA graphs sharing a memory pool and a stream (`vendors.cuda.graphs`)."""
@@ -274,17 +287,17 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        grouped_mm_fits = (
-            kind is GemmKind.BF16 and self.torch_grouped_mm and out_dtype == torch.bfloat16 and _aligned(weight.data)
-        )
         wants_grouped_mm = (
-            choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups)
+            choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups, kind)
         )
-        if grouped_mm_fits and wants_grouped_mm:
-            if row_index is not None:
-                data = data.index_select(0, row_index)
-            offsets = torch.cumsum(counts, 0).to(torch.int32)
-            y = torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
+        if (
+            wants_grouped_mm
+            and rows > 0
+            and torch_grouped_fits(
+                x, weight, kind, out_dtype, bf16=self.torch_grouped_mm, fp8_rowwise=self.torch_scaled_grouped_mm
+            )
+        ):
+            y = torch_grouped(data, x.scale if isinstance(x, QuantizedTensor) else None, weight, counts, row_index)
             return self.swiglu(y) if gated else y
         tiles = None
         if choice is not None and choice.tiles is not None:
@@ -403,18 +416,3 @@ def reads_through_index(choice: Choice | None, rows: int, groups: int, element_b
     if choice is not None and choice.gather is not None:
         return not choice.gather
     return gather_in_gemm(rows, groups, element_bytes)
-
-
-def grouped_mm_aligned(k: int, n: int) -> bool:
-    """torch._grouped_mm needs 16-byte aligned strides: K and N multiples of 8 bf16 values."""
-    return k % 8 == 0 and n % 8 == 0
-
-
-def grouped_mm_by_default(rows: int, groups: int) -> bool:
-    """The built-in rule where the table has no entry: torch._grouped_mm (where it fits) from
-    `GROUPED_MM_MIN_ROWS_PER_GROUP` rows per group, the Triton kernel below."""
-    return rows >= GROUPED_MM_MIN_ROWS_PER_GROUP * groups
-
-
-def _aligned(w: torch.Tensor) -> bool:
-    return grouped_mm_aligned(w.shape[1], w.shape[2]) and w.is_contiguous()

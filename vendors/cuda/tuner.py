@@ -10,7 +10,8 @@ the layer runs them. (Timing eager calls instead measured the host's launch path
 the GPU waited for each launch inside the timed region, and the ranking was noise.) The
 search has two rounds: a grid of
 tile shapes chosen by rows per touched expert, then the winner's neighbours (the other
-grid order, one pipeline stage more or less). bf16 also times `torch._grouped_mm`. The
+grid order, one pipeline stage more or less). bf16 also times `torch._grouped_mm`, fp8 row-wise
+`torch._scaled_grouped_mm` (sm90). The
 built-in choice is always timed, so a table records what tuning gained.
 
 A problem with the experts' activation (the gate/up projection) is searched three ways, each
@@ -18,7 +19,7 @@ timed with everything the layer's call does: the Triton kernel with SiLU-GLU in 
 (its own grid and neighbours), the plain kernel followed by the swiglu pass, and for bf16
 `torch._grouped_mm` followed by it. The fastest is kept under the problem's `+silu-glu` key.
 Such a problem is a first projection: its calls take the tokens and the dispatch's row index as
-the layer's do, so the gather is timed where the layer pays it (torch._grouped_mm reads a gathered
+the layer's do, so the gather is timed where the layer pays it (torch's grouped GEMMs read a gathered
 copy; the Triton kernel reads the rows through the index, or a gathered copy). Where the vendor's
 built-in rule gathers first (one-byte rows beyond `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per expert),
 the Triton kernel is also timed reading through the index: the rule's way is searched in full, then
@@ -42,7 +43,13 @@ from hal import ActivationKind, GemmKind, GemmProblem, reference
 from vendors.cuda.kernels import activation as act
 from vendors.cuda.kernels import grouped_gemm as gg
 from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
-from vendors.cuda.ops import gather_in_gemm, grouped_mm_aligned, grouped_mm_by_default
+from vendors.cuda.ops import gather_in_gemm
+from vendors.cuda.torch_grouped import (
+    grouped_mm_aligned,
+    grouped_mm_by_default,
+    scaled_grouped_mm,
+    scaled_grouped_mm_aligned,
+)
 from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
 
 _SCALE = {
@@ -165,7 +172,9 @@ class _Case:
         if index is not None and (backend == GROUPED_MM or not through_index):
             x_scale = None if x_scale is None else x_scale.index_select(0, index)
             x, index = x.index_select(0, index), None
-        if backend == GROUPED_MM:
+        if backend == GROUPED_MM and x_scale is not None:
+            y = scaled_grouped_mm(x, x_scale, self.w, self.w_scale, self.offsets[routing])
+        elif backend == GROUPED_MM:
             y = torch._grouped_mm(x, self.w, offs=self.offsets[routing], out_dtype=torch.bfloat16)
         else:
             y = gg.grouped_gemm(
@@ -233,10 +242,12 @@ def tune(
     device_name: str,
     *,
     grouped_mm: bool,
+    scaled_grouped_mm: bool = False,
     reps: int = 12,
     progress: Callable[[str], None] | None = None,
 ) -> TuningTable:
-    """Search every problem's token counts on `device`; the table of the fastest choices."""
+    """Search every problem's token counts on `device`; the table of the fastest choices. `grouped_mm` /
+    `scaled_grouped_mm`: torch._grouped_mm (bf16) / torch._scaled_grouped_mm (fp8 row-wise) run here."""
     say = progress or (lambda _line: None)
     generator = torch.Generator().manual_seed(0)
     table = TuningTable(
@@ -266,11 +277,12 @@ def tune(
             problem.kind.value, problem.experts, problem.k, problem.n, problem.activation.value if activation else None
         )
         by_rows = table.entries.setdefault(key, {})
+        torch_serves = _torch_serves(problem, grouped_mm, scaled_grouped_mm)
         for tokens in problem.tokens:
             done += 1
             case = _Case(problem, tokens, device, generator)
-            timed = _search(case, problem, reps, activation, grouped_mm)
-            default = _builtin(case, problem, activation, grouped_mm)
+            timed = _search(case, problem, reps, activation, torch_serves)
+            default = _builtin(case, problem, activation, torch_serves)
             backend, tiles, through_index = best = min(timed, key=timed.__getitem__)
             gather = None if tiles is None or not case.first else not through_index
             by_rows[case.rows] = Choice(
@@ -287,14 +299,19 @@ def tune(
     return table
 
 
-def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bool) -> Candidate:
+def _torch_serves(problem: GemmProblem, grouped_mm: bool, scaled_grouped_mm: bool) -> bool:
+    """Whether torch's grouped GEMM runs the problem: torch._grouped_mm (bf16), torch._scaled_grouped_mm (fp8
+    row-wise), each where it runs here and the problem's K and N are aligned for it."""
+    if problem.kind is GemmKind.BF16:
+        return grouped_mm and grouped_mm_aligned(problem.k, problem.n)
+    if problem.kind is GemmKind.FP8_ROWWISE:
+        return scaled_grouped_mm and scaled_grouped_mm_aligned(problem.k, problem.n)
+    return False
+
+
+def _builtin(case: _Case, problem: GemmProblem, activation: bool, torch_serves: bool) -> Candidate:
     """What `CudaOps` runs for this case without a table."""
-    if (
-        grouped_mm
-        and problem.kind is GemmKind.BF16
-        and grouped_mm_aligned(problem.k, problem.n)
-        and grouped_mm_by_default(case.rows, problem.experts)
-    ):
+    if torch_serves and grouped_mm_by_default(case.rows, problem.experts, problem.kind):
         return GROUPED_MM, None, False
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
     tma = block_scaled and tma_fits(
@@ -312,10 +329,12 @@ def _builtin(case: _Case, problem: GemmProblem, activation: bool, grouped_mm: bo
     return TRITON, tiles, case.through_index
 
 
-def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool, grouped_mm: bool) -> dict[Candidate, float]:
+def _search(
+    case: _Case, problem: GemmProblem, reps: int, activation: bool, torch_serves: bool
+) -> dict[Candidate, float]:
     """Every candidate timed for one case: the built-in choice, the grid and the winner's neighbours for
     each Triton backend (with an activation: in the epilogue, and before the separate pass), and
-    torch._grouped_mm for bf16. Where the built-in rule gathers a first projection's rows, the fastest
+    torch's grouped GEMM where it serves the kind. Where the built-in rule gathers a first projection's rows, the fastest
     `OTHER_WAY_TILES` tiles of each Triton backend and the winner's neighbours are re-timed reading the
     rows through the index."""
     one_byte = case.x.element_size() == 1
@@ -346,7 +365,7 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool, grou
         tiled = [c for c in timed if c[0] == backend and c[2] == through_index]
         return min(tiled, key=timed.__getitem__)[1] if tiled else None
 
-    time([_builtin(case, problem, activation, grouped_mm)])
+    time([_builtin(case, problem, activation, torch_serves)])
     # Rows the kernel does not read through an index are contiguous: TMA can read them.
     rule = case.through_index
     backends = (TRITON, TRITON_THEN_ACTIVATION) if activation else (TRITON,)
@@ -364,7 +383,7 @@ def _search(case: _Case, problem: GemmProblem, reps: int, activation: bool, grou
                 time(
                     [c for c in ((backend, t, not rule) for t in neighbours(best, case.rows_per_expert)) if runnable(c)]
                 )
-    if grouped_mm and problem.kind is GemmKind.BF16 and grouped_mm_aligned(problem.k, problem.n):
+    if torch_serves:
         time([(GROUPED_MM, None, False)])
     if not timed:
         raise RuntimeError(f"hal tune: no candidate configuration ran for {problem} at M={case.rows}")

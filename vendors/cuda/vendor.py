@@ -11,6 +11,7 @@ import torch
 from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, VendorOps
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
 from vendors.cuda.deepep import DeepEpProbe, probe_deep_ep
+from vendors.cuda.torch_grouped import scaled_grouped_mm_available
 from vendors.cuda.tuning import TuningTable, device_slug
 
 
@@ -138,14 +139,16 @@ class CudaVendor(Vendor):
         return f"kernel launches: plain ({why})"
 
     def _make_ops(self) -> VendorOps:
-        """The Triton kernels where the probe found Triton (torch._grouped_mm from sm90), else the reference."""
+        """The Triton kernels where the probe found Triton (torch._grouped_mm from sm90, torch._scaled_grouped_mm
+        on sm90), else the reference."""
         if self._triton is None:
             return ReferenceOps()
         from vendors.cuda.ops import CudaOps
 
-        major, _ = torch.cuda.get_device_capability(self.device)
+        capability = torch.cuda.get_device_capability(self.device)
         return CudaOps(
-            torch_grouped_mm=major >= 9 and hasattr(torch, "_grouped_mm"),
+            torch_grouped_mm=capability[0] >= 9 and hasattr(torch, "_grouped_mm"),
+            torch_scaled_grouped_mm=scaled_grouped_mm_available(capability),
             tuning=self._tuning,
             dependent_launch=self._uses_dependent_launch(),
         )
