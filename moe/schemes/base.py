@@ -193,11 +193,9 @@ class QuantScheme(abc.ABC):
         spec = self.gemm_kind().spec
         target = spec.activation
         if target.float_dtype is not None:
-            return (
-                x.to(target.float_dtype)
-                if isinstance(x, torch.Tensor)
-                else self.as_float(vendor, x, target.float_dtype)
-            )
+            if isinstance(x, torch.Tensor):
+                return x if x.dtype == target.float_dtype else x.to(target.float_dtype)
+            return self.as_float(vendor, x, target.float_dtype)
         if isinstance(x, QuantizedTensor):
             if spec.accepts(ActivationFormat.of(x)):
                 return x

@@ -70,7 +70,7 @@ from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, ro
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
 from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP as SCALED_MIN_ROWS
-from vendors.cuda.torch_grouped import grouped_mm_by_default, torch_grouped, torch_grouped_fits
+from vendors.cuda.torch_grouped import grouped_mm_by_default, log_unserved_choice, torch_grouped, torch_grouped_fits
 from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
 from vendors.cuda.weight_only import WeightOnlyOps
 
@@ -105,9 +105,9 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         "a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
-        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+) and "
-        "torch._scaled_grouped_mm for fp8 row-wise (sm90); fp8 128x128-block tiles fed by TMA (sm90+) where the "
-        "table or built-in rule says so; tile configurations from the device's tuned table where it has the "
+        "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+), "
+        "torch._scaled_grouped_mm (fast accumulation) for fp8 row-wise (sm90); fp8 128x128-block tiles fed by TMA "
+        "(sm90+) where the table or built-in rule says so; tiles from the device's tuned table where it has the "
         f"problem, else built-in (torch's GEMMs from {GROUPED_MM_MIN_ROWS} rows per group for bf16, "
         f"{SCALED_MIN_ROWS} for fp8 row-wise); bf16 x fp4: weight_only.py",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after torch's "
@@ -144,6 +144,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         self.tuning = tuning
         self._tiles: dict[tuple[int, ...], grouped_gemm.TileConfig] = {}  # parsed table entries
         self._choices: dict[tuple[object, ...], Choice | None] = {}  # the table's answer per call shape
+        self._unserved: set[tuple[object, ...]] = set()  # table problems whose torch-grouped-mm entry ran Triton
         self._side = SideStreams()
         self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
@@ -278,10 +279,10 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the device's table entry for the
         call (`_choice`), picks the backend and tiles (for a gated call: its `+silu-glu` entry, else the plain
         product's entry with the activation after it, as tables tuned before gated entries ran it); without
-        an entry, the built-in rule:
-        torch._grouped_mm from many rows per group (bf16), else the Triton kernel (gated: in its epilogue).
-        `row_index`: the product's rows are x's rows through it (read by the Triton kernel; gathered for
-        torch._grouped_mm)."""
+        an entry, the built-in rule: torch's grouped GEMM from many rows per group (bf16, fp8 row-wise), else the
+        Triton kernel (gated: in its epilogue). An entry naming torch's GEMM where it cannot run runs the Triton
+        kernel, logged once per problem. `row_index`: the product's rows are x's rows through it (read by the
+        Triton kernel; gathered first for torch's GEMMs)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
@@ -290,15 +291,14 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         wants_grouped_mm = (
             choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups, kind)
         )
-        if (
-            wants_grouped_mm
-            and rows > 0
-            and torch_grouped_fits(
+        if wants_grouped_mm and rows > 0:
+            if torch_grouped_fits(
                 x, weight, kind, out_dtype, bf16=self.torch_grouped_mm, fp8_rowwise=self.torch_scaled_grouped_mm
-            )
-        ):
-            y = torch_grouped(data, x.scale if isinstance(x, QuantizedTensor) else None, weight, counts, row_index)
-            return self.swiglu(y) if gated else y
+            ):
+                y = torch_grouped(data, x.scale if isinstance(x, QuantizedTensor) else None, weight, counts, row_index)
+                return self.swiglu(y) if gated else y
+            if choice is not None:
+                log_unserved_choice(self._unserved, kind, weight, out_dtype)
         tiles = None
         if choice is not None and choice.tiles is not None:
             tiles = self._tiles.get(choice.tiles)

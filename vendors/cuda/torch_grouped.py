@@ -11,9 +11,13 @@ ones by 1.3-3.7e-3 (relative norm, K 768-14336), within one bf16 rounding of the
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from hal import GemmKind, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+
+_LOG = logging.getLogger(__name__)
 
 #: torch's row-wise fp8 grouped GEMM runs on sm90 only (its CUTLASS kernel is built for that arch).
 SCALED_GROUPED_MM_CAPABILITY = (9, 0)
@@ -130,3 +134,23 @@ def torch_grouped(
     if scale is None:
         return torch._grouped_mm(data, weight.data, offs=offsets, out_dtype=torch.bfloat16)
     return scaled_grouped_mm(data, scale, weight.data, weight.scale, offsets)  # type: ignore[arg-type]
+
+
+def log_unserved_choice(
+    logged: set[tuple[object, ...]], kind: GemmKind, weight: QuantizedWeight, out_dtype: torch.dtype
+) -> None:
+    """Log, once per problem in `logged` (the caller's own set), that a tuned table chose torch's grouped GEMM for a
+    call it cannot serve here (not in this torch or on this device, or operands it does not take): the call runs the
+    Triton kernel at its built-in tiles instead."""
+    key = (kind, tuple(weight.data.shape), out_dtype)
+    if key in logged:
+        return
+    logged.add(key)
+    _LOG.warning(
+        "the tuned table chooses torch's grouped GEMM for %s experts %s (output %s), which cannot run here "
+        "(torch._grouped_mm: bf16 on sm90+; torch._scaled_grouped_mm: fp8 row-wise, K-major, on sm90); "
+        "running the Triton kernel at its built-in tiles",
+        kind,
+        "x".join(map(str, weight.data.shape)),
+        out_dtype,
+    )

@@ -6,6 +6,8 @@ tuned table says so; its weights are stored K-major (`prepare_weight`), as a lay
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -112,3 +114,17 @@ def test_a_table_entry_sends_few_rows_with_empty_experts_to_torch_scaled_grouped
     else:
         y = vendor.grouped_matmul(xq, wq, groups, row_index=dev_index)
         assert _relative(y, ref) < 1e-2
+
+
+def test_a_table_entry_torch_cannot_serve_runs_the_triton_kernel_and_says_so_once(caplog):
+    """fp8 block-128 has no torch grouped GEMM: an entry naming one runs the Triton kernel (still within the
+    conformance bound against float64) and logs it once for the problem, not once per call."""
+    from conformance.checks import run_gemm_case
+
+    experts, k, n, counts = 8, 256, 128, [16] * 8
+    table = TuningTable("any", {problem_key("fp8-block128", experts, k, n): {sum(counts): Choice(GROUPED_MM)}}, {})
+    vendor = CudaVendor(tuning=table)
+    with caplog.at_level(logging.WARNING, logger="vendors.cuda.torch_grouped"):
+        for _ in range(2):
+            run_gemm_case(vendor, GemmKind.FP8_BLOCK128, counts, k=k, n=n)
+    assert sum("cannot run here" in r.getMessage() for r in caplog.records) == 1

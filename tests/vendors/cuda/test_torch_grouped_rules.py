@@ -3,6 +3,8 @@ rows per group (no GPU needed: these read only shapes, strides and dtypes)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from vendors.cuda.torch_grouped import (
     GROUPED_MM_MIN_ROWS_PER_GROUP,
     SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP,
     grouped_mm_by_default,
+    log_unserved_choice,
     scaled_grouped_mm_available,
     scaled_grouped_mm_fits,
     torch_grouped_fits,
@@ -75,3 +78,14 @@ def test_a_device_without_it_keeps_row_wise_fp8_on_the_triton_kernel():
 def test_the_built_in_rule_counts_rows_per_group_for_each_kind(kind, least):
     assert grouped_mm_by_default(least * 128, 128, kind)
     assert not grouped_mm_by_default(least * 128 - 1, 128, kind)
+
+
+def test_a_table_choice_torch_cannot_serve_is_logged_once_per_problem(caplog):
+    logged: set = set()
+    with caplog.at_level(logging.WARNING, logger="vendors.cuda.torch_grouped"):
+        for _ in range(3):
+            log_unserved_choice(logged, GemmKind.FP8_ROWWISE, _fp8_weight(8, 256, 128, k_major=False), torch.bfloat16)
+        log_unserved_choice(logged, GemmKind.FP8_ROWWISE, _fp8_weight(8, 256, 256, k_major=False), torch.bfloat16)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "8x256x128" in messages[0] and "8x256x256" in messages[1]
+    assert all("cannot run here" in m and "Triton" in m for m in messages)
