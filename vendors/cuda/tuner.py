@@ -334,9 +334,9 @@ def _search(
 ) -> dict[Candidate, float]:
     """Every candidate timed for one case: the built-in choice, the grid and the winner's neighbours for
     each Triton backend (with an activation: in the epilogue, and before the separate pass), and
-    torch's grouped GEMM where it serves the kind. Where the built-in rule gathers a first projection's rows, the fastest
-    `OTHER_WAY_TILES` tiles of each Triton backend and the winner's neighbours are re-timed reading the
-    rows through the index."""
+    torch's grouped GEMM where it serves the kind. Where the built-in rule gathers a first projection's
+    rows, the fastest `OTHER_WAY_TILES` tiles of each Triton backend and the winner's neighbours are
+    re-timed reading the rows through the index."""
     one_byte = case.x.element_size() == 1
     block_scaled = case.scale_mode == gg.SCALE_BLOCK128
     timed: dict[Candidate, float] = {}
