@@ -26,9 +26,9 @@ SCALED_GROUPED_MM_CAPABILITY = (9, 0)
 #: 128 (mixtral, 512 tokens) 1120 us against 756 us; at 32 (qwen3, 512 tokens) even.
 GROUPED_MM_MIN_ROWS_PER_GROUP = 192
 #: The same for torch._scaled_grouped_mm against the Triton kernel's row-wise fp8, measured on an H200 (graph
-#: replays of the vendor's call, first projections gathered with their activation): at 128 rows per group 1.16-1.34x
-#: faster on both projections of qwen3-30b-a3b, mixtral-8x7b and deepseek-v3-ep8; at 64 0.84-0.96x (mixtral's
-#: down projection 1.08x); at 16-32 0.58-0.79x.
+#: replays of the vendor's call, first projections gathered with their activation; three runs): at 128 rows per
+#: group 1.13-1.35x faster on both projections of qwen3-30b-a3b, mixtral-8x7b and deepseek-v3-ep8 (mixtral's down
+#: projection 1.03-1.16x); at 64 0.84-1.08x; at 16-32 0.58-0.79x.
 SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP = 128
 
 
