@@ -11,7 +11,9 @@ import logging
 import pytest
 import torch
 
+import moe
 from hal import ActivationKind, DispatchDtype, GemmKind, Groups
+from tests.support.moe_reference import TOLERANCE, random_weights, reference_moe, relative_error, softmax_topk
 from vendors.cuda import CudaVendor
 from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP, scaled_grouped_mm_available
 from vendors.cuda.tuning import GROUPED_MM, Choice, TuningTable, problem_key
@@ -128,3 +130,24 @@ def test_a_table_entry_torch_cannot_serve_runs_the_triton_kernel_and_says_so_onc
         for _ in range(2):
             run_gemm_case(vendor, GemmKind.FP8_BLOCK128, counts, k=k, n=n)
     assert sum("cannot run here" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_row_wise_fp8_layer_on_torch_scaled_grouped_mm_matches_float64():
+    """A `w8a8-fp8` layer with 256 rows per expert (both projections on torch's kernel) within the scheme's
+    layer tolerance of the float64 MoE, and not the same output as its Triton-only run (the path was taken)."""
+    experts, hidden, inter, top_k, tokens = 16, 1024, 512, 2, 2048
+    vendor = CudaVendor()
+    w13, w2 = random_weights(experts, hidden, inter, 11)
+    layer = moe.MoELayer.from_float(w13.cuda(), w2.cuda(), top_k, scheme="w8a8-fp8", vendor=vendor)
+    assert layer.plan.resolved is DispatchDtype.FP8
+    g = torch.Generator().manual_seed(12)
+    x, logits = torch.randn(tokens, hidden, generator=g).bfloat16(), torch.randn(tokens, experts, generator=g)
+    y = layer(x.cuda(), logits.cuda()).cpu()
+    ids, weights = softmax_topk(logits, top_k)
+    assert relative_error(y, reference_moe(x, ids, weights, w13, w2)) < TOLERANCE[("w8a8-fp8", "fp8")]
+    vendor.ops.torch_scaled_grouped_mm = False
+    try:
+        triton_only = layer(x.cuda(), logits.cuda()).cpu()
+    finally:
+        vendor.ops.torch_scaled_grouped_mm = True
+    assert not torch.equal(y, triton_only) and relative_error(y, triton_only) < 0.05
