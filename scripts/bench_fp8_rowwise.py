@@ -21,6 +21,7 @@ import torch
 
 import moe
 from hal import ActivationKind, DispatchDtype, Groups
+from scripts.peer_eager import graphed  # the same capture
 from vendors.cuda import CudaVendor, torch_grouped
 
 SHAPES = {
@@ -33,21 +34,13 @@ SCHEMES = ("unquantized", "w8a8-fp8", "w8a8-fp8-block")
 
 def replay_us(fn, reps: int = 15) -> float:
     """Median µs of one CUDA-graph replay of `fn`, each replay queued behind a short device sleep."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    replay = graphed(fn)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(40_000)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
