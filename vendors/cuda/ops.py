@@ -8,28 +8,24 @@ Each op and its kernel:
 - grouped matmul bf16 / fp8 row-wise: `torch._grouped_mm` (sm90+) / `torch._scaled_grouped_mm` (sm90) for
   many rows per group (`torch_grouped.py`), else the Triton grouped GEMM
 - grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
-  (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: its TMA-fed form
-  (`kernels/grouped_gemm_tma.py`, sm90+) where the tiles say so
+  (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: DeepGEMM where installed (sm90,
+  `deep_gemm_runner.py`), else the Triton kernel's TMA-fed form (`kernels/grouped_gemm_tma.py`) where
+  the tiles say so
 - grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the
   activation in its epilogue; torch's GEMMs take the swiglu pass after
 - grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its rows
   through the index or gathers them first, as the tuned table says (without an entry, one-byte rows
   through the index up to 32 rows per group); torch's GEMMs: a gather first
 - swiglu: Triton, one pass
-- softmax top-k routing: Triton, one launch: softmax, k rounds of argmax, renormalization (up to
-  1024 experts)
-- sort by expert: Triton, one program at decode (up to 128 pairs: each pair's rank from one
-  comparison of all pairs; else a counting sort over two chunks of pairs), two launches of spans
-  above; torch's radix sort past 2**24 pairs x padded experts; the token of each sorted row (the
-  dispatch's row index) written in the same pass
+- softmax top-k routing: Triton, one launch: softmax, k rounds of argmax, renormalization (<= 1024 experts)
+- sort by expert: Triton counting sorts (one program at decode, two launches above; torch's radix sort
+  past 2**24 pairs x padded experts), writing each sorted row's token (the row index) in the same pass
 - weighted combine: Triton, one pass: gather the k rows, weigh in fp32, write once
-- weight quantization: the reference, then one-byte weights are stored K-major (each expert's
-  `[K, N]` as a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions
-  read
+- weight quantization: the reference, then one-byte weights stored K-major (each expert's `[K, N]` as
+  a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read
 - bf16 x mxfp4 / nvfp4 weights: `weight_only.py`; the rest (dequantize, int4, nvfp4): `hal.reference.ReferenceOps`
-- expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine): DeepEP v1.2.1's
-  buffers, normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep`
-  imports)
+- expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine): DeepEP v1.2.1's buffers,
+  normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep` imports)
 - every Triton launch (sm90+, Triton 3.4+): programmatic dependent launch: each kernel's launch
   overlaps the tail of the one before; it waits for that kernel before reading
   (`kernels/dependent.py`; `CudaVendor(dependent_launch=False)` turns it off)
@@ -43,6 +39,7 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
@@ -63,6 +60,7 @@ from hal import (
     take_rows,
 )
 from vendors.cuda.counting import CountingOps
+from vendors.cuda.deep_gemm_runner import deep_gemm_fits, deep_gemm_grouped, wants_deep_gemm
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
@@ -71,7 +69,7 @@ from vendors.cuda.streams import SideStreams
 from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
 from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP as SCALED_MIN_ROWS
 from vendors.cuda.torch_grouped import grouped_mm_by_default, log_unserved_choice, torch_grouped, torch_grouped_fits
-from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
+from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, TRITON, Choice, TuningTable
 from vendors.cuda.weight_only import WeightOnlyOps
 
 _TRITON_KINDS = {
@@ -137,8 +135,10 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         tuning: TuningTable | None = None,
         dependent_launch: bool = False,
         torch_scaled_grouped_mm: bool = False,
+        deep_gemm: ModuleType | None = None,
     ) -> None:
         self.torch_grouped_mm = torch_grouped_mm
+        self.deep_gemm = deep_gemm  # DeepGEMM's module where found (`vendors.cuda.deep_gemm_runner`)
         self.torch_scaled_grouped_mm = torch_scaled_grouped_mm
         self.pdl = dependent_launch
         self.tuning = tuning
@@ -276,18 +276,23 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         choice: Choice | None,
         row_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the device's table entry for the
-        call (`_choice`), picks the backend and tiles (for a gated call: its `+silu-glu` entry, else the plain
-        product's entry with the activation after it, as tables tuned before gated entries ran it); without
-        an entry, the built-in rule: torch's grouped GEMM from many rows per group (bf16, fp8 row-wise), else the
-        Triton kernel (gated: in its epilogue). An entry naming torch's GEMM where it cannot run runs the Triton
-        kernel, logged once per problem. `row_index`: the product's rows are x's rows through it (read by the
-        Triton kernel; gathered first for torch's GEMMs)."""
+        """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the table's entry for the call
+        (`_choice`; for a gated call its `+silu-glu` entry, else the plain product's with the activation after),
+        picks the backend and tiles; without one, the built-in rules: DeepGEMM (fp8 block-128) or torch's grouped
+        GEMM (bf16, fp8 row-wise) from many rows per group, else the Triton kernel (gated: in its epilogue). A
+        backend that cannot run here passes the call on, logged once per problem. `row_index`: the rows are x's
+        rows through it (read by the Triton kernel; gathered first for the others)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
+        if wants_deep_gemm(choice, kind, rows, groups.num_groups, *weight.data.shape[1:]):
+            if self.deep_gemm is not None and deep_gemm_fits(x, weight, kind, out_dtype):
+                y = deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index)  # type: ignore[arg-type]
+                return self.swiglu(y) if gated else y
+            if choice is not None:
+                log_unserved_choice(self._unserved, kind, weight, out_dtype, DEEP_GEMM)
         wants_grouped_mm = (
             choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups, kind)
         )
@@ -393,9 +398,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         """`silu(a) * b` in one Triton pass (a, the gate, is the first half)."""
         if x.numel() == 0:
             return super().swiglu(x)
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
         return activation.swiglu(rows, pdl=self.pdl).view(*x.shape[:-1], x.shape[-1] // 2)
 
 
@@ -411,8 +414,7 @@ def _rows(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> int:
 
 def reads_through_index(choice: Choice | None, rows: int, groups: int, element_bytes: int) -> bool:
     """Whether a first projection's Triton GEMM reads its rows through the dispatch's index: as the table's
-    choice says where it says (`Choice.gather`), else by the built-in rule (`gather_in_gemm`). A
-    torch._grouped_mm choice gathers in `CudaOps._grouped` either way."""
+    choice says (`Choice.gather`), else by `gather_in_gemm`. The other backends gather in `CudaOps._grouped`."""
     if choice is not None and choice.gather is not None:
         return not choice.gather
     return gather_in_gemm(rows, groups, element_bytes)

@@ -137,20 +137,32 @@ def torch_grouped(
 
 
 def log_unserved_choice(
-    logged: set[tuple[object, ...]], kind: GemmKind, weight: QuantizedWeight, out_dtype: torch.dtype
+    logged: set[tuple[object, ...]],
+    kind: GemmKind,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype,
+    backend: str = "torch-grouped-mm",
 ) -> None:
-    """Log, once per problem in `logged` (the caller's own set), that a tuned table chose torch's grouped GEMM for a
-    call it cannot serve here (not in this torch or on this device, or operands it does not take): the call runs the
-    Triton kernel at its built-in tiles instead."""
-    key = (kind, tuple(weight.data.shape), out_dtype)
+    """Log, once per problem and backend in `logged` (the caller's own set), that a tuned table chose `backend`
+    (torch's grouped GEMM, or DeepGEMM) for a call it cannot serve here (not installed, not in this torch or on
+    this device, or operands it does not take): the call runs on the next runner instead."""
+    key = (kind, tuple(weight.data.shape), out_dtype, backend)
     if key in logged:
         return
     logged.add(key)
+    what = _UNSERVED_WHY.get(backend, backend)
     _LOG.warning(
-        "the tuned table chooses torch's grouped GEMM for %s experts %s (output %s), which cannot run here "
-        "(torch._grouped_mm: bf16 on sm90+; torch._scaled_grouped_mm: fp8 row-wise, K-major, on sm90); "
-        "running the Triton kernel at its built-in tiles",
+        "the tuned table chooses %s for %s experts %s (output %s), which cannot run here (%s); running the next "
+        "runner (torch's grouped GEMM or the Triton kernel at its built-in tiles)",
+        backend,
         kind,
         "x".join(map(str, weight.data.shape)),
         out_dtype,
+        what,
     )
+
+
+_UNSERVED_WHY = {
+    "torch-grouped-mm": "torch._grouped_mm: bf16 on sm90+; torch._scaled_grouped_mm: fp8 row-wise, K-major, on sm90",
+    "deep-gemm": "DeepGEMM: installed, sm90, fp8 block-128 with K and N multiples of 128",
+}

@@ -39,8 +39,10 @@ FORMAT = "moe-hal cuda grouped-gemm tuning v1"
 PACKAGED = Path(__file__).with_name("tuning_tables")
 #: How far (a factor of rows) beyond its tuned rows a problem's entries are used.
 REACH = 2
-#: The backend names a choice may take (`TRITON_THEN_ACTIVATION` only for a problem with an activation).
+#: The backend names a choice may take (`TRITON_THEN_ACTIVATION` only for a problem with an activation;
+#: `DEEP_GEMM` only for fp8 block-128, where DeepGEMM is installed).
 TRITON, GROUPED_MM, TRITON_THEN_ACTIVATION = "triton", "torch-grouped-mm", "triton-then-activation"
+DEEP_GEMM = "deep-gemm"
 _TILED = (TRITON, TRITON_THEN_ACTIVATION)
 
 
@@ -104,10 +106,11 @@ class Choice:
                     f"through the row index), got {gather!r}"
                 )
             return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"), gather)
-        if backend == GROUPED_MM:
-            return cls(GROUPED_MM, None, data.get("us"), data.get("default_us"))
+        if backend in (GROUPED_MM, DEEP_GEMM):
+            return cls(backend, None, data.get("us"), data.get("default_us"))
         raise InvalidInput(
-            f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}, got {backend!r}"
+            f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r}, {GROUPED_MM!r} or {DEEP_GEMM!r}, "
+            f"got {backend!r}"
         )
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, VendorOps
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
+from vendors.cuda.deep_gemm_runner import find_deep_gemm
 from vendors.cuda.deepep import DeepEpProbe, probe_deep_ep
 from vendors.cuda.torch_grouped import scaled_grouped_mm_available
 from vendors.cuda.tuning import TuningTable, device_slug
@@ -26,6 +28,10 @@ class CudaVendor(Vendor):
     `dependent_launch`: launch the Triton kernels with programmatic dependent launch where the
     device (sm90+) and Triton (`MIN_TRITON_DEPENDENT_LAUNCH`) have it, so each kernel's launch
     overlaps the tail of the one before (bit-equal results); False: plain launches.
+
+    `deep_gemm`: run fp8 block-128 prefill GEMMs on DeepGEMM where it is installed and the device is
+    sm90 (`vendors.cuda.deep_gemm_runner`; the capabilities' notes say whether it was found, or why
+    not); False: never.
     """
 
     name = "cuda"
@@ -38,6 +44,7 @@ class CudaVendor(Vendor):
         *,
         tuning: bool | str | os.PathLike[str] | TuningTable = True,
         dependent_launch: bool = True,
+        deep_gemm: bool = True,
     ) -> None:
         super().__init__()
         if device_index is not None and (
@@ -48,6 +55,10 @@ class CudaVendor(Vendor):
             raise InvalidInput(f"tuning: expected True, False, a path or a TuningTable, got {type(tuning).__name__}")
         if not isinstance(dependent_launch, bool):
             raise InvalidInput(f"dependent_launch: expected True or False, got {dependent_launch!r}")
+        if not isinstance(deep_gemm, bool):
+            raise InvalidInput(f"deep_gemm: expected True or False, got {deep_gemm!r}")
+        self._deep_gemm_request = deep_gemm
+        self._deep_gemm: tuple[ModuleType | None, str] | None = None  #: DeepGEMM's module and its note, once found
         self._dependent_launch = dependent_launch
         self._device_index = device_index
         if isinstance(tuning, (str, os.PathLike)):
@@ -105,7 +116,7 @@ class CudaVendor(Vendor):
                 if self._tuning_request is not False
                 else "kernel configurations: built-in defaults (tuning=False)"
             )
-        notes = (note, self._launch_note()) if note else ()
+        notes = (note, self._launch_note(), self._find_deep_gemm()[1]) if note else ()
         return cuda_capabilities(
             name,
             torch.cuda.get_device_capability(index),
@@ -149,9 +160,19 @@ class CudaVendor(Vendor):
         return CudaOps(
             torch_grouped_mm=capability[0] >= 9 and hasattr(torch, "_grouped_mm"),
             torch_scaled_grouped_mm=scaled_grouped_mm_available(capability),
+            deep_gemm=self._find_deep_gemm()[0],
             tuning=self._tuning,
             dependent_launch=self._uses_dependent_launch(),
         )
+
+    def _find_deep_gemm(self) -> tuple[ModuleType | None, str]:
+        """DeepGEMM's module where it serves this device and `deep_gemm` asks for it, and the note saying so."""
+        if self._deep_gemm is None:
+            if not self._deep_gemm_request:
+                self._deep_gemm = (None, "DeepGEMM: not used (deep_gemm=False)")
+            else:
+                self._deep_gemm = find_deep_gemm(torch.cuda.get_device_capability(self._index()))
+        return self._deep_gemm
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         probe = self.deepep_probe()

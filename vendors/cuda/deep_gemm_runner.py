@@ -1,0 +1,169 @@
+"""DeepGEMM's m-grouped fp8 GEMM for the fp8 block-128 kind on Hopper (optional; found at run time).
+
+DeepGEMM (github.com/deepseek-ai/DeepGEMM, built from its repository: the registry's `deep-gemm` is an old
+source distribution that does not build) JIT-compiles CUTLASS/CuTe grouped GEMMs with 1x128 activation and
+128x128 weight scales, the `fp8-block128` contract. Its contiguous layout wants each group's rows to start at a
+multiple of 128; the rows here come sorted by group without gaps, so one gather places them (through the
+dispatch's index, for a first projection) into an aligned buffer, the GEMM runs on that with the groups' end
+rows (its "psum" layout, which skips the gaps), and a second gather brings the product back to the sorted rows.
+Both gathers move whole rows as 8-byte words; no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from types import ModuleType
+
+import torch
+
+from hal import GemmKind, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.tuning import DEEP_GEMM, Choice
+
+#: DeepGEMM's sm90 kernels (the sm100 ones take packed ue8m0 scales, a different contract).
+DEEP_GEMM_CAPABILITY = (9, 0)
+#: Its contiguous layout aligns each group's first row to this many rows.
+ALIGN_ROWS = 128
+#: The built-in rule (where the table has no entry) takes DeepGEMM from this many rows per group and experts of
+#: at least `DEEP_GEMM_MIN_WEIGHT_ELEMENTS` (K x N). On an H200 (graph replay, whole layers) it made the
+#: fp8 block-128 layer 1.25-1.35x faster than the Triton kernel on deepseek-v3-ep8 (K x N 14.7M and 29.4M) at
+#: 4096 and 16384 tokens and 1.76x on mixtral-8x7b at 16384; on qwen3-30b-a3b's small experts (1.6M, 3.1M) at
+#: 16384 tokens 0.95x: the two gathers around the GEMM cost more than the GEMM saves there.
+DEEP_GEMM_MIN_ROWS_PER_GROUP = 256
+DEEP_GEMM_MIN_WEIGHT_ELEMENTS = 1 << 23
+
+
+def find_deep_gemm(capability: tuple[int, int]) -> tuple[ModuleType | None, str]:
+    """DeepGEMM's module where it serves this device, else None; and a line saying which (or why not). The
+    first import runs in a child process first: a build that crashes on import (a C++ runtime other than
+    the one it was built against) is then a reason, not a crash of the caller."""
+    sm = f"sm{capability[0]}{capability[1]}"
+    if tuple(capability) != DEEP_GEMM_CAPABILITY:
+        return None, f"DeepGEMM: not used (its fp8 block-128 kernels here are sm90's; this device is {sm})"
+    if importlib.util.find_spec("deep_gemm") is None:
+        return None, f"DeepGEMM: not installed ({_INSTALL})"
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", "import deep_gemm"], capture_output=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"DeepGEMM: its import could not be checked ({type(exc).__name__}: {exc})"
+    if child.returncode != 0:
+        last = (child.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        return None, f"DeepGEMM: installed but its import fails (exit {child.returncode}: {last}; {_INSTALL})"
+    try:
+        module = importlib.import_module("deep_gemm")
+    except Exception as exc:  # noqa: BLE001 - a build that does not load here is reported, never fatal
+        return None, f"DeepGEMM: installed but does not import ({type(exc).__name__}: {exc})"
+    if not hasattr(module, "m_grouped_fp8_gemm_nt_contiguous"):
+        return None, "DeepGEMM: this version has no m_grouped_fp8_gemm_nt_contiguous"
+    version = getattr(module, "__version__", "?")
+    return (
+        module,
+        f"DeepGEMM {version}: fp8 block-128 grouped GEMMs from {DEEP_GEMM_MIN_ROWS_PER_GROUP} rows per expert on experts of "
+        f"K x N >= {DEEP_GEMM_MIN_WEIGHT_ELEMENTS}",
+    )
+
+
+_INSTALL = "build it from github.com/deepseek-ai/DeepGEMM as docs/deep-gemm.md says"
+
+
+def wants_deep_gemm(choice: Choice | None, kind: GemmKind, rows: int, groups: int, k: int, n: int) -> bool:
+    """Whether a call of `kind` asks for DeepGEMM: as the table's `choice` says where it has one, else from
+    `DEEP_GEMM_MIN_ROWS_PER_GROUP` rows per group on experts of `DEEP_GEMM_MIN_WEIGHT_ELEMENTS` (fp8 block-128)."""
+    if kind is not GemmKind.FP8_BLOCK128 or rows == 0:
+        return False
+    if choice is not None:
+        return choice.backend == DEEP_GEMM
+    return rows >= DEEP_GEMM_MIN_ROWS_PER_GROUP * groups and k * n >= DEEP_GEMM_MIN_WEIGHT_ELEMENTS
+
+
+def deep_gemm_fits(
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+    weight: QuantizedWeight,
+    kind: GemmKind,
+    out_dtype: torch.dtype,
+) -> bool:
+    """Whether a call can run as DeepGEMM's fp8 GEMM: fp8 block-128, fp8 rows with `[rows, K/128]` fp32 scales,
+    K-major fp8 weights `[E, K, N]` with `[E, K/128, N/128]` fp32 scales, K and N multiples of 128, bf16 out."""
+    if kind is not GemmKind.FP8_BLOCK128 or out_dtype != torch.bfloat16 or not isinstance(x, QuantizedTensor):
+        return False
+    w, ws, xs = weight.data, weight.scale, x.scale
+    if w.dim() != 3 or ws is None or xs is None:
+        return False
+    e, k, n = w.shape
+    return (
+        k % ALIGN_ROWS == 0
+        and n % ALIGN_ROWS == 0
+        and x.data.dtype == torch.float8_e4m3fn
+        and x.data.dim() == 2
+        and x.data.stride(-1) == 1
+        and xs.dtype == torch.float32
+        and tuple(xs.shape) == (x.data.shape[0], k // ALIGN_ROWS)
+        and w.dtype == torch.float8_e4m3fn
+        and w.stride(1) == 1
+        and ws.dtype == torch.float32
+        and tuple(ws.shape) == (e, k // ALIGN_ROWS, n // ALIGN_ROWS)
+    )
+
+
+def aligned_layout(
+    counts: torch.Tensor, rows: int, row_index: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For `rows` rows in groups of `counts` (sorted by group): `source`, the row of x each aligned row reads
+    (x's rows through `row_index` where given, else x's own rows; gap rows read row 0, their products unused);
+    `place`, each sorted row's row in the aligned buffer; `ends`, each group's end row there (int32). The
+    buffer's length, `len(source)`, is a bound fixed by the shape (rows + groups x 127, rounded up to 128), so
+    nothing is read back to the host."""
+    device = counts.device
+    counts = counts.to(torch.int64)
+    groups = counts.numel()
+    aligned = (counts + ALIGN_ROWS - 1) // ALIGN_ROWS * ALIGN_ROWS
+    aligned_start = torch.cumsum(aligned, 0) - aligned
+    start = torch.cumsum(counts, 0) - counts
+    group_of_row = torch.repeat_interleave(torch.arange(groups, device=device), counts, output_size=rows)
+    place = torch.arange(rows, device=device) + (aligned_start - start)[group_of_row]
+    bound = -(-(rows + groups * (ALIGN_ROWS - 1)) // ALIGN_ROWS) * ALIGN_ROWS
+    source = torch.zeros(bound, dtype=torch.int64, device=device)
+    rows_read = torch.arange(rows, device=device) if row_index is None else row_index.to(torch.int64)
+    source.index_copy_(0, place, rows_read)
+    return source, place, (aligned_start + counts).to(torch.int32)
+
+
+def _rows_as_words(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D tensor's rows as 8-byte words where they divide evenly (a gather then moves words, not bytes)."""
+    if t.is_contiguous() and (t.shape[1] * t.element_size()) % 8 == 0:
+        return t.view(torch.int64)
+    return t
+
+
+def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`t[index]` along rows, moving whole rows as 8-byte words where they divide evenly."""
+    words = _rows_as_words(t)
+    return words.index_select(0, index).view(t.dtype) if words is not t else t.index_select(0, index)
+
+
+def deep_gemm_grouped(
+    module: ModuleType,
+    x: QuantizedTensor,
+    weight: QuantizedWeight,
+    counts: torch.Tensor,
+    row_index: torch.Tensor | None,
+) -> torch.Tensor:
+    """DeepGEMM's grouped product of a call that `deep_gemm_fits`, in bf16, rows sorted by group: x's rows
+    (through `row_index` where given) placed at aligned rows, multiplied, and brought back."""
+    data = x.data
+    scale = x.scale
+    assert scale is not None and weight.scale is not None
+    rows = data.shape[0] if row_index is None else row_index.numel()
+    n = weight.data.shape[2]
+    if rows == 0:
+        return torch.empty(0, n, dtype=torch.bfloat16, device=data.device)
+    source, place, ends = aligned_layout(counts, rows, row_index)
+    a, a_scale = take(data.contiguous(), source), scale.contiguous().index_select(0, source)
+    out = torch.empty(source.numel(), n, dtype=torch.bfloat16, device=data.device)
+    b = (weight.data.transpose(1, 2), weight.scale.transpose(1, 2).contiguous())  # [E, N, K] K-major
+    module.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), b, out, ends, use_psum_layout=True)
+    return take(out, place)
