@@ -24,7 +24,8 @@ from vendors.cuda.tuning import DEEP_GEMM, Choice
 
 #: DeepGEMM's sm90 kernels (the sm100 ones take packed ue8m0 scales, a different contract).
 DEEP_GEMM_CAPABILITY = (9, 0)
-#: Its contiguous layout aligns each group's first row to this many rows.
+#: Its contiguous layout aligns each group's first row to this many rows (its default; a process may change it
+#: through `deep_gemm.set_mk_alignment_for_contiguous_layout`, so each call asks the module).
 ALIGN_ROWS = 128
 #: The built-in rule (where the table has no entry) takes DeepGEMM from this many rows per group and experts of
 #: at least `DEEP_GEMM_MIN_WEIGHT_ELEMENTS` (K x N). On an H200 (graph replay, whole layers) it made the
@@ -110,22 +111,22 @@ def deep_gemm_fits(
 
 
 def aligned_layout(
-    counts: torch.Tensor, rows: int, row_index: torch.Tensor | None = None
+    counts: torch.Tensor, rows: int, row_index: torch.Tensor | None = None, align: int = ALIGN_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For `rows` rows in groups of `counts` (sorted by group): `source`, the row of x each aligned row reads
     (x's rows through `row_index` where given, else x's own rows; gap rows read row 0, their products unused);
     `place`, each sorted row's row in the aligned buffer; `ends`, each group's end row there (int32). The
-    buffer's length, `len(source)`, is a bound fixed by the shape (rows + groups x 127, rounded up to 128), so
-    nothing is read back to the host."""
+    buffer's length, `len(source)`, is a bound fixed by the shape (rows + groups x (align - 1), rounded up to
+    `align`), so nothing is read back to the host. Groups start at multiples of `align`."""
     device = counts.device
     counts = counts.to(torch.int64)
     groups = counts.numel()
-    aligned = (counts + ALIGN_ROWS - 1) // ALIGN_ROWS * ALIGN_ROWS
+    aligned = (counts + align - 1) // align * align
     aligned_start = torch.cumsum(aligned, 0) - aligned
     start = torch.cumsum(counts, 0) - counts
     group_of_row = torch.repeat_interleave(torch.arange(groups, device=device), counts, output_size=rows)
     place = torch.arange(rows, device=device) + (aligned_start - start)[group_of_row]
-    bound = -(-(rows + groups * (ALIGN_ROWS - 1)) // ALIGN_ROWS) * ALIGN_ROWS
+    bound = -(-(rows + groups * (align - 1)) // align) * align
     source = torch.zeros(bound, dtype=torch.int64, device=device)
     rows_read = torch.arange(rows, device=device) if row_index is None else row_index.to(torch.int64)
     source.index_copy_(0, place, rows_read)
@@ -161,7 +162,8 @@ def deep_gemm_grouped(
     n = weight.data.shape[2]
     if rows == 0:
         return torch.empty(0, n, dtype=torch.bfloat16, device=data.device)
-    source, place, ends = aligned_layout(counts, rows, row_index)
+    align = getattr(module, "get_mk_alignment_for_contiguous_layout", lambda: ALIGN_ROWS)()
+    source, place, ends = aligned_layout(counts, rows, row_index, align)
     a, a_scale = take(data.contiguous(), source), scale.contiguous().index_select(0, source)
     out = torch.empty(source.numel(), n, dtype=torch.bfloat16, device=data.device)
     b = (weight.data.transpose(1, 2), weight.scale.transpose(1, 2).contiguous())  # [E, N, K] K-major

@@ -34,8 +34,11 @@ class _PsumGemm:
     """DeepGEMM's `m_grouped_fp8_gemm_nt_contiguous` with `use_psum_layout=True`, as its API states it: group g's
     rows run from its end `ends[g-1]` rounded up to 128 to `ends[g]`; other rows of `d` are left alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, align: int | None = None) -> None:
         self.calls = 0
+        self.align = align or ALIGN_ROWS
+        if align is not None:  # the module's setter moved it: the runner must ask
+            self.get_mk_alignment_for_contiguous_layout = lambda: align
 
     def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, ends, *, use_psum_layout):
         assert use_psum_layout and ends.dtype == torch.int32
@@ -46,7 +49,7 @@ class _PsumGemm:
         w = b_data.double() * _expand(_expand(b_scale.double(), 1, b_data.shape[1]), 2, k)  # [E, N, K]
         end = 0
         for g, group_end in enumerate(ends.tolist()):
-            start = -(-end // ALIGN_ROWS) * ALIGN_ROWS
+            start = -(-end // self.align) * self.align
             assert group_end >= start
             d[start:group_end] = (x[start:group_end] @ w[g].T).to(d.dtype)
             end = group_end
@@ -93,6 +96,21 @@ def test_the_aligned_layout_round_trip_equals_the_float64_grouped_product(expert
     want = torch.stack([source_rows[r] @ w64[groups[r]] for r in range(rows)])
     assert stand_in.calls == 1 and y.shape == (rows, n) and y.dtype == torch.bfloat16
     torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1e-2)
+
+
+def test_the_layout_follows_the_alignment_the_module_reports():
+    experts, top_k, tokens, k, n = 8, 2, 300, 128, 128
+    picks = (
+        torch.randn(tokens, experts, generator=torch.Generator().manual_seed(5)).topk(top_k, dim=1).indices.flatten()
+    )
+    counts = torch.bincount(picks, minlength=experts)
+    row_index = torch.sort(picks, stable=True).indices // top_k
+    x, x64 = _rows(tokens, k, seed=6)
+    weight, w64 = _block_fp8(experts, k, n, seed=7)
+    want = torch.cat([part @ w64[e] for e, part in enumerate(x64[row_index].split(counts.tolist()))])
+    for align in (64, 256):
+        y = deep_gemm_grouped(_PsumGemm(align), x, weight, counts, row_index)  # type: ignore[arg-type]
+        torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1e-2)
 
 
 def test_the_aligned_layout_starts_every_group_at_a_multiple_of_128_and_reads_each_row_once():
