@@ -72,13 +72,18 @@ _INSTALL = "build it from github.com/deepseek-ai/DeepGEMM as docs/deep-gemm.md s
 
 
 def wants_deep_gemm(choice: Choice | None, kind: GemmKind, rows: int, groups: int, k: int, n: int) -> bool:
-    """Whether a call of `kind` asks for DeepGEMM: as the table's `choice` says where it has one, else from
-    `DEEP_GEMM_MIN_ROWS_PER_GROUP` rows per group on experts of `DEEP_GEMM_MIN_WEIGHT_ELEMENTS` (fp8 block-128)."""
-    if kind is not GemmKind.FP8_BLOCK128 or rows == 0:
+    """Whether a call of `kind` asks for DeepGEMM: as the table's `choice` says where it has one (even for a kind
+    DeepGEMM cannot run: the caller then logs it), else from `DEEP_GEMM_MIN_ROWS_PER_GROUP` rows per group on
+    experts of `DEEP_GEMM_MIN_WEIGHT_ELEMENTS` (fp8 block-128 only)."""
+    if rows == 0:
         return False
     if choice is not None:
         return choice.backend == DEEP_GEMM
-    return rows >= DEEP_GEMM_MIN_ROWS_PER_GROUP * groups and k * n >= DEEP_GEMM_MIN_WEIGHT_ELEMENTS
+    return (
+        kind is GemmKind.FP8_BLOCK128
+        and rows >= DEEP_GEMM_MIN_ROWS_PER_GROUP * groups
+        and k * n >= DEEP_GEMM_MIN_WEIGHT_ELEMENTS
+    )
 
 
 def deep_gemm_fits(

@@ -169,6 +169,7 @@ def test_the_table_decides_where_it_has_an_entry_and_the_rows_per_expert_elsewhe
     assert wants_deep_gemm(deep, GemmKind.FP8_BLOCK128, 16, 8, *small)
     assert not wants_deep_gemm(triton, GemmKind.FP8_BLOCK128, least * 100, 8, *big)
     assert not wants_deep_gemm(None, GemmKind.FP8_ROWWISE, least * 100, 8, *big)
+    assert wants_deep_gemm(deep, GemmKind.BF16, 16, 8, *big)  # asked for: the vendor then finds it cannot serve
     assert not wants_deep_gemm(deep, GemmKind.FP8_BLOCK128, 0, 8, *big)
 
 
