@@ -58,17 +58,26 @@ def find_deep_gemm(capability: tuple[int, int]) -> tuple[ModuleType | None, str]
         module = importlib.import_module("deep_gemm")
     except Exception as exc:  # noqa: BLE001 - a build that does not load here is reported, never fatal
         return None, f"DeepGEMM: installed but does not import ({type(exc).__name__}: {exc})"
-    if not hasattr(module, "m_grouped_fp8_gemm_nt_contiguous"):
-        return None, "DeepGEMM: this version has no m_grouped_fp8_gemm_nt_contiguous"
     version = getattr(module, "__version__", "?")
-    return (
-        module,
-        f"DeepGEMM {version}: fp8 block-128 grouped GEMMs from {DEEP_GEMM_MIN_ROWS_PER_GROUP} rows per expert on experts of "
-        f"K x N >= {DEEP_GEMM_MIN_WEIGHT_ELEMENTS}",
-    )
+    missing = missing_api(module)
+    if missing:
+        return None, f"DeepGEMM {version}: {missing} (build a newer one: {_INSTALL})"
+    rule = f"from {DEEP_GEMM_MIN_ROWS_PER_GROUP} rows per expert on experts of K x N >= {DEEP_GEMM_MIN_WEIGHT_ELEMENTS}"
+    return module, f"DeepGEMM {version}: fp8 block-128 grouped GEMMs {rule}"
 
 
 _INSTALL = "build it from github.com/deepseek-ai/DeepGEMM as docs/deep-gemm.md says"
+
+
+def missing_api(module: object) -> str | None:
+    """What a `deep_gemm` module lacks of the API this runner calls (None: nothing): the m-grouped fp8 GEMM with
+    its psum layout (older builds take only a per-row group index)."""
+    gemm = getattr(module, "m_grouped_fp8_gemm_nt_contiguous", None)
+    if not callable(gemm):
+        return "no m_grouped_fp8_gemm_nt_contiguous"
+    if "use_psum_layout" not in (getattr(gemm, "__doc__", None) or ""):
+        return "its m_grouped_fp8_gemm_nt_contiguous takes no use_psum_layout"
+    return None
 
 
 def wants_deep_gemm(choice: Choice | None, kind: GemmKind, rows: int, groups: int, k: int, n: int) -> bool:

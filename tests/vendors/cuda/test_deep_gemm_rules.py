@@ -20,6 +20,7 @@ from vendors.cuda.deep_gemm_runner import (
     deep_gemm_fits,
     deep_gemm_grouped,
     find_deep_gemm,
+    missing_api,
     wants_deep_gemm,
 )
 from vendors.cuda.torch_grouped import log_unserved_choice
@@ -210,3 +211,15 @@ def test_no_rows_make_no_call():
     weight, _ = _block_fp8(2, 128, 128, seed=0)
     y = deep_gemm_grouped(stand_in, x, weight, torch.zeros(2, dtype=torch.int64), None)  # type: ignore[arg-type]
     assert y.shape == (0, 128)
+
+
+def test_a_deep_gemm_without_the_psum_layout_is_named_as_too_old():
+    def gemm(a, b, d, grouped_layout, use_psum_layout=False):
+        """m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, use_psum_layout: bool = False) -> None"""
+
+    def old_gemm(a, b, d, m_indices):
+        """m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices) -> None"""
+
+    assert missing_api(SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=gemm)) is None
+    assert "use_psum_layout" in missing_api(SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=old_gemm))
+    assert "no m_grouped" in missing_api(SimpleNamespace())
