@@ -15,7 +15,7 @@ import json
 import torch
 
 import moe
-from scripts.bench_fp8_rowwise import SHAPES, relative, replay_us
+from scripts.bench_fp8_rowwise import SHAPES, relative, replay_us, write_rows
 from vendors.cuda import CudaVendor
 
 
@@ -54,9 +54,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     rows = layers(args.tokens, args.shapes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,13 @@ def layers(vendor: CudaVendor, tokens: list[int]) -> list[dict]:
     return rows
 
 
+def write_rows(path: str | None, rows: list[dict]) -> None:
+    """The rows, with the device and torch they ran on, as JSON at `path` (None: nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[512, 4096, 16384])
@@ -125,9 +132,7 @@ def main() -> None:
     if not vendor.ops.torch_scaled_grouped_mm:
         raise SystemExit("torch._scaled_grouped_mm does not serve this device (sm90 only)")
     rows = crossover(vendor, args.crossover) if args.crossover else layers(vendor, args.tokens)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from hal import GemmKind, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from hal import GemmKind, InvalidInput, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from vendors.cuda.tuning import DEEP_GEMM, Choice
 
 #: DeepGEMM's sm90 kernels (the sm100 ones take packed ue8m0 scales, a different contract).
@@ -139,11 +139,11 @@ def aligned_layout(
     aligned_start = torch.cumsum(aligned, 0) - aligned
     start = torch.cumsum(counts, 0) - counts
     group_of_row = torch.repeat_interleave(torch.arange(groups, device=device), counts, output_size=rows)
-    place = torch.arange(rows, device=device) + (aligned_start - start)[group_of_row]
+    order = torch.arange(rows, device=device)
+    place = order + (aligned_start - start)[group_of_row]
     bound = -(-(rows + groups * (align - 1)) // align) * align
     source = torch.zeros(bound, dtype=torch.int64, device=device)
-    rows_read = torch.arange(rows, device=device) if row_index is None else row_index.to(torch.int64)
-    source.index_copy_(0, place, rows_read)
+    source.index_copy_(0, place, order if row_index is None else row_index.to(torch.int64))
     return source, place, (aligned_start + counts).to(torch.int32)
 
 
@@ -171,7 +171,8 @@ def deep_gemm_grouped(
     (through `row_index` where given) placed at aligned rows, multiplied, and brought back."""
     data = x.data
     scale = x.scale
-    assert scale is not None and weight.scale is not None
+    if scale is None or weight.scale is None:
+        raise InvalidInput("deep_gemm_grouped: fp8 block-128 rows and weights need their scales (see deep_gemm_fits)")
     rows = data.shape[0] if row_index is None else row_index.numel()
     n = weight.data.shape[2]
     if rows == 0:
