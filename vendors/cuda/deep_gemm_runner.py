@@ -5,21 +5,25 @@ source distribution that does not build) JIT-compiles CUTLASS/CuTe grouped GEMMs
 128x128 weight scales, the `fp8-block128` contract. Its contiguous layout wants each group's rows to start at a
 multiple of 128; the rows here come sorted by group without gaps, so one gather places them (through the
 dispatch's index, for a first projection) into an aligned buffer, the GEMM runs on that with the groups' end
-rows (its "psum" layout, which skips the gaps), and a second gather brings the product back to the sorted rows.
-Both gathers move whole rows as 8-byte words; no host synchronisation.
+rows (its "psum" layout, which skips the gaps), and a second gather brings the product back to the sorted rows
+(for a gated call, the activation pass reads the product through the same index instead). The gathers move
+whole rows as 8-byte words; no host synchronisation.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
 from hal import GemmKind, InvalidInput, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.torch_grouped import log_unserved_choice
 from vendors.cuda.tuning import DEEP_GEMM, Choice
 
 #: DeepGEMM's sm90 kernels (the sm100 ones take packed ue8m0 scales, a different contract).
@@ -95,6 +99,35 @@ def wants_deep_gemm(choice: Choice | None, kind: GemmKind, rows: int, groups: in
     )
 
 
+def deep_gemm_or_fallback(
+    module: ModuleType | None,
+    choice: Choice | None,
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
+    weight: QuantizedWeight,
+    kind: GemmKind,
+    out_dtype: torch.dtype,
+    rows: int,
+    groups: int,
+    unserved: set[tuple[object, ...]],
+) -> tuple[bool, Choice | None]:
+    """Whether the call runs on DeepGEMM: found (`module`), asked for (`wants_deep_gemm`) and able to take the
+    operands (`deep_gemm_fits`); and the choice the other runners follow: a
+    `deep-gemm` entry that cannot run here gives way to its fallback (the entry it replaced; None: the built-in
+    rules), logged once per problem through `unserved` (at info level where DeepGEMM is not installed: shipped
+    tables name it for users without it; a warning where it is, but does not take the call's operands)."""
+    if (
+        module is not None
+        and wants_deep_gemm(choice, kind, rows, groups, *weight.data.shape[1:])
+        and deep_gemm_fits(x, weight, kind, out_dtype)
+    ):
+        return True, choice
+    if choice is not None and choice.backend == DEEP_GEMM:
+        level = logging.INFO if module is None else logging.WARNING
+        log_unserved_choice(unserved, kind, weight, out_dtype, DEEP_GEMM, fallback=choice.fallback, level=level)
+        return False, choice.fallback
+    return False, choice
+
+
 def deep_gemm_fits(
     x: torch.Tensor | QuantizedTensor | PackedInt4Tensor,
     weight: QuantizedWeight,
@@ -129,22 +162,25 @@ def aligned_layout(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For `rows` rows in groups of `counts` (sorted by group): `source`, the row of x each aligned row reads
     (x's rows through `row_index` where given, else x's own rows; gap rows read row 0, their products unused);
-    `place`, each sorted row's row in the aligned buffer; `ends`, each group's end row there (int32). The
+    `place`, each sorted row's row in the aligned buffer; `ends`, each group's end row there (int32). Rows past
+    the groups' total (a masked layout's padding: counts may sum to fewer than `rows`) are placed after the last
+    group, outside every group, so they never land on a group's row; their products are left unwritten. The
     buffer's length, `len(source)`, is a bound fixed by the shape (rows + groups x (align - 1), rounded up to
     `align`), so nothing is read back to the host. Groups start at multiples of `align`."""
     device = counts.device
     counts = counts.to(torch.int64)
-    groups = counts.numel()
     aligned = (counts + align - 1) // align * align
     aligned_start = torch.cumsum(aligned, 0) - aligned
-    start = torch.cumsum(counts, 0) - counts
-    group_of_row = torch.repeat_interleave(torch.arange(groups, device=device), counts, output_size=rows)
+    end = torch.cumsum(counts, 0)
+    ends = aligned_start + counts
     order = torch.arange(rows, device=device)
-    place = order + (aligned_start - start)[group_of_row]
-    bound = -(-(rows + groups * (align - 1)) // align) * align
+    group_of_row = torch.searchsorted(end, order, right=True)  # len(counts) for a padding row
+    shift = torch.cat([aligned_start - (end - counts), (ends[-1:] - end[-1:])])  # the last: the padding rows'
+    place = order + shift[group_of_row]
+    bound = -(-(rows + counts.numel() * (align - 1)) // align) * align
     source = torch.zeros(bound, dtype=torch.int64, device=device)
     source.index_copy_(0, place, order if row_index is None else row_index.to(torch.int64))
-    return source, place, (aligned_start + counts).to(torch.int32)
+    return source, place, ends.to(torch.int32)
 
 
 def _rows_as_words(t: torch.Tensor) -> torch.Tensor:
@@ -166,21 +202,40 @@ def deep_gemm_grouped(
     weight: QuantizedWeight,
     counts: torch.Tensor,
     row_index: torch.Tensor | None,
+    *,
+    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = take,
 ) -> torch.Tensor:
     """DeepGEMM's grouped product of a call that `deep_gemm_fits`, in bf16, rows sorted by group: x's rows
-    (through `row_index` where given) placed at aligned rows, multiplied, and brought back."""
-    data = x.data
-    scale = x.scale
-    if scale is None or weight.scale is None:
+    (through `row_index` where given) placed at aligned rows, multiplied, and brought back by
+    `finish(product, place)`: `take` by default; a gated call passes its activation reading the rows through
+    `place`, so the product is activated and put back in order in one pass."""
+    if x.scale is None or weight.scale is None:
         raise InvalidInput("deep_gemm_grouped: fp8 block-128 rows and weights need their scales (see deep_gemm_fits)")
+    return deep_gemm_rows(module, x.data, x.scale, weight.data, weight.scale, counts, row_index, finish=finish)
+
+
+def deep_gemm_rows(
+    module: ModuleType,
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    counts: torch.Tensor,
+    row_index: torch.Tensor | None,
+    *,
+    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = take,
+) -> torch.Tensor:
+    """`deep_gemm_grouped` on plain tensors: fp8 rows `data` `[M, K]` with `[M, K/128]` scales, K-major fp8
+    weights `w` `[E, K, N]` with `[E, K/128, N/128]` scales (what `hal tune` times)."""
     rows = data.shape[0] if row_index is None else row_index.numel()
-    n = weight.data.shape[2]
+    n = w.shape[2]
     if rows == 0:
-        return torch.empty(0, n, dtype=torch.bfloat16, device=data.device)
+        empty = torch.empty(0, dtype=torch.int64, device=data.device)
+        return finish(torch.empty(0, n, dtype=torch.bfloat16, device=data.device), empty)
     align = getattr(module, "get_mk_alignment_for_contiguous_layout", lambda: ALIGN_ROWS)()
     source, place, ends = aligned_layout(counts, rows, row_index, align)
     a, a_scale = take(data.contiguous(), source), scale.contiguous().index_select(0, source)
     out = torch.empty(source.numel(), n, dtype=torch.bfloat16, device=data.device)
-    b = (weight.data.transpose(1, 2), weight.scale.transpose(1, 2).contiguous())  # [E, N, K] K-major
+    b = (w.transpose(1, 2), w_scale.transpose(1, 2).contiguous())  # [E, N, K] K-major
     module.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), b, out, ends, use_psum_layout=True)
-    return take(out, place)
+    return finish(out, place)

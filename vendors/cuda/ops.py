@@ -8,11 +8,10 @@ Each op and its kernel:
 - grouped matmul bf16 / fp8 row-wise: `torch._grouped_mm` (sm90+) / `torch._scaled_grouped_mm` (sm90) for
   many rows per group (`torch_grouped.py`), else the Triton grouped GEMM
 - grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
-  (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: DeepGEMM where installed (sm90,
-  `deep_gemm_runner.py`), else the Triton kernel's TMA-fed form (`kernels/grouped_gemm_tma.py`) where
-  the tiles say so
-- grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the
-  activation in its epilogue; torch's GEMMs take the swiglu pass after
+  (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: DeepGEMM where installed (sm90, `deep_gemm_runner.py`),
+  else the Triton kernel's TMA-fed form (`kernels/grouped_gemm_tma.py`) where the tiles say so
+- grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the activation in
+  its epilogue; torch's GEMMs and DeepGEMM take the swiglu pass after (DeepGEMM's reads its aligned rows)
 - grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its rows
   through the index or gathers them first, as the tuned table says (without an entry, one-byte rows
   through the index up to 32 rows per group); torch's GEMMs: a gather first
@@ -39,6 +38,7 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -60,16 +60,17 @@ from hal import (
     take_rows,
 )
 from vendors.cuda.counting import CountingOps
-from vendors.cuda.deep_gemm_runner import deep_gemm_fits, deep_gemm_grouped, wants_deep_gemm
+from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallback, take
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
+from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
 from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP as SCALED_MIN_ROWS
 from vendors.cuda.torch_grouped import grouped_mm_by_default, log_unserved_choice, torch_grouped, torch_grouped_fits
-from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, TRITON, Choice, TuningTable
+from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
 from vendors.cuda.weight_only import WeightOnlyOps
 
 _TRITON_KINDS = {
@@ -85,12 +86,6 @@ _SCALE_MODE = {
     GemmKind.FP8_ROWWISE: grouped_gemm.SCALE_ROWWISE,
     GemmKind.FP8_BLOCK128: grouped_gemm.SCALE_BLOCK128,
 }
-#: Most rows per group at which the Triton GEMM reads one-byte rows (fp8, int8) through the dispatch's index;
-#: above, they are gathered first (16-bit rows are always read through it). Measured on an H200, the gated
-#: first projection, gather + GEMM against the GEMM's own gathered loads (interleaved graph replays): bf16
-#: 1.00-1.23x faster at every size of qwen3-30b-a3b, mixtral-8x7b and deepseek-v3-ep8; fp8 block-128 1.03-1.23x
-#: up to 32 rows per group, but 0.93-0.98x at 64-256 (mixtral at 512 tokens: 577 -> 622 us).
-ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP = 32
 
 
 class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
@@ -109,7 +104,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         f"problem, else built-in (torch's GEMMs from {GROUPED_MM_MIN_ROWS} rows per group for bf16, "
         f"{SCALED_MIN_ROWS} for fp8 row-wise); bf16 x fp4: weight_only.py",
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after torch's "
-        "GEMMs and for other activations",
+        "GEMMs, DeepGEMM (reading its aligned product back in row order) and for other activations",
         "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "
         "or gathers them first, as the tuned table says; without an entry, one-byte "
         f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
@@ -148,9 +143,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         self._side = SideStreams()
         self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
-    def tune(  # type: ignore[no-untyped-def]
-        self, problems, *, device: torch.device, device_name: str, progress=None
-    ) -> dict:
+    def tune(self, problems, *, device, device_name, progress=None) -> dict:  # type: ignore[no-untyped-def]
         """Time candidate grouped-GEMM configurations for `problems` here (see `vendors.cuda.tuner`)."""
         from vendors.cuda.tuner import tune
 
@@ -160,6 +153,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             device_name,
             grouped_mm=self.torch_grouped_mm,
             scaled_grouped_mm=self.torch_scaled_grouped_mm,
+            deep_gemm=self.deep_gemm,
             progress=progress,
         ).as_dict()
 
@@ -249,8 +243,8 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
     ) -> torch.Tensor:
         """The Triton kinds read x's rows through `row_index` inside the GEMM (SiLU-GLU in its epilogue), or
         gather them first, as the table's choice says (`Choice.gather`; without one, the built-in rule
-        `gather_in_gemm`: one-byte rows in groups of many rows are gathered); the other kinds and
-        activations gather first."""
+        `gather_in_gemm`: one-byte rows in groups of many rows are gathered); DeepGEMM's placement reads them
+        through the index; the other kinds and activations gather first."""
         gated = activation is not None
         if kind not in _TRITON_KINDS or (
             gated and activation.kind is not ActivationKind.SILU_GLU  # type: ignore[union-attr]
@@ -258,9 +252,12 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             return super().grouped_matmul_gathered(
                 x, row_index, weight, groups, kind=kind, out_dtype=out_dtype, activation=activation
             )
-        choice = self._choice(kind, weight, row_index.numel(), gated)  # once: both ways run the same entry
+        choice, rows = self._choice(kind, weight, row_index.numel(), gated), row_index.numel()  # both ways: one entry
         element_bytes = (x if isinstance(x, torch.Tensor) else x.data).element_size()
-        if reads_through_index(choice, row_index.numel(), groups.num_groups, element_bytes):
+        deep, choice = deep_gemm_or_fallback(
+            self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
+        )
+        if deep or reads_through_index(choice, rows, groups.num_groups, element_bytes):  # DeepGEMM gathers itself
             return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice)
         return self._grouped(take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice)
 
@@ -280,19 +277,20 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         (`_choice`; for a gated call its `+silu-glu` entry, else the plain product's with the activation after),
         picks the backend and tiles; without one, the built-in rules: DeepGEMM (fp8 block-128) or torch's grouped
         GEMM (bf16, fp8 row-wise) from many rows per group, else the Triton kernel (gated: in its epilogue). A
-        backend that cannot run here passes the call on, logged once per problem. `row_index`: the rows are x's
-        rows through it (read by the Triton kernel; gathered first for the others)."""
+        backend that cannot run here passes the call on, logged once per problem (a `deep-gemm` entry to its
+        fallback). `row_index`: the rows are x's rows through it (read by the Triton kernel and DeepGEMM's
+        placement; gathered first for torch's GEMMs)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        if wants_deep_gemm(choice, kind, rows, groups.num_groups, *weight.data.shape[1:]):
-            if self.deep_gemm is not None and deep_gemm_fits(x, weight, kind, out_dtype):
-                y = deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index)  # type: ignore[arg-type]
-                return self.swiglu(y) if gated else y
-            if choice is not None:
-                log_unserved_choice(self._unserved, kind, weight, out_dtype, DEEP_GEMM)
+        deep, choice = deep_gemm_or_fallback(
+            self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
+        )
+        if deep:
+            finish = partial(activation.swiglu, pdl=self.pdl) if gated else take  # reads rows through `place`
+            return deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index, finish=finish)  # type: ignore[arg-type]
         wants_grouped_mm = (
             choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups, kind)
         )
@@ -402,19 +400,5 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         return activation.swiglu(rows, pdl=self.pdl).view(*x.shape[:-1], x.shape[-1] // 2)
 
 
-def gather_in_gemm(rows: int, groups: int, element_bytes: int) -> bool:
-    """Whether the Triton GEMM reads its rows through the index (16-bit and wider rows always, one-byte rows
-    up to `ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP` per group); else they are gathered first."""
-    return element_bytes > 1 or rows <= ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP * groups
-
-
 def _rows(x: torch.Tensor | QuantizedTensor | PackedInt4Tensor) -> int:
     return (x if isinstance(x, torch.Tensor) else x.data).shape[0]
-
-
-def reads_through_index(choice: Choice | None, rows: int, groups: int, element_bytes: int) -> bool:
-    """Whether a first projection's Triton GEMM reads its rows through the dispatch's index: as the table's
-    choice says (`Choice.gather`), else by `gather_in_gemm`. The other backends gather in `CudaOps._grouped`."""
-    if choice is not None and choice.gather is not None:
-        return not choice.gather
-    return gather_in_gemm(rows, groups, element_bytes)

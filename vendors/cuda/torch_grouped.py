@@ -16,6 +16,7 @@ import logging
 import torch
 
 from hal import GemmKind, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.tuning import Choice
 
 _LOG = logging.getLogger(__name__)
 
@@ -142,23 +143,31 @@ def log_unserved_choice(
     weight: QuantizedWeight,
     out_dtype: torch.dtype,
     backend: str = "torch-grouped-mm",
+    *,
+    fallback: Choice | None = None,
+    level: int = logging.WARNING,
 ) -> None:
-    """Log, once per problem and backend in `logged` (the caller's own set), that a tuned table chose `backend`
-    (torch's grouped GEMM, or DeepGEMM) for a call it cannot serve here (not installed, not in this torch or on
-    this device, or operands it does not take): the call runs on the next runner instead."""
+    """Log at `level`, once per problem and backend in `logged` (the caller's own set), that a tuned table chose
+    `backend` (torch's grouped GEMM, or DeepGEMM) for a call it cannot serve here (not installed, not in this torch
+    or on this device, or operands it does not take): the call runs on the entry's `fallback`, else the next runner."""
     key = (kind, tuple(weight.data.shape), out_dtype, backend)
     if key in logged:
         return
     logged.add(key)
-    what = _UNSERVED_WHY.get(backend, backend)
-    _LOG.warning(
-        "the tuned table chooses %s for %s experts %s (output %s), which cannot run here (%s); running the next "
-        "runner (torch's grouped GEMM or the Triton kernel at its built-in tiles)",
+    instead = (
+        f"running its fallback entry ({fallback.backend})"
+        if fallback is not None
+        else "running the next runner (torch's grouped GEMM or the Triton kernel at its built-in tiles)"
+    )
+    _LOG.log(
+        level,
+        "the tuned table chooses %s for %s experts %s (output %s), which cannot run here (%s); %s",
         backend,
         kind,
         "x".join(map(str, weight.data.shape)),
         out_dtype,
-        what,
+        _UNSERVED_WHY.get(backend, backend),
+        instead,
     )
 
 

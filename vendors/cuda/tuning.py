@@ -67,6 +67,9 @@ class Choice:
     #: A first projection's Triton choice: its rows gathered first (True) or read through the index (False);
     #: None: the vendor's built-in rule (`vendors.cuda.ops.gather_in_gemm`).
     gather: bool | None = None
+    #: A `deep-gemm` choice's stand-in where DeepGEMM cannot run (absent, or the call's operands): the choice it
+    #: replaced in the table (None: the built-in rules).
+    fallback: Choice | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the JSON table."""
@@ -79,6 +82,8 @@ class Choice:
             out["default_us"] = round(self.default_us, 2)
         if self.gather is not None:
             out["gather"] = self.gather
+        if self.fallback is not None:
+            out["fallback"] = self.fallback.as_dict()
         return out
 
     @classmethod
@@ -106,8 +111,15 @@ class Choice:
                     f"through the row index), got {gather!r}"
                 )
             return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"), gather)
-        if backend in (GROUPED_MM, DEEP_GEMM):
+        if backend == GROUPED_MM:
             return cls(backend, None, data.get("us"), data.get("default_us"))
+        if backend == DEEP_GEMM:
+            fallback = data.get("fallback")
+            if fallback is not None:
+                fallback = cls.from_dict(fallback, f"{where} fallback")
+                if fallback.backend == DEEP_GEMM:
+                    raise InvalidInput(f"{where}: a deep-gemm choice's fallback must name another backend")
+            return cls(backend, None, data.get("us"), data.get("default_us"), None, fallback)
         raise InvalidInput(
             f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r}, {GROUPED_MM!r} or {DEEP_GEMM!r}, "
             f"got {backend!r}"

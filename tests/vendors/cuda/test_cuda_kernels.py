@@ -234,3 +234,20 @@ def test_fp8_quantize_in_tiles_of_rows_matches_the_reference(rows, width, layout
     torch.testing.assert_close(mine.scale, ref.scale, rtol=1e-6, atol=0)
     step = ref.data.float().abs() * 2.0**-3 + 2.0**-9
     assert bool(((mine.data.float() - ref.data.float()).abs() <= step).all())
+
+
+@pytest.mark.parametrize("rows, intermediate", [(33000, 768), (5000, 2048), (7, 1408)])
+def test_swiglu_through_a_row_index_equals_the_activation_of_the_gathered_rows(rows, intermediate):
+    """The pass that activates DeepGEMM's aligned gate/up product and puts it back in row order at once: it
+    equals the float64 activation of the rows read through the index (rows read twice, gap rows never)."""
+    from vendors.cuda.kernels.activation import swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    product = torch.randn(rows + 500, 2 * intermediate, device="cuda", generator=g).bfloat16()
+    place = torch.randperm(rows + 500, device="cuda", generator=g)[:rows]
+    place[-1] = place[0]
+    got = swiglu(product, place)
+    gate, up = product[place].double().chunk(2, dim=-1)
+    want = gate * torch.sigmoid(gate) * up
+    assert got.shape == (rows, intermediate) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=1.6e-2, atol=1e-2)

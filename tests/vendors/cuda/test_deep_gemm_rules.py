@@ -4,6 +4,7 @@ the rows coming back in order (no GPU: DeepGEMM's psum-layout contract is played
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from types import SimpleNamespace
 
@@ -19,12 +20,13 @@ from vendors.cuda.deep_gemm_runner import (
     aligned_layout,
     deep_gemm_fits,
     deep_gemm_grouped,
+    deep_gemm_or_fallback,
     find_deep_gemm,
     missing_api,
     wants_deep_gemm,
 )
 from vendors.cuda.torch_grouped import log_unserved_choice
-from vendors.cuda.tuning import DEEP_GEMM, Choice
+from vendors.cuda.tuning import DEEP_GEMM, FORMAT, Choice, TuningTable
 
 
 def _expand(scale: torch.Tensor, dim: int, size: int) -> torch.Tensor:
@@ -72,6 +74,13 @@ def _rows(t: int, k: int, *, seed: int) -> tuple[QuantizedTensor, torch.Tensor]:
     return q, q.data.double() * _expand(q.scale.double(), 1, k)
 
 
+def _routing(tokens: int, experts: int, top_k: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing's rows per expert and the token of each row sorted by expert (the dispatch's row index)."""
+    picks = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(seed)).topk(top_k, dim=1).indices
+    picks = picks.flatten()
+    return torch.bincount(picks, minlength=experts), torch.sort(picks, stable=True).indices // top_k
+
+
 @pytest.mark.parametrize(
     "experts, top_k, tokens, k, n, gathered",
     [
@@ -99,13 +108,50 @@ def test_the_aligned_layout_round_trip_equals_the_float64_grouped_product(expert
     torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1e-2)
 
 
+def test_a_gated_call_activates_the_aligned_product_through_the_place_of_each_sorted_row():
+    experts, top_k, tokens, k, n = 64, 8, 700, 256, 2 * 384  # realistic routing; I = 384, not a power of two
+    counts, row_index = _routing(tokens, experts, top_k, seed=3)
+    x, x64 = _rows(tokens, k, seed=4)
+    weight, w64 = _block_fp8(experts, k, n, seed=5)
+    seen = []
+
+    def swiglu_through(product: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        seen.append(product.shape[0])
+        gate, up = product[rows].double().chunk(2, dim=-1)
+        return gate * torch.sigmoid(gate) * up
+
+    y = deep_gemm_grouped(_PsumGemm(), x, weight, counts, row_index, finish=swiglu_through)  # type: ignore[arg-type]
+    product = torch.cat([part @ w64[e] for e, part in enumerate(x64[row_index].split(counts.tolist()))])
+    gate, up = product.chunk(2, dim=-1)
+    assert seen[0] > row_index.numel()  # the activation read the aligned buffer, not a gathered copy
+    torch.testing.assert_close(y, gate * torch.sigmoid(gate) * up, rtol=3e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("padding", [1, 127, 3000])
+def test_padding_rows_past_the_groups_leave_every_grouped_row_exact(padding):
+    """A masked layout hands over counts summing to fewer rows than it passes (the rest: empty slots). Those
+    rows go after the last group, never onto a group's row, and the grouped rows stay exact."""
+    experts, k, n = 32, 256, 384
+    counts = torch.bincount(
+        torch.randint(0, experts, (900,), generator=torch.Generator().manual_seed(8)), minlength=experts
+    )
+    counts[5] = 0
+    total = int(counts.sum())
+    rows = total + padding
+    source, place, ends = aligned_layout(counts, rows)
+    assert len(set(place.tolist())) == rows and int(place.max()) < source.numel()
+    assert bool((place[total:] >= ends[-1]).all())
+    x, x64 = _rows(rows, k, seed=9)
+    weight, w64 = _block_fp8(experts, k, n, seed=10)
+    y = deep_gemm_grouped(_PsumGemm(), x, weight, counts, None)  # type: ignore[arg-type]
+    want = torch.cat([part @ w64[e] for e, part in enumerate(x64[:total].split(counts.tolist()))])
+    assert y.shape == (rows, n)
+    torch.testing.assert_close(y[:total].double(), want, rtol=1.6e-2, atol=1e-2)
+
+
 def test_the_layout_follows_the_alignment_the_module_reports():
     experts, top_k, tokens, k, n = 8, 2, 300, 128, 128
-    picks = (
-        torch.randn(tokens, experts, generator=torch.Generator().manual_seed(5)).topk(top_k, dim=1).indices.flatten()
-    )
-    counts = torch.bincount(picks, minlength=experts)
-    row_index = torch.sort(picks, stable=True).indices // top_k
+    counts, row_index = _routing(tokens, experts, top_k, seed=5)
     x, x64 = _rows(tokens, k, seed=6)
     weight, w64 = _block_fp8(experts, k, n, seed=7)
     want = torch.cat([part @ w64[e] for e, part in enumerate(x64[row_index].split(counts.tolist()))])
@@ -223,3 +269,43 @@ def test_a_deep_gemm_without_the_psum_layout_is_named_as_too_old():
     assert missing_api(SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=gemm)) is None
     assert "use_psum_layout" in missing_api(SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=old_gemm))
     assert "no m_grouped" in missing_api(SimpleNamespace())
+
+
+def test_a_deep_gemm_entry_keeps_the_choice_it_replaced_and_the_table_reads_it_back(tmp_path):
+    triton = Choice("triton", (64, 128, 128, 8, 3, 1), 496.9, 662.0, gather=True)
+    table = TuningTable(
+        "NVIDIA H200", {"fp8-block128 E=8 K=4096 N=28672 +silu-glu": {8192: Choice(DEEP_GEMM, fallback=triton)}}
+    )
+    path = tmp_path / "table.json"
+    table.write(path)
+    (read,) = TuningTable.load(path).entries["fp8-block128 E=8 K=4096 N=28672 +silu-glu"].values()
+    assert read == Choice(DEEP_GEMM, fallback=triton)
+
+
+@pytest.mark.parametrize("fallback", [{"backend": "deep-gemm"}, {"backend": "triton", "tiles": [0]}, {"backend": "x"}])
+def test_a_deep_gemm_fallback_that_is_itself_deep_gemm_or_malformed_is_refused(tmp_path, fallback):
+    path = tmp_path / "table.json"
+    entry = {"backend": "deep-gemm", "fallback": fallback}
+    table = {"format": FORMAT, "device": "NVIDIA H200", "entries": {"fp8-block128 E=8 K=256 N=256": {"64": entry}}}
+    path.write_text(json.dumps(table))
+    with pytest.raises(InvalidInput, match="M=64 fallback|fallback must name"):
+        TuningTable.load(path)
+
+
+def test_a_deep_gemm_entry_that_cannot_run_gives_way_to_its_fallback_logged_once(caplog):
+    weight, _ = _block_fp8(8, 256, 256, seed=0)
+    x, _ = _rows(4096, 256, seed=1)
+    triton = Choice("triton", (64, 128, 128, 8, 3, 1), 1.0, 2.0)
+    entry = Choice(DEEP_GEMM, fallback=triton)
+    logged: set = set()
+    args = (x, weight, GemmKind.FP8_BLOCK128, torch.bfloat16, 4096, 8, logged)
+    with caplog.at_level(logging.INFO, logger="vendors.cuda"):
+        for _ in range(3):  # not installed: its fallback, one info line
+            assert deep_gemm_or_fallback(None, entry, *args) == (False, triton)
+        assert deep_gemm_or_fallback(_PsumGemm(), entry, *args) == (True, entry)
+        assert deep_gemm_or_fallback(_PsumGemm(), None, *args) == (False, None)  # the rule: small experts, no log
+        bf16 = torch.zeros(4096, 256, dtype=torch.bfloat16)  # installed, operands it does not take: a warning
+        assert deep_gemm_or_fallback(_PsumGemm(), Choice(DEEP_GEMM), bf16, *args[1:-1], set()) == (False, None)
+    levels = [r.levelno for r in caplog.records]
+    assert levels == [logging.INFO, logging.WARNING], caplog.text
+    assert "fallback entry (triton)" in caplog.records[0].getMessage()

@@ -128,6 +128,8 @@ SCRIPT = textwrap.dedent("""
     h = torch.randn(4, 64).to(torch.float16)
     act = torch.nn.functional.silu(h[:, :32].float()) * h[:, 32:].float()
     assert (swiglu(h).float() - act).abs().max() <= 2e-3 * act.abs().max(), "swiglu"
+    rows = torch.tensor([3, 0, 0, 2, 1, 3])  # a row read twice, rows out of order
+    assert torch.equal(swiglu(h, rows), swiglu(h)[rows]), "swiglu through a row index"
     ids = torch.stack([torch.randperm(40)[:4] for _ in range(9)])
     assert all(torch.equal(m, e) for m, e in zip(sort_pairs(ids, 40), sort_by_expert(ids, 40))), "sort"
     for tokens, k, experts in ((9, 4, 40), (1, 8, 128), (3, 1, 1), (16, 8, 64)):  # both one-program sorts
