@@ -94,3 +94,41 @@ def test_a_table_entry_naming_deep_gemm_takes_it_below_the_built_in_rows():
     vendor = CudaVendor(tuning=table)
     assert vendor.ops.deep_gemm is not None
     run_gemm_case(vendor, GemmKind.FP8_BLOCK128, counts, k=k, n=n)
+
+
+def test_tune_times_deep_gemm_beside_triton_and_the_table_it_writes_runs_the_winner(tmp_path):
+    """`hal tune` times DeepGEMM for an fp8 block-128 gate/up problem (with the activation pass reading its
+    aligned product) next to the Triton candidates; the vendor running the written table matches float64."""
+    import json
+
+    from hal import GemmProblem
+    from vendors.cuda import tuner
+    from vendors.cuda.tune_case import TuneCase
+
+    problem = GemmProblem(GemmKind.FP8_BLOCK128, 16, 3072, 2 * 1408, 4, (1100,), ActivationKind.SILU_GLU)
+    case = TuneCase(problem, 1100, torch.device("cuda"), torch.Generator().manual_seed(0), _VENDOR.ops.deep_gemm)
+    timed = tuner._search(case, problem, 3, True, False)
+    assert (DEEP_GEMM, None, True) in timed and any(backend != DEEP_GEMM for backend, _, _ in timed)
+    assert tuner._builtin(case, problem, True, False)[0] == DEEP_GEMM  # 275 rows per expert, K x N 8.7M >= 2**23
+
+    table = _VENDOR.tune([problem])
+    assert "deep_gemm" in table
+    (entry,) = next(iter(table["entries"].values())).values()
+    assert entry["backend"] != "deep-gemm" or entry["fallback"]["backend"] != "deep-gemm"  # where it is absent
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    vendor = CudaVendor(tuning=path)
+    x = torch.randn(1100, 3072, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(16, 3072, 2 * 1408, generator=torch.Generator().manual_seed(2)) / 3072**0.5
+    xq = vendor.quantize(x.cuda(), DispatchDtype.FP8, layout="per-token-group-128")
+    wq = vendor.quantize_weight(w.cuda(), "block-128x128", torch.float8_e4m3fn)
+    picks = torch.rand(1100, 16, generator=torch.Generator().manual_seed(3)).topk(4, dim=1).indices.reshape(-1)
+    counts = torch.bincount(picks, minlength=16)
+    index = torch.sort(picks, stable=True).indices // 4
+    y = vendor.grouped_matmul(
+        xq, wq, Groups.from_counts(counts.cuda()), activation=ActivationKind.SILU_GLU, row_index=index.cuda()
+    )
+    wd = _dequantized(wq)
+    full = torch.cat([part @ wd[e] for e, part in enumerate(_dequantized(xq)[index].split(counts.tolist()))])
+    ref = torch.nn.functional.silu(full[:, :1408]) * full[:, 1408:]
+    assert relative_error(y.cpu(), ref) < 1e-2

@@ -123,11 +123,11 @@ def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens
     backend computes silu(gate) * up of the tokens' rows in expert order, one-byte rows read through the index
     (20 tokens: 40 rows over 12 experts) or gathered first (300 tokens), torch._grouped_mm after a gather."""
     from hal import ActivationKind, DispatchDtype, QuantizedTensor, ScaleLayout
-    from vendors.cuda.tuner import _ROUTINGS, _Case
+    from vendors.cuda.tune_case import ROUTINGS, TuneCase
     from vendors.cuda.tuning import GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION
 
     problem = GemmProblem(kind, 12, 320, 512, 2, (tokens,), ActivationKind.SILU_GLU)
-    case = _Case(problem, tokens, torch.device("cuda"), torch.Generator().manual_seed(0))
+    case = TuneCase(problem, tokens, torch.device("cuda"), torch.Generator().manual_seed(0))
     one_byte = kind is GemmKind.FP8_BLOCK128
     assert case.x.shape[0] == tokens and case.through_index == (not one_byte or tokens == 20)
     assert case.both_ways == (one_byte and tokens == 300)  # where the rule gathers, both ways are searched
@@ -139,7 +139,7 @@ def test_a_first_projection_is_timed_through_the_dispatch_row_index(kind, tokens
         x, w = case.x, case.w.double()
     x = x.double()
     backends = (TRITON, TRITON_THEN_ACTIVATION) + ((GROUPED_MM,) if not one_byte else ())
-    for routing in range(_ROUTINGS):
+    for routing in range(ROUTINGS):
         rows, counts = x[case.index[routing].long()], case.counts[routing].tolist()
         ends = torch.tensor(counts).cumsum(0).tolist()
         full = torch.cat([rows[end - c : end] @ w[e] for e, (c, end) in enumerate(zip(counts, ends))])
@@ -156,11 +156,12 @@ def test_a_first_projection_the_rule_gathers_is_also_timed_through_the_index(tmp
     gathers): the search times the Triton kernel both ways, the table says which way won, and the vendor
     reading it computes silu(gate) * up either way."""
     from hal import ActivationKind
-    from vendors.cuda.tuner import _search, _Case
+    from vendors.cuda.tune_case import TuneCase
+    from vendors.cuda.tuner import _search
     from vendors.cuda.tuning import TRITON, TRITON_THEN_ACTIVATION
 
     problem = GemmProblem(GemmKind.FP8_BLOCK128, 12, 320, 512, 2, (300,), ActivationKind.SILU_GLU)
-    case = _Case(problem, 300, torch.device("cuda"), torch.Generator().manual_seed(0))
+    case = TuneCase(problem, 300, torch.device("cuda"), torch.Generator().manual_seed(0))
     timed = _search(case, problem, 3, True, False)
     for backend in (TRITON, TRITON_THEN_ACTIVATION):
         assert {c[2] for c in timed if c[0] == backend} == {True, False}, backend
