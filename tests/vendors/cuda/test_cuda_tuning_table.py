@@ -14,6 +14,7 @@ from bench.shapes import SHAPES
 from bench.tune_cli import problems_for
 from hal import ActivationKind, GemmKind, GemmProblem, InvalidInput
 from vendors.cuda.tuning import (
+    DEEP_GEMM,
     GROUPED_MM,
     REACH,
     TRITON,
@@ -196,7 +197,8 @@ def test_a_malformed_table_is_refused_naming_the_file(tmp_path, mutate, names):
 )
 def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
     """Both grouped matmuls of each model `hal tune` ran on that device, for each precision, at 1 to 4096
-    tokens at least; every entry records its tuned and built-in time."""
+    tokens at least; every entry records its tuned and built-in time (a `deep-gemm` entry, chosen by a whole-layer
+    A/B: its fallback's)."""
     assert device_slug(device) in packaged_devices()
     table = TuningTable.packaged(device)
     assert table is not None and table.device == device
@@ -211,6 +213,10 @@ def test_the_packaged_tables_cover_the_benchmarked_models(device, kinds):
                 rows = table.entries[key]
                 assert min(rows) == shape.top_k and max(rows) >= 4096 * shape.top_k, (key, sorted(rows))
                 for choice in rows.values():
+                    if choice.backend == DEEP_GEMM:  # chosen by a whole-layer A/B the table's note states
+                        assert "deep-gemm" in table.meta.get("note_deep_gemm", "")
+                        if (choice := choice.fallback) is None:
+                            continue
                     assert choice.us is not None and choice.default_us is not None
                     assert choice.us <= choice.default_us * 1.0001  # the built-in choice was a candidate
                     assert choice.backend == GROUPED_MM or kind is GemmKind.BF16 or choice.tiles[2] == 128
