@@ -258,8 +258,12 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
         )
         if deep or reads_through_index(choice, rows, groups.num_groups, element_bytes):  # DeepGEMM gathers itself
-            return self._grouped(x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice)
-        return self._grouped(take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice)
+            return self._grouped(
+                x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice, deep=deep
+            )
+        return self._grouped(
+            take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice, deep=deep
+        )
 
     def _grouped(
         self,
@@ -272,6 +276,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         gated: bool,
         choice: Choice | None,
         row_index: torch.Tensor | None = None,
+        deep: bool | None = None,
     ) -> torch.Tensor:
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the table's entry for the call
         (`_choice`; for a gated call its `+silu-glu` entry, else the plain product's with the activation after),
@@ -279,15 +284,17 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         GEMM (bf16, fp8 row-wise) from many rows per group, else the Triton kernel (gated: in its epilogue). A
         backend that cannot run here passes the call on, logged once per problem (a `deep-gemm` entry to its
         fallback). `row_index`: the rows are x's rows through it (read by the Triton kernel and DeepGEMM's
-        placement; gathered first for torch's GEMMs)."""
+        placement; gathered first for torch's GEMMs). `deep`: whether DeepGEMM takes the call, where the caller
+        has decided it (`deep_gemm_or_fallback`, `choice` then already its outcome)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
         counts = groups.counts().to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        deep, choice = deep_gemm_or_fallback(
-            self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
-        )
+        if deep is None:
+            deep, choice = deep_gemm_or_fallback(
+                self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
+            )
         if deep:
             finish = partial(activation.swiglu, pdl=self.pdl) if gated else take  # reads rows through `place`
             return deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index, finish=finish)  # type: ignore[arg-type]
