@@ -79,13 +79,16 @@ class QuantizedTensor:
     global_scale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        dtype = DispatchDtype.parse(self.dtype)
+        # Built on every forward (each quantization, each view of rows): members already parsed skip the parse.
+        dtype = self.dtype if type(self.dtype) is DispatchDtype else DispatchDtype.parse(self.dtype)
         if dtype is DispatchDtype.AUTO:
             raise InvalidInput("QuantizedTensor.dtype: expected a concrete dtype, got 'auto'")
         spec = dtype.spec
-        layout = ScaleLayout(self.layout)
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "layout", layout)
+        layout = self.layout if type(self.layout) is ScaleLayout else ScaleLayout(self.layout)
+        if dtype is not self.dtype:
+            object.__setattr__(self, "dtype", dtype)
+        if layout is not self.layout:
+            object.__setattr__(self, "layout", layout)
         if layout not in spec.layouts:
             raise InvalidInput(
                 f"QuantizedTensor.layout: expected one of "
@@ -96,13 +99,14 @@ class QuantizedTensor:
                 f"QuantizedTensor.data: expected {spec.storage} for {dtype}, "
                 f"got {getattr(self.data, 'dtype', type(self.data).__name__)}"
             )
-        if self.data.dim() < 1:
+        shape = self.data.shape
+        if not shape:
             raise InvalidInput("QuantizedTensor.data: expected at least 1 dimension, got a scalar")
+        hidden = shape[-1] * spec.values_per_element
         whole = spec.channel_multiple(layout)
-        if self.hidden_size % whole:
+        if hidden % whole:
             raise InvalidInput(
-                f"QuantizedTensor.data: expected {dtype} data of a multiple of {whole} channels, "
-                f"got {self.hidden_size} channels"
+                f"QuantizedTensor.data: expected {dtype} data of a multiple of {whole} channels, got {hidden} channels"
             )
         for name, extra in (("scale", self.scale), ("global_scale", self.global_scale)):
             if extra is not None and (not isinstance(extra, torch.Tensor) or extra.device != self.data.device):
@@ -110,7 +114,7 @@ class QuantizedTensor:
                     f"QuantizedTensor.{name}: expected a tensor on {self.data.device} (the data's device), "
                     f"got {getattr(extra, 'device', type(extra).__name__)}"
                 )
-        expected = self.expected_scale_shape()
+        expected = spec.scale_shape(tuple(shape[:-1]), hidden, layout)
         if expected is None:
             if self.scale is not None:
                 raise InvalidInput(f"QuantizedTensor.scale: expected None for {dtype}, got a tensor")

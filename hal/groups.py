@@ -40,7 +40,8 @@ class Groups:
     kind: GroupListKind
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", GroupListKind(self.kind))
+        if type(self.kind) is not GroupListKind:  # a member already (every call the layer makes) is kept as is
+            object.__setattr__(self, "kind", GroupListKind(self.kind))
         if not isinstance(self.tensor, torch.Tensor):
             raise InvalidInput(f"groups: expected a 1-D int32/int64 tensor, got {type(self.tensor).__name__}")
         if self.tensor.dim() != 1 or self.tensor.dtype not in _INT_DTYPES:

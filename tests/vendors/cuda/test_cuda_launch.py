@@ -73,3 +73,16 @@ def test_host_integer_helpers_equal_tritons():
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
         for d in (1, 2, 16, 128, 129):
             assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_a_remembered_integer_class_equals_the_one_computed_afresh():
+    pytest.importorskip("triton")
+    from vendors.cuda.kernels import launch
+
+    values = [0, 1, 2, 15, 16, 17, 2**31 - 16, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -16]
+    fresh = [launch._int_class(v) for v in values]
+    first = launch._signature(tuple(values))
+    assert launch._signature(tuple(values)) == first == tuple(fresh)
+    assert len(set(fresh)) >= 5, "the classes no longer tell 1, multiples of 16, 32- and 64-bit values apart"
+    assert launch._signature((True, 1.5, None)) == (bool, float, type(None))
+    assert launch._signature((object(),)) is None

@@ -30,6 +30,7 @@ multiply-add (two multiplies and a per-column scale load otherwise: 1.2-1.35x sl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
@@ -205,6 +206,7 @@ def _grouped_gemm(
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@lru_cache(maxsize=1024)  # a pure function of its integers, asked on every call without a table entry
 def default_tiles(
     m: int, n: int, groups: int, element_bytes: int, block_scaled: bool, gated: bool = False, tma: bool = False
 ) -> TileConfig:

@@ -5,7 +5,8 @@ compiled kernel up on every call: about 20 µs of host time per launch on the H1
 (30 µs a launch through the JIT, 11 µs through the compiled kernel's own launcher; 41 µs with
 `launch_pdl`). `launch(kernel, grid, *args, **meta)` does the JIT's launch the first time a call of
 a given signature is seen and keeps the compiled kernel under a key of its own; later calls of that
-signature go straight to the compiled kernel's launcher.
+signature go straight to the compiled kernel's C launcher (past `CompiledKernel.run`'s Python frame
+where the Triton release is one whose layout was checked and the kernel needs no scratch memory).
 
 The key holds everything the JIT specialises on, and more: each tensor's dtype and whether its
 address is 16-byte aligned; each integer's value class (1, a multiple of 16, 32- or 64-bit); the
@@ -19,13 +20,26 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import triton
 from triton import knobs
-from triton.runtime import driver
+
+# torch's own calls for the current device and its current stream (what Triton's CUDA driver calls too,
+# without the Python frames around them)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_current_stream = getattr(
+    torch._C, "_cuda_getCurrentRawStream", lambda device: torch.cuda.current_stream(device).cuda_stream
+)
 
 # compiled kernels by (kernel, signature key): a cache like the JIT's own, filled at first use
-_COMPILED: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
-_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_COMPILED: dict[tuple[Any, ...], tuple[Any, Any, tuple[Any, ...]]] = {}
+# each host integer's value class (see `_int_class`), memoised: sizes and strides repeat from call to call
+_INT_CLASSES: dict[int, int] = {}
+_INT_CLASSES_MAX = 4096
+_TENSOR = torch.Tensor
 _I32 = range(-(2**31), 2**31)
+# The Triton releases whose compiled-kernel launcher (`CompiledKernel.run`) takes the layout `_direct` relies on;
+# with another release every launch goes through `run` itself.
+_DIRECT_TRITON = ("3.6.",)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -38,16 +52,29 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def _int_class(a: int) -> int:
+    """What the JIT specialises an integer on: 1, divisible by 16, and whether it fits 32 or 64 bits."""
+    return 1 if a == 1 else (2 if a & 15 == 0 else 3) + (0 if a in _I32 else 4 + (a >= 2**63))
+
+
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     key: list[Any] = []
+    append = key.append
+    classes = _INT_CLASSES
     for a in args:
         kind = type(a)
         if kind is int:
-            key.append(1 if a == 1 else (2 if a & 15 == 0 else 3) + (0 if a in _I32 else 4 + (a >= 2**63)))
-        elif kind in _TENSORS or isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() & 15 == 0))
+            found = classes.get(a)
+            if found is None:
+                if len(classes) >= _INT_CLASSES_MAX:
+                    classes.clear()
+                found = classes[a] = _int_class(a)
+            append(found)
+        elif kind is _TENSOR or isinstance(a, _TENSOR):
+            append(a.dtype)
+            append(not a.data_ptr() & 15)
         elif kind is bool or kind is float or a is None:
-            key.append(kind)
+            append(kind)
         else:
             return None
     return tuple(key)
@@ -58,14 +85,27 @@ def _hooked(hook: Any) -> bool:
     return bool(getattr(hook, "calls", True)) if hook is not None else False
 
 
+def _direct(compiled: Any) -> Any:
+    """The C launcher under `compiled.run`, where calling it directly is known to be the same launch (no
+    scratch memory to allocate; a Triton release of the layout `_DIRECT_TRITON` names), else None."""
+    run = getattr(compiled, "run", None)
+    needed = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if not triton.__version__.startswith(_DIRECT_TRITON) or not all(hasattr(run, name) for name in needed):
+        return None
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None
+    return run.launch
+
+
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     """`kernel[grid](*args, **meta)`, through the compiled kernel's launcher when this signature was seen
     (see the module); positional `args` then keyword constexprs and options, as the JIT takes them."""
-    signature = None if knobs.runtime.interpret else _signature(args)
-    if signature is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+    runtime = knobs.runtime
+    signature = None if runtime.interpret else _signature(args)
+    if signature is None or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
         kernel[grid](*args, **meta)
         return
-    device = driver.active.get_current_device()
+    device = _current_device()
     key = (kernel, device, signature, tuple(meta.items()))
     found = _COMPILED.get(key)
     if found is None:
@@ -73,21 +113,30 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         if not hasattr(compiled, "packed_metadata"):  # not a compiled kernel (an interpreter's, a future Triton)
             return
         params = kernel.params[len(args) :]
-        tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
-        _COMPILED[key] = (compiled, tail)
+        tail = tuple(meta.get(p.name, p.default) for p in params)
+        _COMPILED[key] = (compiled, _direct(compiled), tail)
         return
-    compiled, tail = found
-    stream = driver.active.get_current_stream(device)
-    compiled.run(
-        grid[0],
-        grid[1] if len(grid) > 1 else 1,
-        grid[2] if len(grid) > 2 else 1,
-        stream,
-        compiled.function,
-        compiled.packed_metadata,
-        None,
-        None,
-        None,
-        *args,
-        *tail,
-    )
+    compiled, direct, tail = found
+    stream = _current_stream(device)
+    x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    if direct is not None:  # what `compiled.run` does when there is no scratch memory, without its frame
+        run = compiled.run
+        direct(
+            x,
+            y,
+            z,
+            stream,
+            compiled.function,
+            run.launch_cooperative_grid,
+            run.launch_pdl,
+            None,
+            None,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *tail,
+        )
+        return
+    compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
