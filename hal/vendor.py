@@ -173,9 +173,9 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         parsed = None if activation is None else self._declared_activation(activation)
         checks.gemm_operands(x, weight, groups)
         caps = self.capabilities()
-        if row_index is not None:
-            checks.row_index(row_index, x.shape[0], host_synchronous=caps.host_synchronous)
+        if row_index is not None:  # its device first: its values are read only where they live
             checks.on_device("row_index", row_index, self.device)
+            checks.row_index(row_index, x.shape[0], host_synchronous=caps.host_synchronous)
         if parsed is not None and parsed.gated and weight.out_features % 2:
             raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}", weight.out_features)
         if out_dtype is not None:
