@@ -69,7 +69,7 @@ class Groups:
 
     def counts(self) -> torch.Tensor:
         """Rows per group, int64, on the tensor's device."""
-        t = self.tensor.to(torch.int64)
+        t = self.tensor if self.tensor.dtype == torch.int64 else self.tensor.to(torch.int64)
         if self.kind is GroupListKind.COUNTS:
             return t
         return torch.diff(t, prepend=t.new_zeros(1))

@@ -382,7 +382,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         if self._physical is not None:  # each logical choice to one of its replicas
             topk_ids = self._physical.to_physical(topk_ids)
         if not routed.weights_on_input:
-            return x, Routing(topk_ids, topk_weights)
+            return x, routed if topk_ids is routed.topk_ids else Routing(topk_ids, topk_weights)
         return (x.to(torch.float32) * topk_weights).to(x.dtype), Routing(topk_ids, torch.ones_like(topk_weights))
 
     def _tensor_parallel_sum(self, out: torch.Tensor) -> torch.Tensor:

@@ -289,7 +289,9 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
-        counts = groups.counts().to(data.device)
+        counts = groups.counts()
+        if counts.device != data.device:  # group lists may live on the host
+            counts = counts.to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
         if deep is None:
             deep, choice = deep_gemm_or_fallback(

@@ -289,7 +289,7 @@ def grouped_gemm(
         if n % 2:
             raise ValueError(f"grouped_gemm: a gated product needs an even number of columns [gate | up], got {n}")
         n //= 2
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    y = x.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0:
         return y
     if e > MAX_GROUPS:
@@ -335,13 +335,15 @@ def grouped_gemm(
     grid = (m_blocks * cdiv(n, tiles.block_n),)
     xs = x_scale if x_scale is not None else x
     ws = w_scale if w_scale is not None else x
-    xs_strides = (xs.stride(0), xs.stride(1) if xs.dim() > 1 else 0) if x_scale is not None else (0, 0)
+    # one `stride()` per tensor (a call each: host time on every launch)
+    xs_strides = (0, 0) if x_scale is None else (*x_scale.stride(), 0)[:2]
     if w_scale is None:
         ws_strides = (0, 0, 0)
     elif w_scale.dim() == 2:
-        ws_strides = (w_scale.stride(0), 0, w_scale.stride(1))
+        ws0, ws1 = w_scale.stride()
+        ws_strides = (ws0, 0, ws1)
     else:
-        ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2))
+        ws_strides = w_scale.stride()
     index = row_index if row_index is not None else counts
     launch(
         _grouped_gemm,
@@ -358,13 +360,9 @@ def grouped_gemm(
         k,
         e,
         m_blocks,
-        x.stride(0),
-        x.stride(1),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        y.stride(0),
-        y.stride(1),
+        *x.stride(),
+        *w.stride(),
+        *y.stride(),
         *xs_strides,
         *ws_strides,
         SCALE_MODE=scale_mode,
