@@ -16,9 +16,10 @@ Each op and its kernel:
   through the index or gathers them first, as the tuned table says (without an entry, one-byte rows
   through the index up to 32 rows per group); torch's GEMMs: a gather first
 - swiglu: Triton, one pass
-- softmax top-k routing: Triton, one launch: softmax, k rounds of argmax, renormalization (<= 1024 experts)
-- sort by expert: Triton counting sorts (one program at decode, two launches above; torch's radix sort
-  past 2**24 pairs x padded experts), writing each sorted row's token (the row index) in the same pass
+- softmax top-k routing and the sort by expert (`routing_ops.py`): Triton, one launch of softmax, k rounds of
+  argmax, renormalization (<= 1024 experts), which at decode also sorts the pairs; counting sorts otherwise (one
+  program, two launches above; torch's radix sort past 2**24 pairs x padded experts), writing each sorted
+  row's token (the row index) in the same pass
 - weighted combine: Triton, one pass: gather the k rows, weigh in fp32, write once
 - weight quantization: the reference, then one-byte weights stored K-major (each expert's `[K, N]` as
   a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read
@@ -64,7 +65,8 @@ from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallba
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
-from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize, routing, sorting
+from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
+from vendors.cuda.routing_ops import RoutingOps
 from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
@@ -88,7 +90,7 @@ _SCALE_MODE = {
 }
 
 
-class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
+class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm` / `torch_scaled_grouped_mm`: use
     `torch._grouped_mm` for bf16 (sm90+) / `torch._scaled_grouped_mm` for fp8 row-wise (sm90); `dependent_launch`:
     launch the Triton kernels with programmatic dependent launch (sm90+, `kernels/dependent.py`)."""
@@ -109,10 +111,6 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         "or gathers them first, as the tuned table says; without an entry, one-byte "
         f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
         "swiglu": "Triton, one pass",
-        "softmax_topk": "Triton, one launch (softmax, top-k, renormalization) up to 1024 experts",
-        "sort_by_expert": "Triton: one program at decode (a rank sort up to 128 pairs, else a counting sort over "
-        "two chunks), a counting sort of two launches of spans above",
-        "sort_by_expert_tokens": "the counting sorts write each sorted row's token in the same pass",
         "weighted_combine": "Triton, one pass",
         "overlap": "a second CUDA stream per device (shared experts beside the routed ones)",
         "prepare_ep": "deepep: one DeepEP buffer per (process group, mode), sized from the layers' plans (the "
@@ -132,6 +130,7 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         torch_scaled_grouped_mm: bool = False,
         deep_gemm: ModuleType | None = None,
     ) -> None:
+        super().__init__()
         self.torch_grouped_mm = torch_grouped_mm
         self.deep_gemm = deep_gemm  # DeepGEMM's module where found (`vendors.cuda.deep_gemm_runner`)
         self.torch_scaled_grouped_mm = torch_scaled_grouped_mm
@@ -361,37 +360,6 @@ class CudaOps(CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             return weight
         k_major = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
         return QuantizedWeight(k_major, weight.layout, weight.scale, weight.global_scale)
-
-    def softmax_topk(self, logits: torch.Tensor, *, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax, top-k and the renormalization in one Triton launch (up to 1024 experts; the reference above)."""
-        if logits.shape[1] > routing.MAX_EXPERTS:
-            return super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
-        return routing.softmax_topk(
-            logits if logits.stride(-1) == 1 else logits.contiguous(), top_k, renormalize, pdl=self.pdl
-        )
-
-    def sort_by_expert(
-        self, topk_ids: torch.Tensor, *, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pairs sorted by expert: a Triton counting sort (one launch for small batches, two above);
-        torch's radix sort for more experts than the kernels hold and for the largest batches."""
-        return self._sort(topk_ids, num_experts, tokens=False)  # type: ignore[return-value]
-
-    def sort_by_expert_tokens(
-        self, topk_ids: torch.Tensor, *, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The counting sorts write each sorted row's token in their own pass; the radix sort divides after."""
-        return self._sort(topk_ids, num_experts, tokens=True)  # type: ignore[return-value]
-
-    def _sort(self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool) -> tuple[torch.Tensor, ...]:
-        method = sorting.sort_method(topk_ids.numel(), num_experts)
-        if method == sorting.ONE_PROGRAM:
-            return sorting.sort_pairs(topk_ids, num_experts, tokens=tokens, pdl=self.pdl)
-        if method == sorting.SPREAD:
-            return sorting.sort_pairs_spread(topk_ids, num_experts, tokens=tokens, pdl=self.pdl)
-        if tokens:
-            return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)
-        return super().sort_by_expert(topk_ids, num_experts=num_experts)
 
     def weighted_combine(
         self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, *, out_dtype: torch.dtype

@@ -50,6 +50,57 @@ def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
 
 
 @pytest.mark.parametrize(
+    "tokens, top_k, experts",
+    [(1, 8, 128), (2, 8, 128), (16, 8, 128), (5, 1, 60), (64, 1, 128), (3, 6, 257), (1, 8, 512), (13, 2, 8)],
+)
+def test_a_decode_batch_routed_then_sorted_equals_the_reference_routing_and_sort(tokens, top_k, experts):
+    """At decode one launch routes and sorts (the sort read back through memory inside the program): the
+    routing equals the reference's, and sorting the returned ids equals the stable torch sort of them."""
+    from vendors.cuda.kernels import route_sort
+
+    assert route_sort.fits(tokens, experts, top_k)
+    g = torch.Generator(device="cuda").manual_seed(tokens * experts + top_k)
+    logits = torch.randn(tokens, experts, device="cuda", generator=g) * 3
+    vendor = CudaVendor()
+    weights, ids = vendor.softmax_topk(logits, top_k)
+    ref_weights, ref_ids = reference.softmax_topk(logits, top_k)
+    assert torch.equal(ids, ref_ids) and torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
+    *got, token = vendor.sort_by_expert(ids, experts, tokens=True)
+    expected = sort_by_expert(ids, experts)
+    assert all(torch.equal(mine, want) for mine, want in zip(got, expected))
+    assert torch.equal(token, expected[0] // top_k)
+    again = vendor.sort_by_expert(ids, experts)  # a second sort of the same ids sorts them again
+    assert all(torch.equal(mine, want) for mine, want in zip(again, expected))
+
+
+def test_ids_written_in_place_after_routing_are_sorted_as_they_are_now():
+    """The sort the routing launch made is not handed out for ids changed since, nor for another expert count."""
+    vendor = CudaVendor()
+    logits = torch.randn(4, 128, device="cuda")
+    _, ids = vendor.softmax_topk(logits, 8)
+    ids[0, 0] = (ids[0, 0] + 1) % 128  # may repeat an expert of the token: the sort takes any ids
+    for mine, want in zip(vendor.sort_by_expert(ids, 128), sort_by_expert(ids, 128)):
+        assert torch.equal(mine, want)
+    _, ids = vendor.softmax_topk(logits, 8)
+    for mine, want in zip(vendor.sort_by_expert(ids, 200), sort_by_expert(ids, 200)):
+        assert torch.equal(mine, want)
+
+
+def test_the_one_launch_route_and_sort_equals_the_two_kernels():
+    """`route_sort.softmax_topk_sorted` against the routing kernel and the rank sort run apart: the same ids and
+    sort, bit for bit; weights within fp32 rounding (one program holds several tokens' sums in another layout)."""
+    from vendors.cuda.kernels import route_sort, routing, sorting
+
+    for tokens, experts, top_k, renormalize in ((1, 128, 8, True), (9, 60, 4, False), (32, 128, 4, True)):
+        logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16) * 3
+        (weights, ids), got = route_sort.softmax_topk_sorted(logits, top_k, renormalize)
+        want_weights, want_ids = routing.softmax_topk(logits, top_k, renormalize)
+        assert torch.equal(ids, want_ids) and torch.allclose(weights, want_weights, rtol=1e-6, atol=0)
+        want = sorting.sort_pairs(want_ids, experts, tokens=True, by_rank=True)
+        assert all(torch.equal(mine, expected) for mine, expected in zip(got, want))
+
+
+@pytest.mark.parametrize(
     "tokens, top_k, experts, rank_by_default",
     [
         (1, 1, 1, True),

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
     from vendors.cuda.kernels.quantize import quantize_rows
+    from vendors.cuda.kernels.route_sort import fits, softmax_topk_sorted
     from vendors.cuda.kernels.routing import softmax_topk
     from vendors.cuda.kernels.sorting import sort_pairs, sort_pairs_spread
 
@@ -153,6 +154,19 @@ SCRIPT = textwrap.dedent("""
         w, i = softmax_topk(logits, k, renorm)
         rw, ri = ref.softmax_topk(logits, k, renorm)
         assert torch.equal(i, ri) and torch.allclose(w, rw, rtol=1e-5, atol=1e-7), ("softmax top-k", tokens, experts, k)
+    # Routing and the sort in one program (decode batches): the routing kernel's outputs and the rank sort's,
+    # ids and sort bit for bit, weights within fp32 rounding; ties among the logits, k = E, experts not a power of two, the largest batch that fits.
+    for tokens, experts, k, renorm in ((1, 128, 8, True), (3, 60, 4, False), (16, 128, 8, True), (5, 8, 2, True),
+                                       (64, 128, 1, True), (2, 5, 5, False), (1, 512, 8, True)):
+        logits = torch.randn(tokens, experts) * 3
+        logits[:, 1] = logits[:, 0]  # equal probabilities: the lower id first, as the routing kernel picks
+        assert fits(tokens, experts, k), (tokens, experts, k)
+        (w, i), got = softmax_topk_sorted(logits, k, renorm)
+        rw, ri = softmax_topk(logits, k, renorm)
+        assert torch.equal(i, ri) and torch.allclose(w, rw, rtol=1e-6, atol=0), ("routed and sorted: routing", tokens, experts, k)
+        want = sort_pairs(ri, experts, tokens=True, by_rank=True)
+        assert all(torch.equal(m, e) for m, e in zip(got, want)), ("routed and sorted: sort", tokens, experts, k)
+    assert not fits(17, 128, 8) and not fits(0, 128, 8) and not fits(1, 1024, 8)
     rows, index, weights = torch.randn(36, 24), torch.randperm(36), torch.rand(9, 4)
     assert torch.allclose(triton_combine(rows, index, weights, torch.float32),
                           weighted_combine(rows, index, weights, torch.float32), atol=1e-6), "combine"

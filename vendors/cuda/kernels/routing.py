@@ -40,7 +40,27 @@ def _softmax_topk(
 ):
     wait_for_previous(PDL)
     release_next(PDL)
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    route_rows(logits_ptr, w_ptr, ids_ptr, tl.program_id(0) * ROWS, T, E, stride_l, K, K_PAD, E_PAD, ROWS, RENORMALIZE)
+
+
+@triton.jit
+def route_rows(
+    logits_ptr,
+    w_ptr,
+    ids_ptr,
+    first,
+    T,
+    E,
+    stride_l,
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """Softmax top-k of the `ROWS` logit rows from `first` (those from T on masked): their weights and ids
+    stored at `[row, slot]` of the `[T, K]` outputs."""
+    rows = (first + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, E_PAD)
     row_ok = rows < T
     inside = row_ok[:, None] & (cols < E)[None, :]

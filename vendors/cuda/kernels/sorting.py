@@ -109,6 +109,24 @@ def _sort_by_rank(
 ):
     wait_for_previous(PDL)
     release_next(PDL)
+    rank_sort(ids_ptr, order_ptr, inverse_ptr, counts_ptr, token_ptr, P, E, P_PAD, E_PAD, TOPK, TOKENS)
+
+
+@triton.jit
+def rank_sort(
+    ids_ptr,
+    order_ptr,
+    inverse_ptr,
+    counts_ptr,
+    token_ptr,
+    P,
+    E,
+    P_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOKENS: tl.constexpr,
+):
+    """The rank sort of the `P` ids at `ids_ptr` (see the module) by one program: the outputs of `sort_pairs`."""
     pairs = tl.arange(0, P_PAD)
     valid = pairs < P
     # Padding takes an id above every expert: it is never below a real pair nor counted.
@@ -135,7 +153,7 @@ def sort_method(pairs: int, num_experts: int) -> str:
     experts, else `RADIX` (torch's sort; also for none, or more experts than `MAX_EXPERTS`)."""
     if pairs == 0 or num_experts > MAX_EXPERTS:
         return RADIX
-    e_pad, chunk = _padded_and_chunk(num_experts)
+    e_pad, chunk = padded_and_chunk(num_experts)
     if pairs <= ONE_PROGRAM_CHUNKS * chunk:
         return ONE_PROGRAM
     return SPREAD if pairs * e_pad < MAX_SPREAD_WORK else RADIX
@@ -143,17 +161,17 @@ def sort_method(pairs: int, num_experts: int) -> str:
 
 def spans_for(num_experts: int) -> int:
     """Most programs of a spread sort over `num_experts` experts."""
-    return min(MAX_SPANS, max(64, TABLE // _padded_and_chunk(num_experts)[0]))
+    return min(MAX_SPANS, max(64, TABLE // padded_and_chunk(num_experts)[0]))
 
 
-def _padded_and_chunk(num_experts: int) -> tuple[int, int]:
+def padded_and_chunk(num_experts: int) -> tuple[int, int]:
     """The expert axis padded to a power of two, and the pairs per chunk (a chunk's one-hot
     `[chunk, E]` block stays near 8192 values)."""
     e_pad = max(16, next_power_of_2(num_experts))
     return e_pad, max(16, min(128, 8192 // e_pad))
 
 
-def _flat_and_outputs(
+def flat_and_outputs(
     topk_ids: torch.Tensor, num_experts: int, tokens: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ids as one contiguous row, and the uninitialised `(order, inverse, counts, token)` the kernels fill
@@ -178,9 +196,9 @@ def sort_pairs(
     """`(order, inverse, counts)` as `hal.reference.sort_by_expert` returns them, in one launch; with `tokens`
     also the token of each sorted row (`order // k`), written by the same launch. `by_rank`: the rank
     sort (True) or the counting passes (False); None: the rank sort where `rank_sort_fits`."""
-    flat, order, inverse, counts, token = _flat_and_outputs(topk_ids, num_experts, tokens)
+    flat, order, inverse, counts, token = flat_and_outputs(topk_ids, num_experts, tokens)
     pairs = flat.numel()
-    e_pad, chunk = _padded_and_chunk(num_experts)
+    e_pad, chunk = padded_and_chunk(num_experts)
     p_pad = max(16, next_power_of_2(pairs))
     if by_rank is None:
         by_rank = rank_sort_fits(pairs, num_experts)
@@ -231,7 +249,7 @@ def sort_pairs(
 def rank_sort_fits(pairs: int, num_experts: int) -> bool:
     """Whether the rank sort takes these pairs (`RANK_MAX_PAIRS`, `RANK_MAX_EXPERTS`)."""
     p_pad = max(16, next_power_of_2(pairs))
-    e_pad = _padded_and_chunk(num_experts)[0]
+    e_pad = padded_and_chunk(num_experts)[0]
     return 0 < pairs and p_pad <= RANK_MAX_PAIRS and e_pad <= RANK_MAX_EXPERTS and p_pad <= 2 * e_pad
 
 
@@ -309,12 +327,12 @@ def sort_pairs_spread(
 ) -> tuple[torch.Tensor, ...]:
     """`sort_pairs` for any number of pairs, in two launches of up to `max_spans` programs (default:
     `spans_for(num_experts)`)."""
-    flat, order, inverse, counts, token = _flat_and_outputs(topk_ids, num_experts, tokens)
+    flat, order, inverse, counts, token = flat_and_outputs(topk_ids, num_experts, tokens)
     pairs = flat.numel()
     if pairs == 0:
         counts.zero_()
         return (order, inverse, counts, token) if tokens else (order, inverse, counts)
-    e_pad, chunk = _padded_and_chunk(num_experts)
+    e_pad, chunk = padded_and_chunk(num_experts)
     span = cdiv(cdiv(pairs, max_spans or spans_for(num_experts)), chunk) * chunk
     spans = cdiv(pairs, span)
     table = torch.empty((spans, e_pad), dtype=torch.int32, device=flat.device)
