@@ -25,8 +25,14 @@ class PresortedIds:
         self._slot: tuple[weakref.ref[torch.Tensor], int, int, Sorted] | None = None
 
     def keep(self, ids: torch.Tensor, num_experts: int, sorted_pairs: Sorted) -> None:
-        """Keep the sort of `ids` by `num_experts` experts for the next `take` of them."""
-        self._slot = (weakref.ref(ids), ids._version, num_experts, sorted_pairs)
+        """Keep the sort of `ids` by `num_experts` experts for the next `take` of them (dropped with the ids)."""
+        self._slot = (weakref.ref(ids, self._forget), ids._version, num_experts, sorted_pairs)
+
+    def _forget(self, ref: weakref.ref[torch.Tensor]) -> None:
+        # the ids died: their sort goes too (it may hold memory of a captured graph's pool)
+        slot = self._slot
+        if slot is not None and slot[0] is ref:
+            self._slot = None
 
     def take(self, ids: torch.Tensor, num_experts: int, tokens: bool) -> tuple[torch.Tensor, ...] | None:
         """The kept sort of `ids` (with the token of each row where `tokens`), once; None where none is kept

@@ -53,3 +53,13 @@ def test_the_kept_sort_does_not_keep_its_ids_alive():
     del ids
     gc.collect()
     assert alive() is None
+
+
+def test_the_kept_sort_goes_when_its_ids_go():
+    kept, ids = PresortedIds(), torch.tensor([[1, 0]])
+    sorted_pairs = _sorted(ids, 2)
+    kept.keep(ids, 2, sorted_pairs)
+    order = weakref.ref(sorted_pairs[0])
+    del sorted_pairs, ids
+    gc.collect()
+    assert order() is None
