@@ -51,7 +51,17 @@ def test_sort_by_expert_equals_the_stable_torch_sort(tokens, top_k, experts):
 
 @pytest.mark.parametrize(
     "tokens, top_k, experts",
-    [(1, 8, 128), (2, 8, 128), (16, 8, 128), (5, 1, 60), (64, 1, 128), (3, 6, 257), (1, 8, 512), (13, 2, 8)],
+    [
+        (1, 8, 128),
+        (2, 8, 128),
+        (16, 8, 128),
+        (8, 8, 32),
+        (5, 1, 60),
+        (64, 1, 128),
+        (3, 6, 257),
+        (1, 8, 512),
+        (13, 2, 8),
+    ],
 )
 def test_a_decode_batch_routed_then_sorted_equals_the_reference_routing_and_sort(tokens, top_k, experts):
     """At decode one launch routes and sorts (the sort read back through memory inside the program): the
@@ -91,7 +101,12 @@ def test_the_one_launch_route_and_sort_equals_the_two_kernels():
     sort, bit for bit; weights within fp32 rounding (one program holds several tokens' sums in another layout)."""
     from vendors.cuda.kernels import route_sort, routing, sorting
 
-    for tokens, experts, top_k, renormalize in ((1, 128, 8, True), (9, 60, 4, False), (32, 128, 4, True)):
+    for tokens, experts, top_k, renormalize in (
+        (1, 128, 8, True),
+        (9, 60, 4, False),
+        (32, 128, 4, True),
+        (8, 32, 8, True),
+    ):
         logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16) * 3
         (weights, ids), got = route_sort.softmax_topk_sorted(logits, top_k, renormalize)
         want_weights, want_ids = routing.softmax_topk(logits, top_k, renormalize)

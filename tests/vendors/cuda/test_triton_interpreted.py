@@ -157,7 +157,7 @@ SCRIPT = textwrap.dedent("""
     # Routing and the sort in one program (decode batches): the routing kernel's outputs and the rank sort's,
     # ids and sort bit for bit, weights within fp32 rounding; ties among the logits, k = E, experts not a power of two, the largest batch that fits.
     for tokens, experts, k, renorm in ((1, 128, 8, True), (3, 60, 4, False), (16, 128, 8, True), (5, 8, 2, True),
-                                       (64, 128, 1, True), (2, 5, 5, False), (1, 512, 8, True)):
+                                       (64, 128, 1, True), (2, 5, 5, False), (1, 512, 8, True), (8, 32, 8, True)):
         logits = torch.randn(tokens, experts) * 3
         logits[:, 1] = logits[:, 0]  # equal probabilities: the lower id first, as the routing kernel picks
         assert fits(tokens, experts, k), (tokens, experts, k)
