@@ -21,7 +21,7 @@ import triton.language as tl
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
 from vendors.cuda.kernels.launch import launch, next_power_of_2
 from vendors.cuda.kernels.routing import route_rows
-from vendors.cuda.kernels.sorting import padded_and_chunk, rank_sort, rank_sort_fits
+from vendors.cuda.kernels.sorting import int64_parts, padded_and_chunk, rank_sort, rank_sort_fits
 
 #: Most logits (padded tokens x padded experts) the one program routes: 64 tokens of 128 experts.
 MAX_TILE = 8192
@@ -66,16 +66,14 @@ def _softmax_topk_sorted(
 
 
 def _outputs(tokens: int, top_k: int, experts: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Uninitialised `(weights, ids, order, inverse, counts, token)` as views of one int64 allocation (host time
-    decode pays per allocation), each starting on a 16-byte boundary as a separate allocation would."""
+    """Uninitialised `(weights, ids, order, inverse, counts, token)` as views of one allocation (`int64_parts`;
+    the fp32 weights two to an int64 word)."""
     pairs = tokens * top_k
-    words = pairs + (pairs & 1)  # int64 words of a pair-long output, rounded up to 16 bytes
-    weight_words = (pairs + 1) // 2 + ((pairs + 1) // 2 & 1)  # fp32 pairs, two to a word
-    sizes = [weight_words, words, words, words, words, experts]
-    parts = torch.empty(sum(sizes), dtype=torch.int64, device=device).split_with_sizes(sizes)
-    weights = parts[0].view(torch.float32)[:pairs].view(tokens, top_k)
-    ids = parts[1][:pairs].view(tokens, top_k)
-    return weights, ids, parts[2][:pairs], parts[3][:pairs], parts[5], parts[4][:pairs]
+    weights, ids, order, inverse, token, counts = int64_parts(
+        [(pairs + 1) // 2, pairs, pairs, pairs, pairs, experts], device
+    )
+    weights = weights.view(torch.float32)[:pairs].view(tokens, top_k)
+    return weights, ids.view(tokens, top_k), order, inverse, counts, token
 
 
 def _warps(routing_tile: int, sort_tile: int) -> int:
@@ -90,10 +88,9 @@ def softmax_topk_sorted(
     logits: torch.Tensor, top_k: int, renormalize: bool, *, pdl: bool = False
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """`(weights, ids)` as `routing.softmax_topk` returns them and `(order, inverse, counts, token)` as
-    `sorting.sort_pairs(ids, E, tokens=True)` does, from one launch; the batch must `fits`."""
+    `sorting.sort_pairs(ids, E, tokens=True)` does, from one launch. The caller has checked that the batch
+    `fits` (not checked again here: this runs on every decode step)."""
     t, e = logits.shape
-    if not fits(t, e, top_k):
-        raise ValueError(f"softmax_topk_sorted: {t} tokens of {e} experts at top-{top_k} do not fit one program")
     pairs = t * top_k
     weights, ids, order, inverse, counts, token = _outputs(t, top_k, e, logits.device)
     p_pad = max(16, next_power_of_2(pairs))

@@ -23,6 +23,8 @@ still go to the radix sort (`sort_method`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -171,23 +173,37 @@ def padded_and_chunk(num_experts: int) -> tuple[int, int]:
     return e_pad, max(16, min(128, 8192 // e_pad))
 
 
+def int64_parts(lengths: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+    """Uninitialised int64 tensors of `lengths`, views of one allocation (one allocator call instead of
+    several: host time decode pays on every call), each starting on a 16-byte boundary, as separate
+    allocations would."""
+    sizes: list[int] = []
+    for n in lengths:
+        sizes.append(n)
+        if n & 1:
+            sizes.append(1)  # a spare element keeps the next part 16-byte aligned
+    parts = torch.empty(sum(sizes), dtype=torch.int64, device=device).split_with_sizes(sizes)
+    if len(parts) == len(lengths):
+        return list(parts)
+    picked, i = [], 0
+    for n in lengths:
+        picked.append(parts[i])
+        i += 1 + (n & 1)
+    return picked
+
+
 def flat_and_outputs(
     topk_ids: torch.Tensor, num_experts: int, tokens: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ids as one contiguous row, and the uninitialised `(order, inverse, counts, token)` the kernels fill
-    (`token` is `order` itself without `tokens`).
-
-    The outputs are views of one int64 allocation (one allocator call instead of four, host time that
-    decode pays on every call); each starts on a 16-byte boundary, as separate allocations would."""
+    (`token` is `order` itself without `tokens`), views of one allocation (`int64_parts`)."""
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    pairs, outputs = flat.numel(), 3 if tokens else 2
-    sizes = [pairs] * outputs + [num_experts] if pairs % 2 == 0 else [pairs, 1] * outputs + [num_experts]
-    parts = torch.empty(sum(sizes), dtype=torch.int64, device=flat.device).split_with_sizes(sizes)
-    step = 1 if pairs % 2 == 0 else 2  # odd pairs: a spare element keeps the next output 16-byte aligned
-    order, inverse, counts = parts[0], parts[step], parts[-1]
-    return flat, order, inverse, counts, parts[2 * step] if tokens else order
+    pairs = flat.numel()
+    parts = int64_parts([pairs] * (3 if tokens else 2) + [num_experts], flat.device)
+    order, inverse, counts = parts[0], parts[1], parts[-1]
+    return flat, order, inverse, counts, parts[2] if tokens else order
 
 
 def sort_pairs(
