@@ -56,6 +56,42 @@ def test_fp4_weight_only_grouped_gemm_matches_float64(mx, tokens, top_k, experts
     _check(y, expected)
 
 
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, k, n", [(1, 1, 40, 2880, 360), (3, 4, 32, 2880, 200), (700, 8, 40, 96, 136)]
+)
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "silu-glu"])
+@pytest.mark.parametrize("split_k", [2, 3, 8])
+def test_fp4_weight_only_split_k_matches_float64(mx, tokens, top_k, experts, k, n, gated, split_k):
+    """K split into shares summed in fp32 before the epilogue gives the float64 product, with shares that
+    end mid-tile or hold no K at all (K = 96 in 8 shares); repeats give the same bits (the shares are
+    summed in a fixed order)."""
+    from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+
+    w = random_fp4(experts, k, 2 * n if gated else n, mx=mx, per_column_global=gated, device="cuda", seed=tokens)
+    index, counts = _routing(tokens, top_k, experts, seed=k)
+    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    expected = grouped_reference(x, w.values(), counts, gated=gated, row_index=index)
+    dev_counts = torch.tensor(counts, device="cuda", dtype=torch.int32)
+    runs = [
+        grouped_gemm_fp4(
+            x.cuda(),
+            w.data,
+            w.scale,
+            dev_counts,
+            torch.bfloat16,
+            mx=mx,
+            global_scale=w.global_scale,
+            gated=gated,
+            row_index=index.cuda(),
+            split_k=split_k,
+        )
+        for _ in range(3)
+    ]
+    _check(runs[0], expected)
+    assert all(torch.equal(runs[0], again) for again in runs[1:])
+
+
 @pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
 @pytest.mark.parametrize("interleave", [False, True], ids=["per-nibble", "interleaved"])
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
@@ -125,7 +161,8 @@ def _group_rows(bias: torch.Tensor, counts: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("activation", [None, "silu-glu", "swiglu-oai"])
 @pytest.mark.parametrize("tokens, top_k", [(1, 4), (300, 4)])
-def test_fp4_weight_only_bias_and_activation_in_the_epilogue(mx, activation, tokens, top_k):
+@pytest.mark.parametrize("split_k", [None, 4], ids=["default-split", "k-in-4"])
+def test_fp4_weight_only_bias_and_activation_in_the_epilogue(mx, activation, tokens, top_k, split_k):
     """The experts' bias added to the product and gpt-oss's swiglu-oai (or SiLU-GLU) applied in the kernel's
     epilogue, rows read through the index: against float64 `act(x @ w + bias)`, at gpt-oss's K (2880) with an
     output width that is not a multiple of 128 and a limit small enough that the clamps bite."""
@@ -154,6 +191,7 @@ def test_fp4_weight_only_bias_and_activation_in_the_epilogue(mx, activation, tok
         row_index=index.cuda(),
         bias=bias.cuda(),
         swiglu_oai=(alpha, limit) if activation == "swiglu-oai" else None,
+        split_k=split_k,
     )
     _check(y, expected)
 

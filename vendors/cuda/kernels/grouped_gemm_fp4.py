@@ -25,6 +25,12 @@ contiguously (`interleave`): which is faster depends on the tiles (`default_fp4_
 
 The scheduling (groups found on the device, grid orders), `GATED` (SiLU-GLU in the epilogue, w's
 columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `grouped_gemm.py`.
+
+A decode call touches few experts, so few tiles exist, each streaming its columns' whole K. There the
+K range is split into `SPLIT_K` shares, one program each (`decode_split_k`): every share stores its
+fp32 product, and the share that finishes last (an atomic count per tile) sums the shares in a fixed
+order and runs the epilogue. Repeats give the same bits; the result differs from one program's within
+fp32 rounding of the sum.
 """
 
 from __future__ import annotations
@@ -36,111 +42,13 @@ import triton
 import triton.language as tl
 
 from vendors.cuda.kernels.dependent import release_next, wait_for_previous
+from vendors.cuda.kernels.fp4_decode import dequantize_nibbles
 from vendors.cuda.kernels.grouped_gemm import MAX_GROUPS, TileConfig
 from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.schedule import program_tile
 
 #: Values along K that share a scale: MXFP4, NVFP4.
 MX_BLOCK, NV_BLOCK = 32, 16
-
-
-# The magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 of the e2m1 codes 0-7 as bf16 (0x0000, 0x3F00, 0x3F80, 0x3FC0,
-# 0x4000, 0x4040, 0x4080, 0x40C0): their low bytes in la:lb and high bytes in ha:hb, looked up by `prmt`
-# with the codes as byte selectors, four at a time. A code's sign (its bit 3) is the top bit of its byte
-# once shifted there, replicated into a byte by `prmt`'s sign mode and masked into the bf16's sign bit.
-# Four bytes in (`$4`: eight codes of four elements), four bf16 pairs out: `$0`/`$1` the low nibbles'
-# values of elements 0-1 / 2-3, `$2`/`$3` the high nibbles'. MX: times the e8m0 scales of `$5`, whose
-# bytes shifted into bf16 exponent fields are the scales exactly, by one bf16x2 multiply per pair.
-# The inputs are copied first: an output may share an input's register.
-_ASM_HEAD = """
-{
-.reg .b32 w, la, lb, ha, hb, sel, l8, h8, sg, t, m, s, z;
-mov.b32 w, $4;
-"""
-_E2M1_ASM = """
-mov.b32 la, 0xC0800000;
-mov.b32 lb, 0xC0804000;
-mov.b32 ha, 0x3F3F3F00;
-mov.b32 hb, 0x40404040;
-mov.b32 m, 0x80008000;
-and.b32 sel, w, 0x7777;
-prmt.b32 l8, la, lb, sel;
-prmt.b32 h8, ha, hb, sel;
-prmt.b32 $0, l8, h8, 0x6240;
-prmt.b32 $2, l8, h8, 0x7351;
-shr.b32 sel, w, 16;
-and.b32 sel, sel, 0x7777;
-prmt.b32 l8, la, lb, sel;
-prmt.b32 h8, ha, hb, sel;
-prmt.b32 $1, l8, h8, 0x6240;
-prmt.b32 $3, l8, h8, 0x7351;
-shl.b32 sg, w, 4;
-prmt.b32 t, sg, sg, 0x9080;
-lop3.b32 $0, $0, t, m, 0xF8;
-prmt.b32 t, sg, sg, 0xB0A0;
-lop3.b32 $1, $1, t, m, 0xF8;
-prmt.b32 t, w, w, 0x9080;
-lop3.b32 $2, $2, t, m, 0xF8;
-prmt.b32 t, w, w, 0xB0A0;
-lop3.b32 $3, $3, t, m, 0xF8;
-"""
-_E8M0_SCALE_ASM = """
-mov.b32 z, 0;
-prmt.b32 t, s, z, 0x4140;
-shl.b32 t, t, 7;
-fma.rn.bf16x2 $0, $0, t, m;
-fma.rn.bf16x2 $2, $2, t, m;
-prmt.b32 t, s, z, 0x4342;
-shl.b32 t, t, 7;
-fma.rn.bf16x2 $1, $1, t, m;
-fma.rn.bf16x2 $3, $3, t, m;
-"""
-
-
-# Kernels read module globals only as constexprs.
-_MX_ASM = tl.constexpr(_ASM_HEAD + "mov.b32 s, $5;" + _E2M1_ASM + _E8M0_SCALE_ASM + "}")
-_NV_ASM = tl.constexpr(_ASM_HEAD + _E2M1_ASM + "}")
-
-
-@triton.jit
-def _scale_f32(scale, MX: tl.constexpr):
-    """fp32 block scales of loaded scale bytes (e8m0 exponents, or e4m3)."""
-    if MX:
-        return (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    return scale.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _decode_f16(codes, scale):
-    """bf16 values of 4-bit codes (int32, 0..15) times `2**-14` times their fp32 block scales: a code's
-    exponent and mantissa bits are an fp16's (subnormal for the smallest codes, which the conversion to
-    fp32 keeps exact); the `2**14` is applied to the accumulators."""
-    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
-    return (bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
-
-
-@triton.jit
-def _dequantize(packed, scale, MX: tl.constexpr, ASM: tl.constexpr):
-    """The bf16 values of the low and high nibbles of `packed` (uint8) times their block scales (`scale`,
-    bytes); through the Triton decode, times `2**-14` (see `_decode_f16`)."""
-    if ASM:
-        if MX:
-            lo, hi = tl.inline_asm_elementwise(
-                _MX_ASM, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
-            )
-        else:
-            lo, hi = tl.inline_asm_elementwise(
-                _NV_ASM, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
-            )
-            s = scale.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-            lo = lo * s
-            hi = hi * s
-    else:
-        codes = packed.to(tl.int32)
-        s32 = _scale_f32(scale, MX)
-        lo = _decode_f16(codes & 15, s32)
-        hi = _decode_f16(codes >> 4, s32)
-    return lo, hi
 
 
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
@@ -153,11 +61,14 @@ def _grouped_gemm_fp4(
     y_ptr,
     counts_ptr,
     index_ptr,
+    part_ptr,
+    done_ptr,
     M,
     N,
     K,
     E,
     M_BLOCKS,
+    K_CHUNK,
     stride_xm,
     stride_xk,
     stride_we,
@@ -172,6 +83,8 @@ def _grouped_gemm_fp4(
     stride_bn,
     stride_ym,
     stride_yn,
+    stride_pm,
+    stride_ps,
     alpha,
     limit,
     MX: tl.constexpr,
@@ -189,10 +102,12 @@ def _grouped_gemm_fp4(
     GATHER: tl.constexpr,
     PDL: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     wait_for_previous(PDL)
+    tile = tl.program_id(0) // SPLIT_K
     group, row0, group_end, pid_n = program_tile(
-        tl.program_id(0), counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
+        tile, counts_ptr, N, E, M_BLOCKS, E_PAD, BLOCK_M, BLOCK_N, N_FASTEST, GROUP_M
     )
     if group >= E:
         return
@@ -216,13 +131,14 @@ def _grouped_gemm_fp4(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     half_k = K // 2
-    for k0 in range(0, half_k, HALF_K):
+    k_first = (tl.program_id(0) % SPLIT_K) * K_CHUNK  # SPLIT_K > 1: this program's share of K
+    for k0 in range(k_first, tl.minimum(k_first + K_CHUNK, half_k), HALF_K):
         kp = k0 + tl.arange(0, HALF_K)  # packed rows: k = 2 * kp (low nibble) and 2 * kp + 1 (high)
         kp_ok = kp < half_k
         w_mask = col_ok[:, None] & kp_ok[None, :]
         w_at = w_cols + kp[None, :] * stride_wk
         s_at = s_cols + (kp // SCALE_ROWS)[None, :] * stride_wsk
-        w_lo, w_hi = _dequantize(
+        w_lo, w_hi = dequantize_nibbles(
             tl.load(w_at, mask=w_mask, other=0), tl.load(s_at, mask=w_mask, other=0), MX, ASM_DECODE
         )
         if INTERLEAVE:  # one product over k in order: the nibbles' values joined along k, x read contiguously
@@ -238,7 +154,7 @@ def _grouped_gemm_fp4(
         # The up half is decoded only once the gate's products are taken: decoding both halves first took
         # 1.8x the time with 64 x 128 tiles at 512 tokens of gpt-oss-20b (H100), more registers live at once.
         if GATED:
-            u_lo, u_hi = _dequantize(
+            u_lo, u_hi = dequantize_nibbles(
                 tl.load(w_at + up, mask=w_mask, other=0), tl.load(s_at + up_s, mask=w_mask, other=0), MX, ASM_DECODE
             )
             if INTERLEAVE:
@@ -247,6 +163,23 @@ def _grouped_gemm_fp4(
                 acc_up = tl.dot(u_lo, x_lo, acc_up)
                 acc_up = tl.dot(u_hi, x_hi, acc_up)
     release_next(PDL)
+    if SPLIT_K > 1:  # store this share's fp32 product; the last share to finish sums all, in share order
+        tile_ok = col_ok[:, None] & row_ok[None, :]
+        part = part_ptr + rows64[None, :] * stride_pm + cols[:, None]
+        share = part + (tl.program_id(0) % SPLIT_K) * stride_ps
+        tl.store(share, acc, mask=tile_ok)
+        if GATED:
+            tl.store(share + N, acc_up, mask=tile_ok)
+        tl.debug_barrier()  # every thread's stores are made before the count that may start the sum
+        if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel") != SPLIT_K - 1:
+            return
+        acc = tl.load(part, mask=tile_ok, other=0.0, cache_modifier=".cg")
+        if GATED:
+            acc_up = tl.load(part + N, mask=tile_ok, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):  # a fixed order: the same sums on every run
+            acc += tl.load(part + s * stride_ps, mask=tile_ok, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc_up += tl.load(part + s * stride_ps + N, mask=tile_ok, other=0.0, cache_modifier=".cg")
     out = acc
     if not ASM_DECODE:  # the Triton decode's 2**-14
         out = out * 16384.0
@@ -281,6 +214,23 @@ class Fp4Tiles:
     interleave: bool
 
 
+#: About nine programs per multiprocessor of an H100 or H200 (132): the most a split adds up to.
+SPLIT_PROGRAMS = 1200
+
+
+def decode_split_k(m: int, groups: int, column_blocks: int) -> int:
+    """The K shares (1, 2 or 4) of a call of `m` rows over `groups` groups with 16-row tiles: the most that
+    keep the expected tiles (the groups `m` uniformly routed rows touch, times the column blocks) times
+    the shares within `SPLIT_PROGRAMS`. From H200 timings of gpt-oss-20b's experts at 1 to 16 tokens
+    (`scripts/bench_fp4_weight_only.py`): at 1 token 4 shares took the layer from 96 to 71 µs; with more
+    tiles than this bound, shares cost more in atomics than they gained."""
+    touched = groups * (1.0 - (1.0 - 1.0 / max(groups, 1)) ** m)
+    split = 4
+    while split > 1 and touched * column_blocks * split > SPLIT_PROGRAMS:
+        split //= 2
+    return split
+
+
 def default_fp4_tiles(m: int, groups: int, gated: bool) -> Fp4Tiles:
     """The built-in configuration for a call of `m` rows over `groups` groups. From H100 timings of
     gpt-oss-20b's experts at 8 to 4096 tokens (32 experts, top-4; `scripts/bench_fp4_weight_only.py`):
@@ -313,6 +263,7 @@ def grouped_gemm_fp4(
     pdl: bool = False,
     asm_decode: bool = True,
     interleave: bool | None = None,
+    split_k: int | None = None,
     bias: torch.Tensor | None = None,
     swiglu_oai: tuple[float, float] | None = None,
 ) -> torch.Tensor:
@@ -323,8 +274,9 @@ def grouped_gemm_fp4(
     `asm_decode`: codes decoded four bytes at a time by inline PTX (`prmt` lookups, bf16x2 scaling; the
     default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
     `interleave`: one product per K step over both nibbles' values in k order (None: the default
-    configuration's choice; see `Fp4Tiles`). `bias`: `[E, N]` (all of w's columns, `[gate | up]` when
-    gated), each row's group's row added to the product. `swiglu_oai`: with `gated`, gpt-oss's clamped
+    configuration's choice; see `Fp4Tiles`). `split_k`: K in that many shares summed in fp32 before the
+    epilogue (None: `decode_split_k` for 16-row tiles, else 1). `bias`: `[E, N]` (all of w's columns,
+    `[gate | up]` when gated), each row's group's row added to the product. `swiglu_oai`: with `gated`, gpt-oss's clamped
     activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
     """
     e, half_k, n = w.shape
@@ -347,11 +299,22 @@ def grouped_gemm_fp4(
     tiles = config if config is not None else default.tiles
     if interleave is None:
         interleave = default.interleave if config is None else False
+    if split_k is None:
+        split_k = decode_split_k(m, e, cdiv(n, tiles.block_n)) if tiles.block_m <= 16 else 1
+    if split_k < 1:
+        raise ValueError(f"grouped_gemm_fp4: split_k must be at least 1, got {split_k}")
     block = MX_BLOCK if mx else NV_BLOCK
     if tiles.block_k % block or tiles.block_k < 32:
         raise ValueError(f"grouped_gemm_fp4: BLOCK_K must be a multiple of {block} and >= 32, got {tiles}")
     m_blocks = m // tiles.block_m + min(e, m)
-    grid = (m_blocks * cdiv(n, tiles.block_n),)
+    grid = (m_blocks * cdiv(n, tiles.block_n) * split_k,)
+    k_chunk = cdiv(cdiv(half_k, split_k), tiles.block_k // 2) * (tiles.block_k // 2)  # packed rows per share
+    if split_k > 1:  # each share's fp32 products (gate and up columns), and a count of finished shares per tile
+        sums = n * (2 if gated else 1)
+        part = torch.empty((split_k, m, sums), dtype=torch.float32, device=x.device)
+        done = torch.zeros(grid[0] // split_k, dtype=torch.int32, device=x.device)
+    else:
+        sums, part, done = 0, y, counts
     if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)
         w_scale = w_scale.view(torch.uint8)
     if swiglu_oai is not None and not gated:
@@ -375,11 +338,14 @@ def grouped_gemm_fp4(
         y,
         counts,
         row_index if row_index is not None else counts,
+        part,
+        done,
         m,
         n,
         k,
         e,
         m_blocks,
+        k_chunk,
         x.stride(0),
         x.stride(1),
         w.stride(0),
@@ -392,6 +358,8 @@ def grouped_gemm_fp4(
         *(bias.stride() if bias is not None else (0, 0)),
         y.stride(0),
         y.stride(1),
+        sums,
+        m * sums,
         float(alpha),
         float(limit),
         MX=mx,
@@ -409,6 +377,7 @@ def grouped_gemm_fp4(
         GATHER=row_index is not None,
         PDL=pdl,
         GROUP_M=tiles.group_m,
+        SPLIT_K=split_k,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         launch_pdl=pdl,
