@@ -4,7 +4,8 @@ gpt-oss-20b's MoE shape (32 experts, top-4, hidden 2880, intermediate 2880): the
 layer (sort by expert, first projection with SiLU-GLU reading the tokens through the dispatch's index,
 second projection, weighted combine), CUDA-graph replays of `LAYERS` layers with their own weights (so
 no layer's weights are still in L2), per layer. "roofline": the bytes of the touched experts' weights
-(with their scales) and of the GEMMs' activations read, over 3.35 TB/s, as a share of the time.
+(with their scales) and of the GEMMs' activations read, over the GPU's HBM bandwidth (`PEAKS`), as a share of
+the time.
 
     PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep]
 """
@@ -24,7 +25,8 @@ from vendors.cuda.kernels.grouped_gemm_fp4 import Fp4Tiles, default_fp4_tiles, g
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 LAYERS = 4
-PEAK = 3.35e12
+#: HBM bytes per second of the GPUs measured (the H100 SXM's 3.35 TB/s for any other).
+PEAKS = {"H200": 4.8e12, "H100": 3.35e12}
 TOKENS = (1, 8, 64, 512, 4096)
 DEV = "cuda"
 
@@ -284,7 +286,8 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
 
     act_bytes = tokens * H * 2 + rows * I * 2
 
-    roof = {kind: (touched * per_expert[kind] + act_bytes) / PEAK * 1e8 for kind in per_expert}  # % x µs
+    peak = next((v for k, v in PEAKS.items() if k in torch.cuda.get_device_name()), PEAKS["H100"])
+    roof = {kind: (touched * per_expert[kind] + act_bytes) / peak * 1e8 for kind in per_expert}  # % x µs
 
     print(f"tokens {tokens}: bf16 layer {layer_bf16:.1f} us, mxfp4 {layer_mx:.1f}, nvfp4 {layer_nv:.1f}", flush=True)
     return (tokens, touched, gemm_bf16, gemm_mx, gemm_nv, layer_bf16, layer_mx, layer_nv, roof, errs)
