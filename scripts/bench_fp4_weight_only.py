@@ -7,7 +7,7 @@ no layer's weights are still in L2), per layer. "roofline": the bytes of the tou
 (with their scales) and of the GEMMs' activations read, over the GPU's HBM bandwidth (`PEAKS`), as a share of
 the time.
 
-    PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep]
+    PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep] [--split]
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from vendors.cuda.kernels.grouped_gemm_fp4 import Fp4Tiles, default_fp4_tiles, g
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 LAYERS = 4
+#: K shares of the FP4 GEMMs: 1 (the default), or None with `--split` (the decode rule that
+#: `CudaVendor(split_fp4_decode=True)` applies).
+SPLIT_K = None if "--split" in sys.argv else 1
 #: HBM bytes per second of the GPUs measured (the H100 SXM's 3.35 TB/s for any other).
 PEAKS = {"H200": 4.8e12, "H100": 3.35e12}
 TOKENS = (1, 8, 64, 512, 4096)
@@ -168,6 +171,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             interleave=t1.interleave,
             pdl=ops.pdl,
             asm_decode=f1,
+            split_k=SPLIT_K,
         )
         y = grouped_gemm_fp4(
             h,
@@ -181,6 +185,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
             interleave=t2.interleave,
             pdl=ops.pdl,
             asm_decode=f2,
+            split_k=SPLIT_K,
         )
         return ops.weighted_combine(y, inverse, weights, out_dtype=torch.bfloat16)
 
@@ -204,6 +209,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 interleave=cfg.interleave,
                 pdl=ops.pdl,
                 asm_decode=asm,
+                split_k=SPLIT_K,
             )
             for w1, _ in fp4[mx]
         ]
@@ -222,6 +228,7 @@ def measure(tokens, ops, act, bf16, fp4, per_expert, sweep):
                 interleave=cfg.interleave,
                 pdl=ops.pdl,
                 asm_decode=asm,
+                split_k=SPLIT_K,
             )
             for _, w2 in fp4[mx]
         ]

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from hal import DispatchDtype, UnsupportedCapability, VendorUnavailable
+from hal import DispatchDtype, InvalidInput, UnsupportedCapability, VendorUnavailable
 from vendors.ascend import AscendVendor
 from tests.support.paths import REPO
 from vendors.cuda import CudaVendor
@@ -31,6 +31,17 @@ def test_cuda_is_unavailable_with_a_reason_off_gpu():
     assert not result.available and "CUDA" in result.reason
     with pytest.raises(VendorUnavailable, match="'cuda' is unavailable"):
         vendor.capabilities()
+
+
+@pytest.mark.parametrize(
+    "option", ["dependent_launch", "deep_gemm", "split_fp4_decode"], ids=["dependent-launch", "deep-gemm", "fp4-split"]
+)
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_cuda_vendor_refuses_options_that_are_not_booleans(option, value):
+    """The CUDA vendor's switches take True or False only, refused at construction (before any device is
+    touched) with the option's name."""
+    with pytest.raises(InvalidInput, match=option):
+        CudaVendor(**{option: value})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -26,6 +26,8 @@ class WeightOnlyOps:
     on to the next class)."""
 
     pdl: bool
+    #: K split at decode (`grouped_gemm_fp4.decode_split_k`): faster under CUDA-graph replay, slower eager.
+    split_fp4_decode: bool = False
     notes = {
         "grouped_matmul_biased": "bf16 x fp4: the bias, then SiLU-GLU or swiglu-oai, in the Triton GEMM's "
         "epilogue, rows read through the index; other kinds: the product, the reference's bias, the activation"
@@ -146,6 +148,7 @@ class WeightOnlyOps:
             gated=activation is not None,
             row_index=row_index,
             pdl=self.pdl,
+            split_k=None if self.split_fp4_decode else 1,
             bias=bias,
             swiglu_oai=(activation.alpha, activation.limit) if oai else None,  # type: ignore[union-attr]
         )

@@ -27,7 +27,8 @@ The scheduling (groups found on the device, grid orders), `GATED` (SiLU-GLU in t
 columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `grouped_gemm.py`.
 
 A decode call touches few experts, so few tiles exist, each streaming its columns' whole K. There the
-K range is split into `SPLIT_K` shares, one program each (`decode_split_k`): every share stores its
+K range may be split into `SPLIT_K` shares, one program each (`split_k`; `decode_split_k` is the rule
+for decode calls): every share stores its
 fp32 product, and the share that finishes last (an atomic count per tile) sums the shares in a fixed
 order and runs the epilogue. Repeats give the same bits; the result differs from one program's within
 fp32 rounding of the sum.
@@ -263,7 +264,7 @@ def grouped_gemm_fp4(
     pdl: bool = False,
     asm_decode: bool = True,
     interleave: bool | None = None,
-    split_k: int | None = None,
+    split_k: int | None = 1,
     bias: torch.Tensor | None = None,
     swiglu_oai: tuple[float, float] | None = None,
 ) -> torch.Tensor:
@@ -275,7 +276,8 @@ def grouped_gemm_fp4(
     default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
     `interleave`: one product per K step over both nibbles' values in k order (None: the default
     configuration's choice; see `Fp4Tiles`). `split_k`: K in that many shares summed in fp32 before the
-    epilogue (None: `decode_split_k` for 16-row tiles, else 1). `bias`: `[E, N]` (all of w's columns,
+    epilogue (None: `decode_split_k` for 16-row tiles, else 1); a split allocates and zeroes fp32 scratch on
+    every call, which costs host time in eager calls. `bias`: `[E, N]` (all of w's columns,
     `[gate | up]` when gated), each row's group's row added to the product. `swiglu_oai`: with `gated`, gpt-oss's clamped
     activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
     """
@@ -311,8 +313,9 @@ def grouped_gemm_fp4(
     k_chunk = cdiv(cdiv(half_k, split_k), tiles.block_k // 2) * (tiles.block_k // 2)  # packed rows per share
     if split_k > 1:  # each share's fp32 products (gate and up columns), and a count of finished shares per tile
         sums = n * (2 if gated else 1)
-        part = torch.empty((split_k, m, sums), dtype=torch.float32, device=x.device)
-        done = torch.zeros(grid[0] // split_k, dtype=torch.int32, device=x.device)
+        scratch = torch.zeros(split_k * m * sums + grid[0] // split_k, dtype=torch.float32, device=x.device)
+        part = scratch[: split_k * m * sums].view(split_k, m, sums)
+        done = scratch[split_k * m * sums :].view(torch.int32)  # zeroed with the rest: one allocation and one fill
     else:
         sums, part, done = 0, y, counts
     if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)
