@@ -128,16 +128,18 @@ def test_fp4_weight_only_every_code_and_extreme_scales(mx, asm, interleave):
 
 @pytest.mark.parametrize("layout, kind", [("block-32", "bf16-mxfp4"), ("block-16", "bf16-nvfp4")])
 @pytest.mark.parametrize("top_k, activation", [(1, "silu-glu"), (4, "swiglu-oai"), (8, "silu-glu")])
-def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, top_k, activation):
+@pytest.mark.parametrize("split", [False, True], ids=["one-share", "split-at-decode"])
+def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, top_k, activation, split):
     """Through the vendor: weights quantized on the device by the reference, the first projection with its
     activation reading the dispatch's rows through the index (SiLU-GLU in the epilogue, swiglu-oai after)
-    and the second projection, each against float64 on the dequantized weights."""
+    and the second projection, each against float64 on the dequantized weights; with K split at decode
+    (`split_fp4_decode`: 37 tokens over 24 experts run in shares) too, and a repeat gives the same bits."""
     from conformance.reference import activation as float64_activation
     from hal import GemmKind, Groups
     from hal.reference import weight_value
     from vendors.cuda import CudaVendor
 
-    vendor = CudaVendor()
+    vendor = CudaVendor(split_fp4_decode=split)
     assert GemmKind(kind) in vendor.capabilities().grouped_matmul
     experts, tokens, k, n = 24, 37, 2880, 416
     gen = torch.Generator().manual_seed(top_k)
@@ -149,6 +151,7 @@ def test_cuda_vendor_computes_the_weight_only_kinds_it_declares(layout, kind, to
     h = vendor.grouped_matmul(x.cuda(), w1, groups, activation=activation, row_index=index.cuda())
     product = grouped_reference(x, weight_value(w1), counts, row_index=index)
     _check(h, float64_activation(product, activation)[0])
+    assert torch.equal(h, vendor.grouped_matmul(x.cuda(), w1, groups, activation=activation, row_index=index.cuda()))
     y = vendor.grouped_matmul(h, w2, groups)
     _check(y, grouped_reference(h.cpu(), weight_value(w2), counts))
 
@@ -223,30 +226,3 @@ def test_cuda_vendor_adds_expert_biases_in_the_weight_only_epilogue(layout, acti
     _check(h, float64_activation(product, activation, act.alpha, act.limit)[0])
     y = vendor.grouped_matmul(h, w2, groups, bias=b2.cuda())
     _check(y, grouped_reference(h.cpu(), weight_value(w2), counts) + _group_rows(b2, counts))
-
-
-@pytest.mark.parametrize("layout", ["block-32", "block-16"])
-@pytest.mark.parametrize("tokens", [1, 3, 40])
-def test_cuda_vendor_split_at_decode_matches_float64_and_repeats_bit_for_bit(layout, tokens):
-    """`CudaVendor(split_fp4_decode=True)`: gpt-oss-20b's projections at decode (K split into shares, at 40
-    tokens one share) against float64 on the dequantized weights, each call's result the same bits again."""
-    from hal import Groups
-    from hal.reference import weight_value
-    from vendors.cuda import CudaVendor
-
-    vendor = CudaVendor(split_fp4_decode=True)
-    experts, top_k, k, n = 32, 4, 2880, 2880
-    gen = torch.Generator().manual_seed(tokens)
-    w1 = vendor.quantize_weight(torch.randn(experts, k, 2 * n, generator=gen).cuda() * 0.05, layout)
-    w2 = vendor.quantize_weight(torch.randn(experts, n, k, generator=gen).cuda() * 0.05, layout)
-    index, counts = _routing(tokens, top_k, experts, seed=tokens)
-    groups = Groups.from_counts(torch.tensor(counts, device="cuda"))
-    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
-    h = vendor.grouped_matmul(x.cuda(), w1, groups, activation="silu-glu", row_index=index.cuda())
-    product = grouped_reference(x, weight_value(w1), counts, row_index=index)
-    gate, up = product.chunk(2, dim=-1)
-    _check(h, gate * torch.sigmoid(gate) * up)
-    assert torch.equal(h, vendor.grouped_matmul(x.cuda(), w1, groups, activation="silu-glu", row_index=index.cuda()))
-    y = vendor.grouped_matmul(h, w2, groups)
-    _check(y, grouped_reference(h.cpu(), weight_value(w2), counts))
-    assert torch.equal(y, vendor.grouped_matmul(h, w2, groups))
