@@ -28,10 +28,9 @@ columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `gr
 
 A decode call touches few experts, so few tiles exist, each streaming its columns' whole K. There the
 K range may be split into `SPLIT_K` shares, one program each (`split_k`; `decode_split_k` is the rule
-for decode calls): every share stores its
-fp32 product, and the share that finishes last (an atomic count per tile) sums the shares in a fixed
-order and runs the epilogue. Repeats give the same bits; the result differs from one program's within
-fp32 rounding of the sum.
+for decode calls): every share stores its fp32 product, and the share that finishes last (an atomic
+count per tile) sums the shares in a fixed order and runs the epilogue. Repeats give the same bits; the
+result differs from one program's within fp32 rounding of the sum.
 """
 
 from __future__ import annotations
@@ -224,7 +223,7 @@ def decode_split_k(m: int, groups: int, column_blocks: int) -> int:
     keep the expected tiles (the groups `m` uniformly routed rows touch, times the column blocks) times
     the shares within `SPLIT_PROGRAMS`. From H200 timings of gpt-oss-20b's experts at 1 to 16 tokens
     (`scripts/bench_fp4_weight_only.py`): at 1 token 4 shares took the layer from 96 to 71 µs; with more
-    tiles than this bound, shares cost more in atomics than they gained."""
+    tiles than this bound, the shares' stores and sums cost more than they gained."""
     touched = groups * (1.0 - (1.0 - 1.0 / max(groups, 1)) ** m)
     split = 4
     while split > 1 and touched * column_blocks * split > SPLIT_PROGRAMS:
@@ -278,8 +277,8 @@ def grouped_gemm_fp4(
     configuration's choice; see `Fp4Tiles`). `split_k`: K in that many shares summed in fp32 before the
     epilogue (None: `decode_split_k` for 16-row tiles, else 1); a split allocates and zeroes fp32 scratch on
     every call, which costs host time in eager calls. `bias`: `[E, N]` (all of w's columns,
-    `[gate | up]` when gated), each row's group's row added to the product. `swiglu_oai`: with `gated`, gpt-oss's clamped
-    activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
+    `[gate | up]` when gated), each row's group's row added to the product. `swiglu_oai`: with `gated`,
+    gpt-oss's clamped activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
     """
     e, half_k, n = w.shape
     k = 2 * half_k
