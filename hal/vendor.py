@@ -16,7 +16,6 @@ False.
 
 from __future__ import annotations
 
-
 from typing import Any
 
 import torch
@@ -25,16 +24,18 @@ from hal import checks
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
+from hal.final import redefined_methods
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
-from hal.gemm_kinds import GemmKind, gemm_kind_of
+from hal.gemm_checks import grouped_matmul_verdict
+from hal.gemm_kinds import GemmKind
 from hal.groups import Groups
 from hal.ops import OpSource
-from hal.final import redefined_methods
-from hal.vendor_ep import ExpertParallelOps
-from hal.vendor_tuning import TuningOps
-from hal.vendor_concurrency import ConcurrencyOps
-from hal.vendor_statistics import StatisticsOps
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
+from hal.vendor_concurrency import ConcurrencyOps
+from hal.vendor_ep import ExpertParallelOps
+from hal.vendor_statistics import StatisticsOps
+from hal.vendor_tuning import TuningOps
+from hal.verdicts import gemm_signature, quantize_signature, verdicts_of
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
 
@@ -79,6 +80,20 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         what a non-finite row becomes is unspecified. A kernel that must not synchronise takes
         the second way.
         """
+        signature = quantize_signature(x, dtype, layout, global_scale)
+        verdicts = verdicts_of(self)
+        verdict = None if signature is None else verdicts.get(signature)
+        if verdict is None:
+            verdict = self._quantize_verdict(x, dtype, layout, global_scale)
+            if signature is not None:
+                verdicts.put(signature, verdict)
+        parsed, chosen = verdict
+        return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
+
+    def _quantize_verdict(
+        self, x: object, dtype: object, layout: object, global_scale: object
+    ) -> tuple[DispatchDtype, ScaleLayout]:
+        """`quantize`'s checks (all of metadata): the parsed dtype and the layout chosen."""
         parsed = checks.concrete_dtype(dtype)
         caps = self.capabilities()
         if not caps.quantizes_to(parsed):
@@ -88,13 +103,13 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
                 f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
                 f"{caps.fallback_reasons.get(parsed, 'not declared')})"
             )
-        chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))
+        chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))  # type: ignore[arg-type]
         checks.float_rows("x", x)
         device = self.device
         checks.on_device("x", x, device)
-        checks.global_scale_for(parsed, global_scale, device)
-        parsed.spec.check_hidden("x", x.shape[-1], chosen)
-        return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
+        checks.global_scale_for(parsed, global_scale, device)  # type: ignore[arg-type]
+        parsed.spec.check_hidden("x", x.shape[-1], chosen)  # type: ignore[attr-defined]
+        return parsed, chosen
 
     def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Turn quantized activations back into `out_dtype`."""
@@ -170,53 +185,19 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         another vendor is not read: inconsistent numbers there give unspecified rows (or a device-side
         error), never a write outside the output.
         """
-        parsed = None if activation is None else self._declared_activation(activation)
-        checks.gemm_operands(x, weight, groups)
-        caps = self.capabilities()
-        if row_index is not None:  # its device first: its values are read only where they live
-            checks.on_device("row_index", row_index, self.device)
-            checks.row_index(row_index, x.shape[0], host_synchronous=caps.host_synchronous)
-        if parsed is not None and parsed.gated and weight.out_features % 2:
-            raise invalid("weight", f"an even number of output columns [gate | up] for {parsed}", weight.out_features)
-        if out_dtype is not None:
-            checks.out_dtype("out_dtype", out_dtype)
-        device = self.device
-        if isinstance(x, torch.Tensor):
-            checks.on_device("x", x, device)
-        else:
-            checks.on_device("x.data", x.data, device)
-            checks.on_device("x.scale", x.scale, device)
-            checks.on_device("x.global_scale", getattr(x, "global_scale", None), device)
-        for field, tensor in weight.tensors().items():
-            checks.on_device(f"weight.{field}", tensor, device)
-        if groups.tensor.device.type != "cpu":  # group lists may also live on the host
-            checks.on_device("groups", groups.tensor, device)
-        kind = gemm_kind_of(x, weight)
-        if kind not in caps.grouped_matmul:
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not declare the grouped-matmul kind {kind}"
-            )
-        rows = checks.gemm_shapes(
-            x, weight, groups, caps.limits, rows=None if row_index is None else row_index.numel()
-        )[0]
+        signature = gemm_signature(x, weight, groups, out_dtype, bias, activation, row_index)
+        verdicts = verdicts_of(self)
+        verdict = None if signature is None else verdicts.get(signature)
+        if verdict is None:
+            verdict = grouped_matmul_verdict(self, x, weight, groups, out_dtype, bias, activation, row_index)
+            if signature is not None:
+                verdicts.put(signature, verdict)
+        parsed, kind, resolved_dtype, rows = verdict
+        caps = self.capabilities()  # the checks that read values, on every call (where reading them is free)
+        if row_index is not None and checks.values_are_free(caps.host_synchronous, row_index):
+            checks.index_range("row_index", row_index, x.shape[0], "rows of x")
         if checks.values_are_free(caps.host_synchronous, groups.tensor):
             checks.group_values(groups, rows, padding=caps.grouped_matmul_padding)
-        if bias is not None:
-            if not caps.expert_bias:
-                raise UnsupportedCapability(
-                    f"vendor {self.name!r} ({caps.device_name}) does not declare "
-                    "expert_bias (grouped_matmul with a per-expert bias)"
-                )
-            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (groups.num_groups, weight.out_features):
-                raise invalid(
-                    "bias",
-                    f"a tensor of shape ({groups.num_groups}, {weight.out_features})",
-                    tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__,
-                )
-            if bias.dtype not in checks.FLOAT_DTYPES:
-                raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
-            checks.on_device("bias", bias, device)
-        resolved_dtype = checks.gemm_out_dtype(kind, out_dtype)
         if bias is not None:
             return self.ops.grouped_matmul_biased(
                 x, weight, groups, bias, kind=kind, out_dtype=resolved_dtype, activation=parsed, row_index=row_index

@@ -7,7 +7,7 @@ no layer's weights are still in L2), per layer. "roofline": the bytes of the tou
 (with their scales) and of the GEMMs' activations read, over the GPU's HBM bandwidth (`PEAKS`), as a share of
 the time.
 
-    PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep] [--split]
+    PYTHONPATH=. python scripts/bench_fp4_weight_only.py [--sweep] [--one-share]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from vendors.cuda.kernels.grouped_gemm_fp4 import Fp4Tiles, default_fp4_tiles, g
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 LAYERS = 4
-#: K shares of the FP4 GEMMs: 1 (the default), or None with `--split` (the decode rule that
-#: `CudaVendor(split_fp4_decode=True)` applies).
-SPLIT_K = None if "--split" in sys.argv else 1
+#: K shares of the FP4 GEMMs: the decode rule the CUDA vendor applies by default (None), or 1 with
+#: `--one-share` (`CudaVendor(split_fp4_decode=False)`).
+SPLIT_K = 1 if "--one-share" in sys.argv else None
 #: HBM bytes per second of the GPUs measured (the H100 SXM's 3.35 TB/s for any other).
 PEAKS = {"H200": 4.8e12, "H100": 3.35e12}
 TOKENS = (1, 8, 64, 512, 4096)

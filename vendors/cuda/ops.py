@@ -66,6 +66,7 @@ from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
+from vendors.cuda.kernels.split_scratch import SplitScratch
 from vendors.cuda.routing_ops import RoutingOps
 from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
@@ -140,6 +141,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         self._choices: dict[tuple[object, ...], Choice | None] = {}  # the table's answer per call shape
         self._unserved: set[tuple[object, ...]] = set()  # table problems whose torch-grouped-mm entry ran Triton
         self._side = SideStreams()
+        self.split_scratch = SplitScratch()  # the FP4 split's shares and counts, kept per stream (weight_only.py)
         self._deepep: DeepEp | None = None  # DeepEP's buffers, made at the first prepare_ep
 
     def tune(self, problems, *, device, device_name, progress=None) -> dict:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import torch
 
 from hal import Activation, ActivationKind, GemmKind, Groups, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+from vendors.cuda.kernels.split_scratch import SplitScratch
 
 #: The weight-only kinds, and whether each one's scales are e8m0 (MXFP4).
 WEIGHT_ONLY_KINDS = {GemmKind.BF16_MXFP4: True, GemmKind.BF16_NVFP4: False}
@@ -26,8 +27,9 @@ class WeightOnlyOps:
     on to the next class)."""
 
     pdl: bool
-    #: K split at decode (`grouped_gemm_fp4.decode_split_k`): faster under CUDA-graph replay, slower eager.
-    split_fp4_decode: bool = False
+    #: K split at decode (`grouped_gemm_fp4.decode_split_k`); its scratch is kept per stream (`split_scratch`).
+    split_fp4_decode: bool = True
+    split_scratch: SplitScratch | None = None
     notes = {
         "grouped_matmul_biased": "bf16 x fp4: the bias, then SiLU-GLU or swiglu-oai, in the Triton GEMM's "
         "epilogue, rows read through the index; other kinds: the product, the reference's bias, the activation"
@@ -149,6 +151,7 @@ class WeightOnlyOps:
             row_index=row_index,
             pdl=self.pdl,
             split_k=None if self.split_fp4_decode else 1,
+            scratch=self.split_scratch,
             bias=bias,
             swiglu_oai=(activation.alpha, activation.limit) if oai else None,  # type: ignore[union-attr]
         )

@@ -92,6 +92,48 @@ def test_fp4_weight_only_split_k_matches_float64(mx, tokens, top_k, experts, k, 
     assert all(torch.equal(runs[0], again) for again in runs[1:])
 
 
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+def test_fp4_split_k_reuses_kept_scratch_and_leaves_its_counts_at_zero(mx):
+    """Split calls of several shapes and share counts, one after another on one stream through one kept
+    scratch (which grows between them), equal calls on fresh zeroed scratch bit for bit; every count is
+    zero afterwards; a second stream gets buffers of its own; a call captured in a CUDA graph takes fresh
+    buffers, and its replay equals the eager call."""
+    from vendors.cuda.kernels.grouped_gemm_fp4 import grouped_gemm_fp4
+    from vendors.cuda.kernels.split_scratch import SplitScratch
+
+    kept = SplitScratch()
+    cases = [(1, 4, 32, 2880, 360, True, 4), (3, 4, 32, 2880, 200, False, 2), (9, 8, 40, 1056, 720, True, 3)]
+    for tokens, top_k, experts, k, n, gated, split_k in cases * 2:
+        w = random_fp4(experts, k, 2 * n if gated else n, mx=mx, per_column_global=gated, device="cuda", seed=tokens)
+        index, counts = _routing(tokens, top_k, experts, seed=k)
+        x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16).cuda()
+        args = (x, w.data, w.scale, torch.tensor(counts, device="cuda", dtype=torch.int32), torch.bfloat16)
+        common = {"mx": mx, "global_scale": w.global_scale, "gated": gated, "row_index": index.cuda()}
+        fresh = grouped_gemm_fp4(*args, split_k=split_k, **common)
+        reused = [grouped_gemm_fp4(*args, split_k=split_k, scratch=kept, **common) for _ in range(2)]
+        _check(fresh, grouped_reference(x.cpu(), w.values(), counts, gated=gated, row_index=index))
+        assert all(torch.equal(fresh, y) for y in reused)
+    part, done = kept.buffers(torch.device("cuda"), 0, 0)
+    assert done.numel() > 0 and not done.any()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert kept.buffers(torch.device("cuda"), 0, 0)[0].data_ptr() != part.data_ptr()
+    side.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        grouped_gemm_fp4(*args, split_k=split_k, scratch=kept, **common)  # warm: compiled before capture
+        with torch.cuda.graph(graph, stream=capture):
+            captured = grouped_gemm_fp4(*args, split_k=split_k, scratch=kept, **common)
+    torch.cuda.current_stream().wait_stream(capture)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, fresh)
+    assert not kept.buffers(torch.device("cuda"), 0, 0)[1].any()
+
+
 @pytest.mark.parametrize("asm", [False, True], ids=["triton-decode", "ptx-decode"])
 @pytest.mark.parametrize("interleave", [False, True], ids=["per-nibble", "interleaved"])
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])

@@ -29,8 +29,10 @@ columns `[gate | up]`) and `GATHER` (x's rows through an index) are those of `gr
 A decode call touches few experts, so few tiles exist, each streaming its columns' whole K. There the
 K range may be split into `SPLIT_K` shares, one program each (`split_k`; `decode_split_k` is the rule
 for decode calls): every share stores its fp32 product, and the share that finishes last (an atomic
-count per tile) sums the shares in a fixed order and runs the epilogue. Repeats give the same bits; the
-result differs from one program's within fp32 rounding of the sum.
+count per tile) sums the shares in a fixed order, sets the count back to zero and runs the epilogue.
+Repeats give the same bits; the result differs from one program's within fp32 rounding of the sum.
+Since every launch leaves the counts at zero, eager calls on one stream can reuse one scratch
+(`SplitScratch`) instead of allocating and zeroing it per call.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ from vendors.cuda.kernels.fp4_decode import dequantize_nibbles
 from vendors.cuda.kernels.grouped_gemm import MAX_GROUPS, TileConfig
 from vendors.cuda.kernels.launch import cdiv, launch, next_power_of_2
 from vendors.cuda.kernels.schedule import program_tile
+from vendors.cuda.kernels.split_scratch import FreshScratch, SplitScratch
 
 #: Values along K that share a scale: MXFP4, NVFP4.
 MX_BLOCK, NV_BLOCK = 32, 16
+_FRESH = FreshScratch()
 
 
 @triton.jit(do_not_specialize=["M", "E", "M_BLOCKS"])
@@ -173,6 +177,7 @@ def _grouped_gemm_fp4(
         tl.debug_barrier()  # every thread's stores are made before the count that may start the sum
         if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel") != SPLIT_K - 1:
             return
+        tl.store(done_ptr + tile, 0)  # every share has counted: the count is left at zero for the next call
         acc = tl.load(part, mask=tile_ok, other=0.0, cache_modifier=".cg")
         if GATED:
             acc_up = tl.load(part + N, mask=tile_ok, other=0.0, cache_modifier=".cg")
@@ -266,6 +271,7 @@ def grouped_gemm_fp4(
     split_k: int | None = 1,
     bias: torch.Tensor | None = None,
     swiglu_oai: tuple[float, float] | None = None,
+    scratch: SplitScratch | None = None,
 ) -> torch.Tensor:
     """`[M, N]` in `out_dtype` from bf16 x `[M, K]`, packed weights `[E, K/2, N]` and per-group row counts `[E]`.
 
@@ -275,8 +281,8 @@ def grouped_gemm_fp4(
     default); else by Triton operations on each value (through fp16's bit layout, scaled in fp32).
     `interleave`: one product per K step over both nibbles' values in k order (None: the default
     configuration's choice; see `Fp4Tiles`). `split_k`: K in that many shares summed in fp32 before the
-    epilogue (None: `decode_split_k` for 16-row tiles, else 1); a split allocates and zeroes fp32 scratch on
-    every call, which costs host time in eager calls. `bias`: `[E, N]` (all of w's columns,
+    epilogue (None: `decode_split_k` for 16-row tiles, else 1); a split takes its fp32 shares and counts
+    from `scratch` (kept per stream, reused) outside CUDA-graph capture, else allocates and zeroes them. `bias`: `[E, N]` (all of w's columns,
     `[gate | up]` when gated), each row's group's row added to the product. `swiglu_oai`: with `gated`,
     gpt-oss's clamped activation with these `(alpha, limit)` in the epilogue instead of SiLU-GLU.
     """
@@ -312,9 +318,7 @@ def grouped_gemm_fp4(
     k_chunk = cdiv(cdiv(half_k, split_k), tiles.block_k // 2) * (tiles.block_k // 2)  # packed rows per share
     if split_k > 1:  # each share's fp32 products (gate and up columns), and a count of finished shares per tile
         sums = n * (2 if gated else 1)
-        scratch = torch.zeros(split_k * m * sums + grid[0] // split_k, dtype=torch.float32, device=x.device)
-        part = scratch[: split_k * m * sums].view(split_k, m, sums)
-        done = scratch[split_k * m * sums :].view(torch.int32)  # zeroed with the rest: one allocation and one fill
+        part, done = (_FRESH if scratch is None else scratch).buffers(x.device, split_k * m * sums, grid[0] // split_k)
     else:
         sums, part, done = 0, y, counts
     if w_scale.dtype != torch.uint8:  # e4m3 scales are loaded as bytes (a masked load of fp8 takes no fill)

@@ -30,6 +30,17 @@ _current_stream = getattr(
     torch._C, "_cuda_getCurrentRawStream", lambda device: torch.cuda.current_stream(device).cuda_stream
 )
 
+
+def current_device() -> int:
+    """The index of the current CUDA device."""
+    return _current_device()
+
+
+def current_stream(device_index: int) -> int:
+    """The raw handle of the current CUDA stream of a device (what a launch runs on)."""
+    return _current_stream(device_index)
+
+
 # compiled kernels by (kernel, signature key): a cache like the JIT's own, filled at first use
 _COMPILED: dict[tuple[Any, ...], tuple[Any, Any, tuple[Any, ...]]] = {}
 # each host integer's value class (see `_int_class`), memoised: sizes and strides repeat from call to call

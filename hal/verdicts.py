@@ -1,0 +1,119 @@
+"""What a hal op's argument checks concluded for one signature of arguments, kept per vendor.
+
+Most of an op's checks read only metadata: types, shapes, dtypes, devices, the weight's format, the
+enums given. For a given signature of those they reach the same verdict every call, so the checked
+entry points (`hal.Vendor.grouped_matmul`, `hal.Vendor.quantize`) run them on the first call of a
+signature and keep what they derived (the GEMM kind, the output dtype, ...). Checks that read values
+(indices, group counts, where reading them is free) still run on every call.
+
+A signature holds plain `torch.Tensor`s and hal's own formats only; anything else (tensor subclasses,
+other types) is never kept, so its checks run in full. A weight enters by its format and its tensors'
+shapes, dtypes and devices, read on every call (a weight recast or moved in place meets the checks
+again); no tensor is held.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from hal.activations import Activation, ActivationKind
+from hal.dtypes import DispatchDtype, ScaleLayout
+from hal.formats import QuantizedTensor, QuantizedWeight
+from hal.groups import Groups
+
+_TENSOR = torch.Tensor
+_ENUM_ARGS = (str, Activation, ActivationKind, DispatchDtype, ScaleLayout)
+
+
+def _meta(t: object) -> tuple[Any, ...] | None | bool:
+    """A plain tensor's shape, dtype and device; None for None; False for anything else."""
+    if t is None:
+        return None
+    if type(t) is _TENSOR:
+        return (t.shape, t.dtype, t.device)  # type: ignore[attr-defined]
+    return False
+
+
+def _activations(x: object) -> tuple[Any, ...] | None:
+    """The signature part of a grouped matmul's x (a plain tensor or a `QuantizedTensor` over one), or None."""
+    kind = type(x)
+    if kind is _TENSOR:
+        return (x.shape, x.dtype, x.device)  # type: ignore[attr-defined]
+    if kind is QuantizedTensor:
+        data = x.data  # type: ignore[attr-defined]
+        if type(data) is not _TENSOR:
+            return None
+        # the scales' shapes, dtypes and devices follow from these (checked when the QuantizedTensor was made)
+        return (data.shape, data.dtype, data.device, x.dtype, x.layout, x.scale is None, x.global_scale is None)  # type: ignore[attr-defined]
+    return None
+
+
+def _weight(weight: QuantizedWeight) -> tuple[Any, ...] | None:
+    """A weight's format and its tensors' metadata, or None where one is not a plain tensor."""
+    parts = (_meta(weight.data), _meta(weight.scale), _meta(weight.global_scale))
+    return None if parts[0] is None or False in parts else (weight.layout, *parts)
+
+
+def gemm_signature(
+    x: object, weight: object, groups: object, out_dtype: object, bias: object, activation: object, row_index: object
+) -> tuple[Any, ...] | None:
+    """The metadata a grouped matmul's checks depend on, or None where the call has an argument that is
+    never kept (then it is checked in full)."""
+    xs = _activations(x)
+    if xs is None or type(weight) is not QuantizedWeight or type(groups) is not Groups:
+        return None
+    if not (out_dtype is None or type(out_dtype) is torch.dtype):
+        return None
+    if not (activation is None or isinstance(activation, _ENUM_ARGS)):
+        return None
+    index, b = _meta(row_index), _meta(bias)
+    if index is False or b is False:
+        return None
+    g = groups.tensor  # type: ignore[attr-defined]
+    w = _weight(weight)  # type: ignore[arg-type]
+    if type(g) is not _TENSOR or w is None:
+        return None
+    return (type(x), xs, w, groups.kind, g.shape, g.dtype, g.device, out_dtype, b, activation, index)  # type: ignore[attr-defined]
+
+
+def quantize_signature(x: object, dtype: object, layout: object, global_scale: object) -> tuple[Any, ...] | None:
+    """The metadata a quantization's checks depend on (no global scale given), or None (checked in full)."""
+    if type(x) is not _TENSOR or global_scale is not None:
+        return None
+    if not isinstance(dtype, _ENUM_ARGS) or not (layout is None or isinstance(layout, _ENUM_ARGS)):
+        return None
+    return (x.dim(), x.shape[-1] if x.dim() else None, x.dtype, x.device, dtype, layout)  # type: ignore[attr-defined]
+
+
+class Verdicts:
+    """Kept verdicts by signature (at most `capacity`; all dropped when full)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._kept: dict[tuple[Any, ...], Any] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, signature: tuple[Any, ...]) -> Any:
+        """The verdict kept for `signature`, or None."""
+        return self._kept.get(signature)
+
+    def put(self, signature: tuple[Any, ...], verdict: Any) -> None:
+        """Keep `verdict` for `signature`."""
+        with self._lock:
+            if len(self._kept) >= self._capacity:
+                self._kept.clear()
+            self._kept[signature] = verdict
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def verdicts_of(owner: object) -> Verdicts:
+    """The `Verdicts` kept on `owner` (a vendor), made at first use."""
+    try:
+        return owner.__dict__["_hal_verdicts"]
+    except KeyError:
+        return owner.__dict__.setdefault("_hal_verdicts", Verdicts())

@@ -1,0 +1,100 @@
+"""The checked entry points run their metadata checks once per signature of arguments and keep the verdict:
+a repeat with new tensors of the same shapes, dtypes and devices reuses it, anything that changes the
+metadata (or is not a plain tensor) is checked again, and the verdicts kept are bounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hal
+import hal.vendor
+from hal import InvalidInput, ScaleLayout, UnsupportedCapability
+from hal.groups import Groups
+from hal.verdicts import Verdicts
+
+E, K, N, T = 4, 32, 24, 6
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: never part of a kept signature."""
+
+
+def _counting(monkeypatch, name: str) -> list[int]:
+    calls = [0]
+    original = getattr(hal.vendor, name) if hasattr(hal.vendor, name) else None
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hal.vendor, name, counted)
+    return calls
+
+
+def _operands():
+    vendor = type(hal.get_vendor("cpu"))()  # a fresh vendor: no verdicts kept yet
+    gen = torch.Generator().manual_seed(0)
+    weight = vendor.quantize_weight(torch.randn(E, K, N, generator=gen), ScaleLayout.NONE, torch.bfloat16)
+    return vendor, weight, Groups.from_counts(torch.tensor([2, 0, 3, 1]))
+
+
+def test_grouped_matmul_checks_metadata_once_per_signature(monkeypatch):
+    calls = _counting(monkeypatch, "grouped_matmul_verdict")
+    vendor, weight, groups = _operands()
+    outs = [vendor.grouped_matmul(torch.randn(T, K).to(torch.bfloat16), weight, groups) for _ in range(3)]
+    assert calls[0] == 1 and all(o.shape == (T, N) for o in outs)
+    vendor.grouped_matmul(torch.randn(T, K).to(torch.bfloat16), weight, groups, activation="silu-glu")
+    vendor.grouped_matmul(torch.randn(T, K).to(torch.bfloat16), weight, groups, out_dtype=torch.float32)
+    vendor.grouped_matmul(torch.randn(T, K).to(torch.bfloat16), weight, groups, row_index=torch.arange(T))
+    assert calls[0] == 4
+
+
+def test_a_kept_verdict_never_lets_a_bad_call_through():
+    vendor, weight, groups = _operands()
+    x = torch.randn(T, K).to(torch.bfloat16)
+    vendor.grouped_matmul(x, weight, groups, row_index=torch.arange(T))
+    with pytest.raises(InvalidInput, match="row_index"):  # values: read on every call where that is free
+        vendor.grouped_matmul(x, weight, groups, row_index=torch.tensor([0, 1, 2, 3, 4, 99]))
+    with pytest.raises(InvalidInput, match="groups"):
+        vendor.grouped_matmul(x, weight, Groups.from_counts(torch.tensor([2, -1, 3, 1])))
+    with pytest.raises(InvalidInput):  # the same shapes in another dtype
+        vendor.grouped_matmul(x.to(torch.int32), weight, groups)
+    other = vendor.quantize_weight(torch.randn(E, K, N), ScaleLayout.NONE, torch.float16)
+    with pytest.raises(InvalidInput):  # a weight of the same shape in a dtype x does not pair with
+        vendor.grouped_matmul(x, other, groups)
+    with pytest.raises(InvalidInput, match="x"):
+        vendor.grouped_matmul(x.to("meta"), weight, groups)
+
+
+def test_tensor_subclasses_are_checked_on_every_call(monkeypatch):
+    calls = _counting(monkeypatch, "grouped_matmul_verdict")
+    vendor, weight, groups = _operands()
+    x = torch.randn(T, K).to(torch.bfloat16).as_subclass(_Marked)
+    for _ in range(3):
+        vendor.grouped_matmul(x, weight, groups)
+    assert calls[0] == 3
+
+
+def test_quantize_checks_once_per_signature_and_still_refuses_bad_calls():
+    vendor = type(hal.get_vendor("cpu"))()
+    x = torch.randn(T, 256)
+    first = vendor.quantize(x, "int8")
+    again = vendor.quantize(x.clone(), "int8")
+    assert torch.equal(first.data, again.data) and torch.equal(first.scale, again.scale)
+    with pytest.raises(InvalidInput, match="x"):
+        vendor.quantize(x.to("meta"), "int8")
+    with pytest.raises(InvalidInput):
+        vendor.quantize(x.to(torch.int32), "int8")
+    with pytest.raises(InvalidInput):
+        vendor.quantize(torch.randn(T, 100), "fp8", layout="block-128")  # 100 channels: not whole blocks
+    with pytest.raises((InvalidInput, UnsupportedCapability)):
+        vendor.quantize(x, "no-such-dtype")
+
+
+def test_verdicts_are_bounded():
+    kept = Verdicts(capacity=3)
+    for i in range(10):
+        kept.put((i,), i)
+        assert kept.get((i,)) == i
+        assert len(kept) <= 3
