@@ -80,13 +80,14 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         what a non-finite row becomes is unspecified. A kernel that must not synchronise takes
         the second way.
         """
+        caps = self.capabilities()
         signature = quantize_signature(x, dtype, layout, global_scale)
         verdicts = verdicts_of(self)
-        verdict = None if signature is None else verdicts.get(signature)
+        verdict = None if signature is None else verdicts.get(signature, caps)
         if verdict is None:
             verdict = self._quantize_verdict(x, dtype, layout, global_scale)
             if signature is not None:
-                verdicts.put(signature, verdict)
+                verdicts.put(signature, caps, verdict)
         parsed, chosen = verdict
         return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
 
@@ -185,15 +186,16 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         another vendor is not read: inconsistent numbers there give unspecified rows (or a device-side
         error), never a write outside the output.
         """
+        caps = self.capabilities()
         signature = gemm_signature(x, weight, groups, out_dtype, bias, activation, row_index)
         verdicts = verdicts_of(self)
-        verdict = None if signature is None else verdicts.get(signature)
+        verdict = None if signature is None else verdicts.get(signature, caps)
         if verdict is None:
             verdict = grouped_matmul_verdict(self, x, weight, groups, out_dtype, bias, activation, row_index)
             if signature is not None:
-                verdicts.put(signature, verdict)
+                verdicts.put(signature, caps, verdict)
         parsed, kind, resolved_dtype, rows = verdict
-        caps = self.capabilities()  # the checks that read values, on every call (where reading them is free)
+        # the checks that read values, on every call (where reading them is free)
         if row_index is not None and checks.values_are_free(caps.host_synchronous, row_index):
             checks.index_range("row_index", row_index, x.shape[0], "rows of x")
         if checks.values_are_free(caps.host_synchronous, groups.tensor):

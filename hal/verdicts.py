@@ -14,7 +14,6 @@ again); no tensor is held.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -89,31 +88,33 @@ def quantize_signature(x: object, dtype: object, layout: object, global_scale: o
 
 
 class Verdicts:
-    """Kept verdicts by signature (at most `capacity`; all dropped when full)."""
+    """Kept verdicts by signature (at most `capacity`; all dropped when full), each valid for the one
+    `Capabilities` object it was reached under (a vendor resolves its capabilities once)."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        self._kept: dict[tuple[Any, ...], Any] = {}
+        self._kept: dict[tuple[Any, ...], tuple[object, Any]] = {}
         self._capacity = capacity
-        self._lock = threading.Lock()
 
-    def get(self, signature: tuple[Any, ...]) -> Any:
-        """The verdict kept for `signature`, or None."""
-        return self._kept.get(signature)
+    def get(self, signature: tuple[Any, ...], capabilities: object) -> Any:
+        """The verdict kept for `signature` under these very `capabilities`, or None."""
+        found = self._kept.get(signature)
+        return found[1] if found is not None and found[0] is capabilities else None
 
-    def put(self, signature: tuple[Any, ...], verdict: Any) -> None:
-        """Keep `verdict` for `signature`."""
-        with self._lock:
-            if len(self._kept) >= self._capacity:
-                self._kept.clear()
-            self._kept[signature] = verdict
+    def put(self, signature: tuple[Any, ...], capabilities: object, verdict: Any) -> None:
+        """Keep `verdict` for `signature` under `capabilities` (one dict store: safe from any thread)."""
+        if len(self._kept) >= self._capacity:
+            self._kept.clear()
+        self._kept[signature] = (capabilities, verdict)
 
     def __len__(self) -> int:
         return len(self._kept)
 
 
 def verdicts_of(owner: object) -> Verdicts:
-    """The `Verdicts` kept on `owner` (a vendor), made at first use."""
-    try:
-        return owner.__dict__["_hal_verdicts"]
-    except KeyError:
-        return owner.__dict__.setdefault("_hal_verdicts", Verdicts())
+    """The `Verdicts` kept on `owner` (a vendor), made at first use; a throwaway one where `owner` has no
+    instance dictionary (nothing is kept then)."""
+    state = getattr(owner, "__dict__", None)
+    if state is None:
+        return Verdicts(capacity=0)
+    found = state.get("_hal_verdicts")
+    return found if found is not None else state.setdefault("_hal_verdicts", Verdicts())

@@ -4,6 +4,8 @@ metadata (or is not a plain tensor) is checked again, and the verdicts kept are 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -92,9 +94,23 @@ def test_quantize_checks_once_per_signature_and_still_refuses_bad_calls():
         vendor.quantize(x, "no-such-dtype")
 
 
-def test_verdicts_are_bounded():
-    kept = Verdicts(capacity=3)
+def test_verdicts_are_bounded_and_bound_to_the_capabilities_they_were_reached_under():
+    kept, caps = Verdicts(capacity=3), object()
     for i in range(10):
-        kept.put((i,), i)
-        assert kept.get((i,)) == i
+        kept.put((i,), caps, i)
+        assert kept.get((i,), caps) == i
+        assert kept.get((i,), object()) is None
         assert len(kept) <= 3
+
+
+def test_a_vendor_whose_capabilities_change_meets_the_full_checks_again():
+    vendor, weight, groups = _operands()
+    x = torch.randn(T, K).to(torch.bfloat16)
+    vendor.grouped_matmul(x, weight, groups)
+    vendor.quantize(torch.randn(T, 256), "int8")
+    narrowed = dataclasses.replace(vendor.capabilities(), grouped_matmul=frozenset(), dispatch_dtypes=frozenset())
+    vendor.capabilities = lambda: narrowed
+    with pytest.raises(UnsupportedCapability):
+        vendor.grouped_matmul(x, weight, groups)
+    with pytest.raises(UnsupportedCapability):
+        vendor.quantize(torch.randn(T, 256), "int8")
