@@ -5,7 +5,8 @@ largest); a merge keeps what was tuned before. Tables are the vendor's own JSON,
 table `hal tune` writes has a `device`, a `format` and `entries` (problem -> row count ->
 choice): those are what a merge relies on. Entries tuned now replace the earlier ones of the
 same problem and row count; all others are kept. The earlier table's provenance (date,
-versions, note, and its own history) is kept under `history`.
+versions, note, and its own history) is kept under `history`, and its other fields (notes on
+entries the merge keeps) stay at the top level unless the fresh table sets them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hal import InvalidInput
 
 #: Top-level fields of a table that describe how it was tuned (kept in the history of a merge).
 PROVENANCE = ("date", "torch", "triton", "reps", "timing", "note")
+#: The fields a merge builds itself; every other field of the earlier table is kept.
+_STRUCTURE = ("device", "format", "entries", "history")
 
 
 def read_table(path: Path) -> dict[str, Any]:
@@ -67,7 +70,10 @@ def merge_tables(earlier: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[s
         entries[key] = dict(sorted(rows.items(), key=lambda item: int(item[0])))
     earlier_run = {k: earlier[k] for k in PROVENANCE if k in earlier}
     history = [*earlier.get("history", []), earlier_run]
-    return {**{k: v for k, v in fresh.items() if k != "entries"}, "history": history, "entries": entries}
+    # other fields (e.g. notes on entries the merge keeps) stay where the fresh table does not set them
+    kept = {k: v for k, v in earlier.items() if k not in (*_STRUCTURE, *PROVENANCE) and k not in fresh}
+    top = {k: v for k, v in fresh.items() if k != "entries"}
+    return {**top, **kept, "history": history, "entries": entries}
 
 
 def has_entries(table: object) -> bool:

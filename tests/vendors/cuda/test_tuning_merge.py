@@ -53,6 +53,15 @@ def test_new_entries_replace_the_same_rows_and_every_other_entry_is_kept():
     assert again["entries"] == merged["entries"]
 
 
+def test_other_fields_of_the_earlier_table_are_kept_unless_the_fresh_one_sets_them():
+    earlier = {**_table(**{"fp8-block128 E=8 K=64 N=32": {"4096": _choice(1.0)}}), "note_deep_gemm": "why deep-gemm"}
+    merged = merge_tables(earlier, _table(date="2026-11-28", **{"bf16 E=8 K=64 N=32": {"2": _choice(2.0)}}))
+    assert merged["note_deep_gemm"] == "why deep-gemm" and merged["note"] == "tuned 2026-11-28"
+    assert merged["history"] == [{"date": "2026-11-24", "torch": "2.11", "note": "tuned 2026-11-24"}]
+    fresh = {**_table(date="2026-11-29"), "note_deep_gemm": "retuned"}
+    assert merge_tables(merged, fresh)["note_deep_gemm"] == "retuned"
+
+
 def test_the_packaged_table_merged_with_a_new_entry_loads_with_all_of_them(tmp_path):
     path = PACKAGED / "nvidia-h200.json"
     merged = merge_tables(read_table(path), _table(**{"bf16 E=8 K=64 N=32": {"2": _choice(1.0)}}))
