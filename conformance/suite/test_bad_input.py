@@ -113,6 +113,24 @@ def test_bad_input_is_refused_clearly(hal_vendor, case):
     assert_unchanged(hal_vendor, before)
 
 
+def test_bad_input_after_good_calls_of_the_same_shapes_is_still_refused(hal_vendor):
+    """Checks the hal keeps per signature of arguments (`hal.verdicts`) never let a bad call through: after good
+    calls, the same shapes with another dtype, output dtype, group count or dispatch dtype are refused as before."""
+    before = snapshot(hal_vendor)
+    weight, groups = _weight(hal_vendor), _groups(hal_vendor, 2, 2, 1)
+    for _ in range(2):
+        hal_vendor.grouped_matmul(_x(hal_vendor, 5, 64), weight, groups)
+        hal_vendor.quantize(_x(hal_vendor, 4, 64), DispatchDtype.BF16)
+    for name in ("gemm-mixed-float-dtypes", "gemm-integer-out-dtype", "gemm-group-count", "quantize-to-auto"):
+        call, names = CASES[name]
+        with pytest.raises(HalError) as raised:
+            call(hal_vendor)
+        assert _names_one_of(str(raised.value), names), (name, str(raised.value))
+    with pytest.raises(HalError):
+        hal_vendor.quantize(_x(hal_vendor, 4, 64, dtype=torch.int32), DispatchDtype.BF16)
+    assert_unchanged(hal_vendor, before)
+
+
 def test_undeclared_gemm_kinds_are_refused(hal_vendor):
     """Every kind the vendor does not declare raises `UnsupportedCapability` naming the kind."""
     before = snapshot(hal_vendor)
