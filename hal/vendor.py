@@ -26,7 +26,6 @@ from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.final import redefined_methods
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
-from hal.gemm_checks import grouped_matmul_verdict
 from hal.gemm_kinds import GemmKind
 from hal.groups import Groups
 from hal.ops import OpSource
@@ -35,6 +34,7 @@ from hal.vendor_concurrency import ConcurrencyOps
 from hal.vendor_ep import ExpertParallelOps
 from hal.vendor_statistics import StatisticsOps
 from hal.vendor_tuning import TuningOps
+from hal.verdict_checks import grouped_matmul_verdict, quantize_verdict
 from hal.verdicts import gemm_signature, quantize_signature, verdicts_of
 
 __all__ = ["DispatchFallbackWarning", "ProbeResult", "Vendor"]
@@ -85,32 +85,11 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         verdicts = verdicts_of(self)
         verdict = None if signature is None else verdicts.get(signature, caps)
         if verdict is None:
-            verdict = self._quantize_verdict(x, dtype, layout, global_scale)
+            verdict = quantize_verdict(self, x, dtype, layout, global_scale)
             if signature is not None:
                 verdicts.put(signature, caps, verdict)
         parsed, chosen = verdict
         return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
-
-    def _quantize_verdict(
-        self, x: object, dtype: object, layout: object, global_scale: object
-    ) -> tuple[DispatchDtype, ScaleLayout]:
-        """`quantize`'s checks (all of metadata): the parsed dtype and the layout chosen."""
-        parsed = checks.concrete_dtype(dtype)
-        caps = self.capabilities()
-        if not caps.quantizes_to(parsed):
-            fallback = caps.fallback_for(parsed)
-            raise UnsupportedCapability(
-                f"vendor {self.name!r} ({caps.device_name}) does not quantize to {parsed} "
-                f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
-                f"{caps.fallback_reasons.get(parsed, 'not declared')})"
-            )
-        chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))  # type: ignore[arg-type]
-        checks.float_rows("x", x)
-        device = self.device
-        checks.on_device("x", x, device)
-        checks.global_scale_for(parsed, global_scale, device)  # type: ignore[arg-type]
-        parsed.spec.check_hidden("x", x.shape[-1], chosen)  # type: ignore[attr-defined]
-        return parsed, chosen
 
     def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Turn quantized activations back into `out_dtype`."""

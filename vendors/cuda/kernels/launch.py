@@ -23,23 +23,9 @@ import torch
 import triton
 from triton import knobs
 
-# torch's own calls for the current device and its current stream (what Triton's CUDA driver calls too,
-# without the Python frames around them)
-_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-_current_stream = getattr(
-    torch._C, "_cuda_getCurrentRawStream", lambda device: torch.cuda.current_stream(device).cuda_stream
-)
-
-
-def current_device() -> int:
-    """The index of the current CUDA device."""
-    return _current_device()
-
-
-def current_stream(device_index: int) -> int:
-    """The raw handle of the current CUDA stream of a device (what a launch runs on)."""
-    return _current_stream(device_index)
-
+# torch's own calls for the current device and its current stream (what Triton's CUDA driver calls too)
+from vendors.cuda.kernels.current import current_device as _current_device
+from vendors.cuda.kernels.current import current_stream as _current_stream
 
 # compiled kernels by (kernel, signature key): a cache like the JIT's own, filled at first use
 _COMPILED: dict[tuple[Any, ...], tuple[Any, Any, tuple[Any, ...]]] = {}

@@ -14,10 +14,7 @@ import threading
 
 import torch
 
-from vendors.cuda.kernels.launch import current_device, current_stream
-
-# torch's own call behind `torch.cuda.is_current_stream_capturing`, without its Python frames (host time per call)
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+from vendors.cuda.kernels.current import capturing, current_device, current_stream
 
 
 class FreshScratch:
@@ -39,7 +36,7 @@ class SplitScratch(FreshScratch):
     def buffers(self, device: torch.device, shares: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept buffers of the current stream (at least `shares` fp32 values and `tiles` zeroed counts);
         fresh ones while the stream captures a CUDA graph."""
-        if device.type != "cuda" or _capturing():
+        if device.type != "cuda" or capturing():
             return super().buffers(device, shares, tiles)
         index = device.index if device.index is not None else current_device()
         key = (index, current_stream(index))

@@ -1,7 +1,8 @@
-"""The checks of a grouped matmul's arguments that read no values, and what they conclude.
+"""The checks of a grouped matmul's and a quantization's arguments that read no values, and what they conclude.
 
-`hal.Vendor.grouped_matmul` runs them once per signature of its arguments (`hal.verdicts`) and the
-checks that read values (row indices, group counts, where that is free) on every call.
+`hal.Vendor.grouped_matmul` and `hal.Vendor.quantize` run them once per signature of their arguments
+(`hal.verdicts`), and the checks that read values (row indices, group counts, where that is free) on
+every call. They are functions, not vendor methods, so no plugin can redefine them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from hal import checks
 from hal.activations import Activation
+from hal.dtypes import DispatchDtype, ScaleLayout
 from hal.errors import UnsupportedCapability, invalid
 from hal.gemm_kinds import GemmKind, gemm_kind_of
 
@@ -74,3 +76,26 @@ def grouped_matmul_verdict(
             raise invalid("bias", "a bf16, fp16 or fp32 tensor", bias.dtype)
         checks.on_device("bias", bias, device)
     return parsed, kind, checks.gemm_out_dtype(kind, out_dtype), rows
+
+
+def quantize_verdict(
+    vendor: Vendor, x: object, dtype: object, layout: object, global_scale: object
+) -> tuple[DispatchDtype, ScaleLayout]:
+    """`Vendor.quantize`'s checks (all of them read metadata only): its verdict `(dtype, layout)`, or
+    `InvalidInput` / `UnsupportedCapability`."""
+    parsed = checks.concrete_dtype(dtype)
+    caps = vendor.capabilities()
+    if not caps.quantizes_to(parsed):
+        fallback = caps.fallback_for(parsed)
+        raise UnsupportedCapability(
+            f"vendor {vendor.name!r} ({caps.device_name}) does not quantize to {parsed} "
+            f"({'it falls back to ' + str(fallback) if fallback else 'rejected'}: "
+            f"{caps.fallback_reasons.get(parsed, 'not declared')})"
+        )
+    chosen = checks.activation_layout(layout, parsed, caps.layout_for(parsed))  # type: ignore[arg-type]
+    checks.float_rows("x", x)
+    device = vendor.device
+    checks.on_device("x", x, device)
+    checks.global_scale_for(parsed, global_scale, device)  # type: ignore[arg-type]
+    parsed.spec.check_hidden("x", x.shape[-1], chosen)  # type: ignore[attr-defined]
+    return parsed, chosen
