@@ -36,46 +36,49 @@ def _meta(t: object) -> tuple[Any, ...] | None | bool:
     return False
 
 
-def _activations(x: object) -> tuple[Any, ...] | None:
-    """The signature part of a grouped matmul's x (a plain tensor or a `QuantizedTensor` over one), or None."""
-    kind = type(x)
-    if kind is _TENSOR:
-        return (x.shape, x.dtype, x.device)  # type: ignore[attr-defined]
-    if kind is QuantizedTensor:
-        data = x.data  # type: ignore[attr-defined]
-        if type(data) is not _TENSOR:
-            return None
-        # the scales' shapes, dtypes and devices follow from these (checked when the QuantizedTensor was made)
-        return (data.shape, data.dtype, data.device, x.dtype, x.layout, x.scale is None, x.global_scale is None)  # type: ignore[attr-defined]
-    return None
-
-
-def _weight(weight: QuantizedWeight) -> tuple[Any, ...] | None:
-    """A weight's format and its tensors' metadata, or None where one is not a plain tensor."""
-    parts = (_meta(weight.data), _meta(weight.scale), _meta(weight.global_scale))
-    return None if parts[0] is None or False in parts else (weight.layout, *parts)
-
-
 def gemm_signature(
     x: object, weight: object, groups: object, out_dtype: object, bias: object, activation: object, row_index: object
 ) -> tuple[Any, ...] | None:
     """The metadata a grouped matmul's checks depend on, or None where the call has an argument that is
-    never kept (then it is checked in full)."""
-    xs = _activations(x)
-    if xs is None or type(weight) is not QuantizedWeight or type(groups) is not Groups:
+    never kept (then it is checked in full). Runs on every call: attribute reads, few function calls."""
+    kind = type(x)
+    if kind is _TENSOR:
+        xs: tuple[Any, ...] = (x.shape, x.dtype, x.device)  # type: ignore[attr-defined]
+    elif kind is QuantizedTensor:
+        data = x.data  # type: ignore[attr-defined]
+        if type(data) is not _TENSOR:
+            return None
+        # the scales' shapes, dtypes and devices follow from these (checked when the QuantizedTensor was made)
+        xs = (data.shape, data.dtype, data.device, x.dtype, x.layout, x.scale is None, x.global_scale is None)  # type: ignore[attr-defined]
+    else:
+        return None
+    if type(weight) is not QuantizedWeight or type(groups) is not Groups:
+        return None
+    w, g = weight.data, groups.tensor  # type: ignore[attr-defined]
+    if type(w) is not _TENSOR or type(g) is not _TENSOR:
         return None
     if not (out_dtype is None or type(out_dtype) is torch.dtype):
         return None
     if not (activation is None or isinstance(activation, _ENUM_ARGS)):
         return None
-    index, b = _meta(row_index), _meta(bias)
-    if index is False or b is False:
+    optional = (_meta(weight.scale), _meta(weight.global_scale), _meta(row_index), _meta(bias))  # type: ignore[attr-defined]
+    if False in optional:
         return None
-    g = groups.tensor  # type: ignore[attr-defined]
-    w = _weight(weight)  # type: ignore[arg-type]
-    if type(g) is not _TENSOR or w is None:
-        return None
-    return (type(x), xs, w, groups.kind, g.shape, g.dtype, g.device, out_dtype, b, activation, index)  # type: ignore[attr-defined]
+    return (
+        kind,
+        xs,
+        weight.layout,
+        w.shape,
+        w.dtype,
+        w.device,
+        optional,
+        groups.kind,
+        g.shape,
+        g.dtype,
+        g.device,
+        out_dtype,
+        activation,
+    )  # type: ignore[attr-defined]
 
 
 def quantize_signature(x: object, dtype: object, layout: object, global_scale: object) -> tuple[Any, ...] | None:
