@@ -24,7 +24,7 @@ class _Marked(torch.Tensor):
 
 def _counting(monkeypatch, name: str) -> list[int]:
     calls = [0]
-    original = getattr(hal.vendor, name) if hasattr(hal.vendor, name) else None
+    original = getattr(hal.vendor, name)
 
     def counted(*args, **kwargs):
         calls[0] += 1
@@ -114,3 +114,53 @@ def test_a_vendor_whose_capabilities_change_meets_the_full_checks_again():
         vendor.grouped_matmul(x, weight, groups)
     with pytest.raises(UnsupportedCapability):
         vendor.quantize(torch.randn(T, 256), "int8")
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_kept_verdicts_compute_realistic_shapes_like_the_float64_reference(monkeypatch, top_k):
+    """128 experts, 1,500 tokens, K and N not multiples of 128, rows read through the dispatch's index: the
+    first call meets the full checks, repeats (new tensors, the same signature) reuse the verdict, and every
+    result is within bf16 rounding of the float64 product; an out-of-range index after them is still refused."""
+    calls = _counting(monkeypatch, "grouped_matmul_verdict")
+    experts, tokens, k, n = 128, 1500, 200, 136
+    vendor = type(hal.get_vendor("cpu"))()
+    gen = torch.Generator().manual_seed(top_k)
+    weight = vendor.quantize_weight(torch.randn(experts, k, n, generator=gen) / 8, ScaleLayout.NONE, torch.bfloat16)
+    for _ in range(3):
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+        order = torch.argsort(ids.flatten(), stable=True)
+        counts = torch.bincount(ids.flatten(), minlength=experts)
+        index = order // top_k
+        x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+        y = vendor.grouped_matmul(x, weight, Groups.from_counts(counts), row_index=index)
+        rows, expected = 0, []
+        for e, c in enumerate(counts.tolist()):
+            expected.append(x[index[rows : rows + c]].double() @ weight.data[e].double())
+            rows += c
+        expected = torch.cat(expected)
+        err = (y.double() - expected).abs().max().item()
+        assert err <= 2**-7 * expected.abs().max().item(), err
+    assert calls[0] == 1
+    bad = index.clone()
+    bad[-1] = tokens
+    with pytest.raises(InvalidInput, match="row_index"):
+        vendor.grouped_matmul(x, weight, Groups.from_counts(counts), row_index=bad)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_kept_quantize_verdicts_quantize_realistic_shapes_within_a_step(monkeypatch, dtype):
+    """2,000 tokens of 2,880 channels (not a multiple of 128), quantized three times with new data: one full
+    check, and every result dequantizes to within half a step of the input (int8) or fp8's relative rounding."""
+    from hal.reference.quantize import dequantize
+
+    calls = _counting(monkeypatch, "quantize_verdict")
+    vendor = type(hal.get_vendor("cpu"))()
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x = (torch.randn(2000, 2880, generator=gen) * torch.rand(2000, 1, generator=gen) * 4).to(torch.bfloat16)
+        q = vendor.quantize(x, dtype)
+        back, exact = dequantize(q, torch.float32).double(), x.double()
+        amax = exact.abs().amax(dim=-1, keepdim=True)
+        bound = amax / 127 / 2 * 1.001 if dtype == "int8" else exact.abs() / 16 + amax / 448 * 2**-9
+        assert ((back - exact).abs() <= bound).all()
+    assert calls[0] == 1
