@@ -10,6 +10,8 @@ Each op and its kernel:
 - grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
   (`kernels/grouped_gemm.py`); fp8 128x128-block at prefill: DeepGEMM where installed (sm90, `deep_gemm_runner.py`),
   else the Triton kernel's TMA-fed form (`kernels/grouped_gemm_tma.py`) where the tiles say so
+- grouped matmul bf16 where the tuned table names `quack`: quack-kernels' CuTe DSL variable-length GEMM (sm90,
+  `quack_runner.py`; a first projection's rows read through the index, SiLU-GLU a separate pass after)
 - grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the activation in
   its epilogue; torch's GEMMs and DeepGEMM take the swiglu pass after (DeepGEMM's reads its aligned rows)
 - grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its rows
@@ -67,13 +69,14 @@ from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
 from vendors.cuda.kernels.split_scratch import SplitScratch
+from vendors.cuda.quack_runner import Quack, quack_or_fallback, quack_or_none
 from vendors.cuda.routing_ops import RoutingOps
 from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
 from vendors.cuda.torch_grouped import GROUPED_MM_MIN_ROWS_PER_GROUP as GROUPED_MM_MIN_ROWS
 from vendors.cuda.torch_grouped import SCALED_GROUPED_MM_MIN_ROWS_PER_GROUP as SCALED_MIN_ROWS
 from vendors.cuda.torch_grouped import grouped_mm_by_default, log_unserved_choice, torch_grouped, torch_grouped_fits
-from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable
+from vendors.cuda.tuning import GROUPED_MM, TRITON, Choice, TuningTable, forced_choice
 from vendors.cuda.weight_only import WeightOnlyOps
 
 _TRITON_KINDS = {
@@ -130,10 +133,14 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         dependent_launch: bool = False,
         torch_scaled_grouped_mm: bool = False,
         deep_gemm: ModuleType | None = None,
+        quack: Quack | None = None,
+        force_runner: str | None = None,
     ) -> None:
         super().__init__()
         self.torch_grouped_mm = torch_grouped_mm
         self.deep_gemm = deep_gemm  # DeepGEMM's module where found (`vendors.cuda.deep_gemm_runner`)
+        self.quack = quack  # quack-kernels where found (`vendors.cuda.quack_runner`)
+        self.force_runner = force_runner  # an optional backend put before the table (`tuning.forced_choice`)
         self.torch_scaled_grouped_mm = torch_scaled_grouped_mm
         self.pdl = dependent_launch
         self.tuning = tuning
@@ -155,6 +162,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             grouped_mm=self.torch_grouped_mm,
             scaled_grouped_mm=self.torch_scaled_grouped_mm,
             deep_gemm=self.deep_gemm,
+            quack=self.quack.gemm() if self.quack is not None else None,
             progress=progress,
         ).as_dict()
 
@@ -258,7 +266,9 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         deep, choice = deep_gemm_or_fallback(
             self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
         )
-        if deep or reads_through_index(choice, rows, groups.num_groups, element_bytes):  # DeepGEMM gathers itself
+        quack, choice = quack_or_fallback(self.quack, choice, x, weight, kind, out_dtype, self._unserved)
+        if deep or quack is not None or reads_through_index(choice, rows, groups.num_groups, element_bytes):
+            # DeepGEMM and quack read the rows through the index themselves
             return self._grouped(
                 x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice, deep=deep
             )
@@ -281,12 +291,13 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
     ) -> torch.Tensor:
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the table's entry for the call
         (`_choice`; for a gated call its `+silu-glu` entry, else the plain product's with the activation after),
-        picks the backend and tiles; without one, the built-in rules: DeepGEMM (fp8 block-128) or torch's grouped
-        GEMM (bf16, fp8 row-wise) from many rows per group, else the Triton kernel (gated: in its epilogue). A
-        backend that cannot run here passes the call on, logged once per problem (a `deep-gemm` entry to its
-        fallback). `row_index`: the rows are x's rows through it (read by the Triton kernel and DeepGEMM's
-        placement; gathered first for torch's GEMMs). `deep`: whether DeepGEMM takes the call, where the caller
-        has decided it (`deep_gemm_or_fallback`, `choice` then already its outcome)."""
+        picks the backend and tiles (`quack` only from a table); without one, the built-in rules: DeepGEMM (fp8
+        block-128) or torch's grouped GEMM (bf16, fp8 row-wise) from many rows per group, else the Triton kernel
+        (gated: in its epilogue). A backend that cannot run here passes the call on, logged once per problem (a
+        `deep-gemm` or `quack` entry to its fallback). `row_index`: the rows are x's rows through it (read by the
+        Triton kernel, quack and DeepGEMM's placement; gathered first for torch's GEMMs). `deep`: whether DeepGEMM
+        takes the call, where the caller has decided it (`deep_gemm_or_fallback`, `choice` then already its
+        outcome)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
@@ -301,6 +312,12 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         if deep:
             finish = partial(activation.swiglu, pdl=self.pdl) if gated else take  # reads rows through `place`
             return deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index, finish=finish)  # type: ignore[arg-type]
+        quack, choice = quack_or_fallback(self.quack, choice, x, weight, kind, out_dtype, self._unserved)
+        if quack is not None:
+            y = quack_or_none(self.quack, quack, data, weight, counts, row_index)  # type: ignore[arg-type]
+            if y is not None:
+                return self.swiglu(y) if gated else y
+            choice = choice.fallback  # type: ignore[union-attr]
         wants_grouped_mm = (
             choice.backend == GROUPED_MM if choice is not None else grouped_mm_by_default(rows, groups.num_groups, kind)
         )
@@ -340,14 +357,16 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         return self.swiglu(y) if gated and not fused else y
 
     def _choice(self, kind: GemmKind, weight: QuantizedWeight, rows: int, gated: bool) -> Choice | None:
-        """The table's choice for a call (None: no table, or no entry within reach)."""
-        if self.tuning is None:
+        """The table's choice for a call (None: no table, or no entry within reach), behind the forced runner
+        where there is one (`forced_choice`)."""
+        if self.tuning is None and self.force_runner is None:
             return None
         e, k, n = weight.data.shape
         key = (kind, e, k, n, rows, gated)
         if key not in self._choices:
             activation = ActivationKind.SILU_GLU.value if gated else None
-            self._choices[key] = self.tuning.lookup_activated(kind.value, e, k, n, rows, activation)
+            table = None if self.tuning is None else self.tuning.lookup_activated(kind.value, e, k, n, rows, activation)
+            self._choices[key] = forced_choice(self.force_runner, kind.value, table)
         return self._choices[key]
 
     def quantize_weight(

@@ -148,7 +148,7 @@ def log_unserved_choice(
     level: int = logging.WARNING,
 ) -> None:
     """Log at `level`, once per problem and backend in `logged` (the caller's own set), that a tuned table chose
-    `backend` (torch's grouped GEMM, or DeepGEMM) for a call it cannot serve here (not installed, not in this torch
+    `backend` (torch's grouped GEMM, DeepGEMM or quack) for a call it cannot serve here (not installed, not in this torch
     or on this device, or operands it does not take): the call runs on the entry's `fallback`, else the next runner."""
     key = (kind, tuple(weight.data.shape), out_dtype, backend)
     if key in logged:
@@ -174,4 +174,5 @@ def log_unserved_choice(
 _UNSERVED_WHY = {
     "torch-grouped-mm": "torch._grouped_mm: bf16 on sm90+; torch._scaled_grouped_mm: fp8 row-wise, K-major, on sm90",
     "deep-gemm": "DeepGEMM: installed, sm90, fp8 block-128 with K and N multiples of 128",
+    "quack": "quack-kernels: installed and importable, sm90, bf16 with K and N multiples of 8",
 }

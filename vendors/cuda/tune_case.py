@@ -14,9 +14,10 @@ from hal import GemmKind, GemmProblem, reference
 from vendors.cuda.deep_gemm_runner import deep_gemm_rows, take
 from vendors.cuda.kernels import activation as act
 from vendors.cuda.kernels import grouped_gemm as gg
+from vendors.cuda.quack_runner import GemmFn, quack_grouped
 from vendors.cuda.row_reading import gather_in_gemm
 from vendors.cuda.torch_grouped import scaled_grouped_mm
-from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, TRITON
+from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, QUACK, TRITON
 
 #: The Triton kernel's scale mode per tunable kind.
 SCALE = {
@@ -30,8 +31,8 @@ SCALE = {
 ROUTINGS = 4
 #: About 20 us of device-side sleep before each timed replay (cycles at ~2 GHz).
 SLEEP_CYCLES = 40_000
-#: A candidate: (backend, tiles, through_index); tiles None for torch's GEMMs and DeepGEMM; `through_index`: a first
-#: projection's Triton kernel reads its rows through the routing's index (else from a gathered copy).
+#: A candidate: (backend, tiles, through_index); tiles None for torch's GEMMs, DeepGEMM and quack; `through_index`:
+#: a first projection's Triton kernel reads its rows through the routing's index (else from a gathered copy).
 Candidate = tuple[str, "gg.TileConfig | None", bool]
 
 
@@ -45,9 +46,11 @@ class TuneCase:
         device: torch.device,
         generator: torch.Generator,
         deep_gemm: ModuleType | None = None,
+        quack: GemmFn | None = None,
     ) -> None:
         self.kind = problem.kind
         self.deep_gemm = deep_gemm  #: DeepGEMM's module where the tuner found it serves the problem
+        self.quack = quack  #: quack-kernels' GEMM where the tuner found it serves the problem
         e, k, n, top_k = problem.experts, problem.k, problem.n, problem.top_k
         self.rows = tokens * top_k
         # A problem with the experts' activation is a first projection: the layer hands it the tokens and the
@@ -108,6 +111,9 @@ class TuneCase:
             finish = act.swiglu if activation else take
             counts = self.counts[routing]
             return deep_gemm_rows(self.deep_gemm, x, x_scale, self.w, self.w_scale, counts, index, finish=finish)  # type: ignore[arg-type]
+        if backend == QUACK:  # reads the rows through the index itself; the activation a separate pass
+            y = quack_grouped(self.quack, x, self.w, self.counts[routing], index)  # type: ignore[arg-type]
+            return act.swiglu(y) if activation else y
         if index is not None and (backend == GROUPED_MM or not through_index):
             x_scale = None if x_scale is None else x_scale.index_select(0, index)
             x, index = x.index_select(0, index), None

@@ -10,7 +10,9 @@ launch inside the timed region, and the ranking was noise.) The search has two r
 by rows per touched expert, then the winner's neighbours (the other grid order, one pipeline stage more or less).
 bf16 also times `torch._grouped_mm`, fp8 row-wise `torch._scaled_grouped_mm` (sm90), fp8 block-128 DeepGEMM where
 it was found (sm90; its first call per shape JIT-compiles, outside the timed replays; a gate/up call is timed with
-the activation pass that reads its aligned product back). The built-in choice is always timed, so a table records
+the activation pass that reads its aligned product back), bf16 quack-kernels' CuTe DSL GEMM where it was found
+(sm90; a first projection's rows read through the index, SiLU-GLU a separate pass). The built-in choice is always
+timed, so a table records
 what tuning gained.
 
 A problem with the experts' activation (the gate/up projection) is searched three ways, each timed with everything
@@ -24,12 +26,13 @@ through the index: the rule's way is searched in full, then its fastest tiles an
 way. A first projection's Triton entry records which way won (`Choice.gather`), and the vendor runs it that way. A
 quantized first projection's tokens are written just before each timed call (the layer's dispatch quantizes them just
 before its GEMM, so they start in L2), and that write's own time is taken off. A `deep-gemm` winner records the
-fastest other candidate as its `fallback` (run where DeepGEMM is absent).
+fastest other candidate as its `fallback` (run where DeepGEMM is absent); so does a `quack` winner.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import ModuleType
@@ -39,11 +42,22 @@ import triton
 
 from hal import ActivationKind, GemmKind, GemmProblem
 from vendors.cuda.deep_gemm_runner import ALIGN_ROWS, wants_deep_gemm
+from vendors.cuda.quack_runner import ALIGN_ELEMENTS, DISTRIBUTION, GemmFn
 from vendors.cuda.kernels import grouped_gemm as gg
 from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
 from vendors.cuda.torch_grouped import grouped_mm_aligned, grouped_mm_by_default, scaled_grouped_mm_aligned
 from vendors.cuda.tune_case import ROUTINGS, SCALE, Candidate, TuneCase
-from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, TRITON, TRITON_THEN_ACTIVATION, Choice, TuningTable, problem_key
+from vendors.cuda.tuning import (
+    DEEP_GEMM,
+    GROUPED_MM,
+    OPTIONAL,
+    QUACK,
+    TRITON,
+    TRITON_THEN_ACTIVATION,
+    Choice,
+    TuningTable,
+    problem_key,
+)
 
 #: The kinds `tune` searches (fp32 is exact and rare: its defaults stay).
 TUNABLE = tuple(SCALE)
@@ -96,13 +110,15 @@ def tune(
     grouped_mm: bool,
     scaled_grouped_mm: bool = False,
     deep_gemm: ModuleType | None = None,
+    quack: GemmFn | None = None,
     reps: int = 12,
     progress: Callable[[str], None] | None = None,
 ) -> TuningTable:
     """Search every problem's token counts on `device`; the table of the fastest choices. `grouped_mm` /
     `scaled_grouped_mm`: torch._grouped_mm (bf16) / torch._scaled_grouped_mm (fp8 row-wise) run here;
     `deep_gemm`: DeepGEMM's module where it was found (`vendors.cuda.deep_gemm_runner.find_deep_gemm`), timed
-    for fp8 block-128 problems."""
+    for fp8 block-128 problems; `quack`: quack-kernels' GEMM where it was found (`vendors.cuda.quack_runner`),
+    timed for bf16 problems."""
     say = progress or (lambda _line: None)
     generator = torch.Generator().manual_seed(0)
     table = TuningTable(
@@ -114,6 +130,7 @@ def tune(
             "reps": reps,
             "timing": f"median of {reps} CUDA-graph replays of {ROUTINGS} routings",
             **({"deep_gemm": getattr(deep_gemm, "__version__", "?")} if deep_gemm is not None else {}),
+            **({"quack": _quack_version()} if quack is not None else {}),
         },
     )
     total = sum(len(p.tokens) for p in problems)
@@ -135,9 +152,10 @@ def tune(
         by_rows = table.entries.setdefault(key, {})
         torch_serves = _torch_serves(problem, grouped_mm, scaled_grouped_mm)
         module = deep_gemm if _deep_gemm_serves(problem) else None
+        quack_gemm = quack if _quack_serves(problem) else None
         for tokens in problem.tokens:
             done += 1
-            case = TuneCase(problem, tokens, device, generator, module)
+            case = TuneCase(problem, tokens, device, generator, module, quack_gemm)
             timed = _search(case, problem, reps, activation, torch_serves)
             default = _builtin(case, problem, activation, torch_serves)
             without = _builtin(case, problem, activation, torch_serves, deep_gemm=False)
@@ -169,13 +187,14 @@ def _torch_serves(problem: GemmProblem, grouped_mm: bool, scaled_grouped_mm: boo
 def _recorded(
     case: TuneCase, timed: dict[Candidate, float], best: Candidate, default: Candidate, without: Candidate
 ) -> Choice:
-    """The table entry for a case's `best` candidate, with the built-in choice's time (`default`); a `deep-gemm`
-    one with the fastest other candidate as its fallback (against `without`, the built-in choice sans DeepGEMM)."""
+    """The table entry for a case's `best` candidate, with the built-in choice's time (`default`); an optional
+    library's (`deep-gemm`, `quack`) with the fastest candidate of the others as its fallback (against `without`,
+    the built-in choice sans DeepGEMM)."""
     backend, tiles, through_index = best
     gather = None if tiles is None or not case.first else not through_index
     choice = Choice(backend, None if tiles is None else tuple(tiles.as_list()), timed[best], timed.get(default), gather)
-    others = [c for c in timed if c[0] != DEEP_GEMM]
-    if backend == DEEP_GEMM and others:
+    others = [c for c in timed if c[0] not in OPTIONAL]
+    if backend in OPTIONAL and others:
         return replace(choice, fallback=_recorded(case, timed, min(others, key=timed.__getitem__), without, without))
     return choice
 
@@ -184,6 +203,18 @@ def _deep_gemm_serves(problem: GemmProblem) -> bool:
     """Whether DeepGEMM's grouped GEMM takes the problem's operands (fp8 block-128, K and N multiples of 128;
     the case's operands are made as `deep_gemm_fits` wants them)."""
     return problem.kind is GemmKind.FP8_BLOCK128 and problem.k % ALIGN_ROWS == 0 and problem.n % ALIGN_ROWS == 0
+
+
+def _quack_serves(problem: GemmProblem) -> bool:
+    """Whether quack's GEMM takes the problem's operands (bf16, K and N multiples of `ALIGN_ELEMENTS`)."""
+    return problem.kind is GemmKind.BF16 and problem.k % ALIGN_ELEMENTS == 0 and problem.n % ALIGN_ELEMENTS == 0
+
+
+def _quack_version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 def _builtin(
@@ -272,6 +303,8 @@ def _search(
         time([(GROUPED_MM, None, False)])
     if case.deep_gemm is not None:
         time([(DEEP_GEMM, None, case.first)])
+    if case.quack is not None:
+        time([(QUACK, None, case.first)])
     if not timed:
         raise RuntimeError(f"hal tune: no candidate configuration ran for {problem} at M={case.rows}")
     return timed

@@ -40,9 +40,13 @@ PACKAGED = Path(__file__).with_name("tuning_tables")
 #: How far (a factor of rows) beyond its tuned rows a problem's entries are used.
 REACH = 2
 #: The backend names a choice may take (`TRITON_THEN_ACTIVATION` only for a problem with an activation;
-#: `DEEP_GEMM` only for fp8 block-128, where DeepGEMM is installed).
+#: `DEEP_GEMM` only for fp8 block-128, where DeepGEMM is installed; `QUACK` only for bf16, where quack-kernels is).
 TRITON, GROUPED_MM, TRITON_THEN_ACTIVATION = "triton", "torch-grouped-mm", "triton-then-activation"
-DEEP_GEMM = "deep-gemm"
+DEEP_GEMM, QUACK = "deep-gemm", "quack"
+#: The optional libraries' backends: a choice of one records the fastest other candidate as its `fallback`.
+OPTIONAL = (DEEP_GEMM, QUACK)
+#: The GEMM kinds each optional backend runs (what `CudaVendor(force_runner=...)` sends to it).
+FORCEABLE = {QUACK: ("bf16",), DEEP_GEMM: ("fp8-block128",)}
 _TILED = (TRITON, TRITON_THEN_ACTIVATION)
 
 
@@ -67,8 +71,8 @@ class Choice:
     #: A first projection's Triton choice: its rows gathered first (True) or read through the index (False);
     #: None: the vendor's built-in rule (`vendors.cuda.ops.gather_in_gemm`).
     gather: bool | None = None
-    #: A `deep-gemm` choice's stand-in where DeepGEMM cannot run (absent, or the call's operands): the choice it
-    #: replaced in the table (None: the built-in rules).
+    #: An optional library's choice (`deep-gemm`, `quack`): its stand-in where the library cannot run (absent, or
+    #: the call's operands): the choice it replaced in the table (None: the built-in rules).
     fallback: Choice | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,17 +117,30 @@ class Choice:
             return cls(backend, tuple(tiles), data.get("us"), data.get("default_us"), gather)
         if backend == GROUPED_MM:
             return cls(backend, None, data.get("us"), data.get("default_us"))
-        if backend == DEEP_GEMM:
+        if backend in OPTIONAL:
             fallback = data.get("fallback")
             if fallback is not None:
                 fallback = cls.from_dict(fallback, f"{where} fallback")
-                if fallback.backend == DEEP_GEMM:
-                    raise InvalidInput(f"{where}: a deep-gemm choice's fallback must name another backend")
+                if fallback.backend in OPTIONAL:
+                    raise InvalidInput(
+                        f"{where}: a {backend} choice's fallback must name a backend that is always there "
+                        f"({TRITON!r}, {TRITON_THEN_ACTIVATION!r} or {GROUPED_MM!r}), got {fallback.backend!r}"
+                    )
             return cls(backend, None, data.get("us"), data.get("default_us"), None, fallback)
         raise InvalidInput(
-            f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r}, {GROUPED_MM!r} or {DEEP_GEMM!r}, "
-            f"got {backend!r}"
+            f"{where}: expected backend {TRITON!r}, {TRITON_THEN_ACTIVATION!r}, {GROUPED_MM!r}, {DEEP_GEMM!r} or "
+            f"{QUACK!r}, got {backend!r}"
         )
+
+
+def forced_choice(forced: str | None, kind: str, choice: Choice | None) -> Choice | None:
+    """`choice` (a table's, or None) with the `forced` optional backend put first for the kinds it runs
+    (`FORCEABLE`): the table's choice becomes its fallback (an optional backend's own fallback, if it names one)."""
+    if forced is None or kind not in FORCEABLE.get(forced, ()):
+        return choice
+    if choice is not None and choice.backend in OPTIONAL:
+        choice = choice.fallback
+    return Choice(forced, fallback=choice)
 
 
 @dataclass

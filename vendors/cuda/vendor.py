@@ -13,8 +13,9 @@ from hal import Capabilities, InvalidInput, ProbeResult, ReferenceOps, Vendor, V
 from vendors.cuda.capabilities import DECLARED_MODELS, cuda_capabilities
 from vendors.cuda.deep_gemm_runner import find_deep_gemm
 from vendors.cuda.deepep import DeepEpProbe, probe_deep_ep
+from vendors.cuda.quack_runner import Quack, find_quack
 from vendors.cuda.torch_grouped import scaled_grouped_mm_available
-from vendors.cuda.tuning import TuningTable, device_slug
+from vendors.cuda.tuning import FORCEABLE, TuningTable, device_slug
 
 
 class CudaVendor(Vendor):
@@ -33,6 +34,14 @@ class CudaVendor(Vendor):
     sm90 (`vendors.cuda.deep_gemm_runner`; the capabilities' notes say whether it was found, or why
     not); False: never.
 
+    `quack`: run bf16 grouped GEMMs on quack-kernels' CuTe DSL GEMM where a tuned table names it, quack-kernels
+    is installed and the device is sm90 (`vendors.cuda.quack_runner`; the notes say whether it was found);
+    False: never (such entries run their fallbacks).
+
+    `force_runner`: `"quack"` or `"deep-gemm"` runs every call of the kind it serves (bf16, fp8 block-128) on
+    that library, before the tuned table and the built-in rules (for tests and measurements; a call it cannot
+    take runs the table's choice, logged once per problem). None (default): the table and the rules decide.
+
     `split_fp4_decode`: the weight-only FP4 GEMMs split K into up to four shares at decode
     (`kernels.grouped_gemm_fp4.decode_split_k`; the default): a CUDA-graph replay at 1 token of
     gpt-oss-20b's experts is about 1.4x faster; an eager call reuses scratch kept per stream, at a few
@@ -50,6 +59,8 @@ class CudaVendor(Vendor):
         tuning: bool | str | os.PathLike[str] | TuningTable = True,
         dependent_launch: bool = True,
         deep_gemm: bool = True,
+        quack: bool = True,
+        force_runner: str | None = None,
         split_fp4_decode: bool = True,
     ) -> None:
         super().__init__()
@@ -63,11 +74,18 @@ class CudaVendor(Vendor):
             raise InvalidInput(f"dependent_launch: expected True or False, got {dependent_launch!r}")
         if not isinstance(deep_gemm, bool):
             raise InvalidInput(f"deep_gemm: expected True or False, got {deep_gemm!r}")
+        if not isinstance(quack, bool):
+            raise InvalidInput(f"quack: expected True or False, got {quack!r}")
+        if force_runner is not None and force_runner not in FORCEABLE:
+            raise InvalidInput(f"force_runner: expected None or one of {', '.join(FORCEABLE)}, got {force_runner!r}")
+        self._force_runner = force_runner
         if not isinstance(split_fp4_decode, bool):
             raise InvalidInput(f"split_fp4_decode: expected True or False, got {split_fp4_decode!r}")
         self._split_fp4_decode = split_fp4_decode
         self._deep_gemm_request = deep_gemm
         self._deep_gemm: tuple[ModuleType | None, str] | None = None  #: DeepGEMM's module and its note, once found
+        self._quack_request = quack
+        self._quack: tuple[Quack | None, str] | None = None  #: quack-kernels and its note, once looked up
         self._dependent_launch = dependent_launch
         self._device_index = device_index
         if isinstance(tuning, (str, os.PathLike)):
@@ -125,7 +143,7 @@ class CudaVendor(Vendor):
                 if self._tuning_request is not False
                 else "kernel configurations: built-in defaults (tuning=False)"
             )
-        notes = (note, self._launch_note(), self._find_deep_gemm()[1]) if note else ()
+        notes = (note, self._launch_note(), self._find_deep_gemm()[1], self._find_quack()[1]) if note else ()
         return cuda_capabilities(
             name,
             torch.cuda.get_device_capability(index),
@@ -170,6 +188,8 @@ class CudaVendor(Vendor):
             torch_grouped_mm=capability[0] >= 9 and hasattr(torch, "_grouped_mm"),
             torch_scaled_grouped_mm=scaled_grouped_mm_available(capability),
             deep_gemm=self._find_deep_gemm()[0],
+            quack=self._find_quack()[0],
+            force_runner=self._force_runner,
             tuning=self._tuning,
             dependent_launch=self._uses_dependent_launch(),
         )
@@ -184,6 +204,15 @@ class CudaVendor(Vendor):
             else:
                 self._deep_gemm = find_deep_gemm(torch.cuda.get_device_capability(self._index()))
         return self._deep_gemm
+
+    def _find_quack(self) -> tuple[Quack | None, str]:
+        """quack-kernels where it serves this device and `quack` asks for it, and the note saying so."""
+        if self._quack is None:
+            if not self._quack_request:
+                self._quack = (None, "quack: not used (quack=False)")
+            else:
+                self._quack = find_quack(torch.cuda.get_device_capability(self._index()))
+        return self._quack
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         probe = self.deepep_probe()
