@@ -17,7 +17,7 @@ from vendors.cuda.kernels import grouped_gemm as gg
 from vendors.cuda.quack_runner import GemmFn, quack_grouped
 from vendors.cuda.row_reading import gather_in_gemm
 from vendors.cuda.torch_grouped import scaled_grouped_mm
-from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, QUACK, TRITON
+from vendors.cuda.tuning import DEEP_GEMM, GROUPED_MM, OPTIONAL, QUACK, TRITON
 
 #: The Triton kernel's scale mode per tunable kind.
 SCALE = {
@@ -144,8 +144,15 @@ class TuneCase:
 
     def time_us(self, choice: Candidate, reps: int, activation: bool = False) -> float | None:
         """The median per-call time over `reps` graph replays, less the token write before each call where
-        there is one (None: the configuration does not compile or run here)."""
-        t = self._replay_us(lambda routing: self.run(choice, routing, activation), reps)
+        there is one (None: the configuration does not compile or run here; an optional library's candidate also
+        where the library raises anything else, so that its failure skips it instead of ending the search)."""
+        try:
+            t = self._replay_us(lambda routing: self.run(choice, routing, activation), reps)
+        except Exception:
+            if choice[0] not in OPTIONAL:
+                raise
+            torch.cuda.synchronize()
+            return None
         if t is None or not self.refresh:
             return t
         if self._refresh_us is None:

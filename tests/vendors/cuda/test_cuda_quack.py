@@ -6,6 +6,9 @@ and count the calls that reach quack's `gemm`, so a silent fallback to the other
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ import moe
 from hal import ActivationKind, GemmKind, Groups, QuantizedWeight
 from tests.support.cuda_graph import capture
 from tests.support.moe_reference import TOLERANCE, random_weights, reference_moe, relative_error, softmax_topk
+from tests.support.plugin_dist import environment_with, write_distribution
 from vendors.cuda import CudaVendor
 from vendors.cuda.tuning import QUACK
 
@@ -140,3 +144,56 @@ def test_a_layer_whose_quack_calls_raise_runs_the_fallbacks_and_still_matches_fl
     assert relative_error(y.cpu(), reference_moe(x, ids, weights, w13, w2)) < TOLERANCE[("unquantized", "bf16")]
     assert len(quack.failed) == 2  # both projections' problems, remembered
     assert torch.equal(layer(x.cuda(), logits.cuda()), y)
+
+
+FORCED_VENDOR = '''
+    from vendors.cuda import CudaVendor
+
+
+    class CudaQuackVendor(CudaVendor):
+        """The CUDA vendor with quack-kernels forced on every bf16 grouped GEMM it can take."""
+
+        name = "cuda-quack"
+        priority = 0
+        description = "CUDA, quack forced (test plugin)"
+
+        def __init__(self, device_index=None, **options):
+            super().__init__(device_index, force_runner="quack", **options)
+'''
+
+
+@pytest.mark.slow
+def test_the_conformance_suite_passes_on_the_cuda_vendor_with_quack_forced(tmp_path):
+    """The whole shared suite (quick depth) through `hal conformance`, on a plugin vendor that is the CUDA vendor
+    with quack forced: every bf16 grouped GEMM the suite makes runs on quack where quack takes it."""
+    write_distribution(
+        tmp_path / "plugin",
+        "cuda-quack-forced",
+        {"hal.vendors": {"cuda-quack": "cuda_quack_forced:CudaQuackVendor"}},
+        {"cuda_quack_forced": FORCED_VENDOR},
+    )
+    command = [sys.executable, "-m", "hal", "conformance", "--vendor", "cuda-quack", "-n", "8"]
+    run = subprocess.run(
+        [*command, "--report", str(tmp_path / "report")],
+        env=environment_with(tmp_path / "plugin"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "cuda-quack:" in run.stdout and " 0 failed" in run.stdout
+
+
+def test_tune_skips_a_quack_candidate_that_raises_and_keeps_searching(monkeypatch):
+    from hal import GemmProblem
+    from vendors.cuda import tuner
+    from vendors.cuda.tune_case import TuneCase
+
+    def broken(*args, **kwargs):
+        raise TypeError("DSL: unsupported operand layout")
+
+    problem = GemmProblem(GemmKind.BF16, 8, 256, 512, 2, (512,))
+    case = TuneCase(problem, 512, torch.device("cuda"), torch.Generator().manual_seed(0), None, broken)
+    timed = tuner._search(case, problem, 3, False, True)
+    assert timed and all(backend != QUACK for backend, _, _ in timed)
