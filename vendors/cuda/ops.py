@@ -69,7 +69,7 @@ from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CudaGraphSet
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
 from vendors.cuda.kernels.split_scratch import SplitScratch
-from vendors.cuda.quack_runner import Quack, quack_or_fallback, quack_or_none
+from vendors.cuda.quack_runner import GemmFn, Quack, quack_or_fallback, quack_or_none
 from vendors.cuda.routing_ops import RoutingOps
 from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
@@ -162,7 +162,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             grouped_mm=self.torch_grouped_mm,
             scaled_grouped_mm=self.torch_scaled_grouped_mm,
             deep_gemm=self.deep_gemm,
-            quack=self.quack.gemm() if self.quack is not None else None,
+            quack=self.quack,
             progress=progress,
         ).as_dict()
 
@@ -270,10 +270,19 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         if deep or quack is not None or reads_through_index(choice, rows, groups.num_groups, element_bytes):
             # DeepGEMM and quack read the rows through the index themselves
             return self._grouped(
-                x, weight, groups, kind, out_dtype, gated=gated, row_index=row_index, choice=choice, deep=deep
+                x,
+                weight,
+                groups,
+                kind,
+                out_dtype,
+                gated=gated,
+                row_index=row_index,
+                choice=choice,
+                deep=deep,
+                quack=quack,
             )
         return self._grouped(
-            take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice, deep=deep
+            take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice, deep=deep, quack=quack
         )
 
     def _grouped(
@@ -288,6 +297,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         choice: Choice | None,
         row_index: torch.Tensor | None = None,
         deep: bool | None = None,
+        quack: GemmFn | None = None,
     ) -> torch.Tensor:
         """The grouped GEMM of a Triton kind, `gated`: with SiLU-GLU. `choice`, the table's entry for the call
         (`_choice`; for a gated call its `+silu-glu` entry, else the plain product's with the activation after),
@@ -296,8 +306,8 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         (gated: in its epilogue). A backend that cannot run here passes the call on, logged once per problem (a
         `deep-gemm` or `quack` entry to its fallback). `row_index`: the rows are x's rows through it (read by the
         Triton kernel, quack and DeepGEMM's placement; gathered first for torch's GEMMs). `deep`: whether DeepGEMM
-        takes the call, where the caller has decided it (`deep_gemm_or_fallback`, `choice` then already its
-        outcome)."""
+        takes the call, where the caller has decided it (`deep_gemm_or_fallback`, then also `quack_or_fallback`:
+        `quack` its GEMM or None, and `choice` already their outcome)."""
         data = x if isinstance(x, torch.Tensor) else x.data
         if data.stride(-1) != 1:
             data = data.contiguous()
@@ -305,14 +315,16 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
         if counts.device != data.device:  # group lists may live on the host
             counts = counts.to(data.device)
         rows = data.shape[0] if row_index is None else row_index.numel()
-        if deep is None:
+        decided = deep is not None
+        if not decided:
             deep, choice = deep_gemm_or_fallback(
                 self.deep_gemm, choice, x, weight, kind, out_dtype, rows, groups.num_groups, self._unserved
             )
         if deep:
             finish = partial(activation.swiglu, pdl=self.pdl) if gated else take  # reads rows through `place`
             return deep_gemm_grouped(self.deep_gemm, x, weight, counts, row_index, finish=finish)  # type: ignore[arg-type]
-        quack, choice = quack_or_fallback(self.quack, choice, x, weight, kind, out_dtype, self._unserved)
+        if not decided:
+            quack, choice = quack_or_fallback(self.quack, choice, x, weight, kind, out_dtype, self._unserved)
         if quack is not None:
             y = quack_or_none(self.quack, quack, data, weight, counts, row_index)  # type: ignore[arg-type]
             if y is not None:

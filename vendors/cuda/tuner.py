@@ -32,7 +32,6 @@ fastest other candidate as its `fallback` (run where DeepGEMM is absent); so doe
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import ModuleType
@@ -42,7 +41,7 @@ import triton
 
 from hal import ActivationKind, GemmKind, GemmProblem
 from vendors.cuda.deep_gemm_runner import ALIGN_ROWS, wants_deep_gemm
-from vendors.cuda.quack_runner import ALIGN_ELEMENTS, DISTRIBUTION, GemmFn
+from vendors.cuda.quack_runner import ALIGN_ELEMENTS, Quack
 from vendors.cuda.kernels import grouped_gemm as gg
 from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
 from vendors.cuda.torch_grouped import grouped_mm_aligned, grouped_mm_by_default, scaled_grouped_mm_aligned
@@ -110,7 +109,7 @@ def tune(
     grouped_mm: bool,
     scaled_grouped_mm: bool = False,
     deep_gemm: ModuleType | None = None,
-    quack: GemmFn | None = None,
+    quack: Quack | None = None,
     reps: int = 12,
     progress: Callable[[str], None] | None = None,
 ) -> TuningTable:
@@ -118,8 +117,9 @@ def tune(
     `scaled_grouped_mm`: torch._grouped_mm (bf16) / torch._scaled_grouped_mm (fp8 row-wise) run here;
     `deep_gemm`: DeepGEMM's module where it was found (`vendors.cuda.deep_gemm_runner.find_deep_gemm`), timed
     for fp8 block-128 problems; `quack`: quack-kernels' GEMM where it was found (`vendors.cuda.quack_runner`),
-    timed for bf16 problems."""
+    timed for bf16 problems (imported only where one is tuned)."""
     say = progress or (lambda _line: None)
+    quack_gemm = quack.gemm() if quack is not None and any(map(_quack_serves, problems)) else None
     generator = torch.Generator().manual_seed(0)
     table = TuningTable(
         device_name,
@@ -130,7 +130,7 @@ def tune(
             "reps": reps,
             "timing": f"median of {reps} CUDA-graph replays of {ROUTINGS} routings",
             **({"deep_gemm": getattr(deep_gemm, "__version__", "?")} if deep_gemm is not None else {}),
-            **({"quack": _quack_version()} if quack is not None else {}),
+            **({"quack": quack.version} if quack is not None and quack_gemm is not None else {}),
         },
     )
     total = sum(len(p.tokens) for p in problems)
@@ -152,10 +152,9 @@ def tune(
         by_rows = table.entries.setdefault(key, {})
         torch_serves = _torch_serves(problem, grouped_mm, scaled_grouped_mm)
         module = deep_gemm if _deep_gemm_serves(problem) else None
-        quack_gemm = quack if _quack_serves(problem) else None
         for tokens in problem.tokens:
             done += 1
-            case = TuneCase(problem, tokens, device, generator, module, quack_gemm)
+            case = TuneCase(problem, tokens, device, generator, module, quack_gemm if _quack_serves(problem) else None)
             timed = _search(case, problem, reps, activation, torch_serves)
             default = _builtin(case, problem, activation, torch_serves)
             without = _builtin(case, problem, activation, torch_serves, deep_gemm=False)
@@ -208,13 +207,6 @@ def _deep_gemm_serves(problem: GemmProblem) -> bool:
 def _quack_serves(problem: GemmProblem) -> bool:
     """Whether quack's GEMM takes the problem's operands (bf16, K and N multiples of `ALIGN_ELEMENTS`)."""
     return problem.kind is GemmKind.BF16 and problem.k % ALIGN_ELEMENTS == 0 and problem.n % ALIGN_ELEMENTS == 0
-
-
-def _quack_version() -> str:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def _builtin(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -82,10 +83,8 @@ class CudaVendor(Vendor):
         if not isinstance(split_fp4_decode, bool):
             raise InvalidInput(f"split_fp4_decode: expected True or False, got {split_fp4_decode!r}")
         self._split_fp4_decode = split_fp4_decode
-        self._deep_gemm_request = deep_gemm
-        self._deep_gemm: tuple[ModuleType | None, str] | None = None  #: DeepGEMM's module and its note, once found
-        self._quack_request = quack
-        self._quack: tuple[Quack | None, str] | None = None  #: quack-kernels and its note, once looked up
+        self._library_requests = {"deep_gemm": deep_gemm, "quack": quack}  #: the optional libraries asked for
+        self._libraries: dict[str, tuple[Any, str]] = {}  #: each one's module (or None) and note, once looked up
         self._dependent_launch = dependent_launch
         self._device_index = device_index
         if isinstance(tuning, (str, os.PathLike)):
@@ -198,21 +197,21 @@ class CudaVendor(Vendor):
 
     def _find_deep_gemm(self) -> tuple[ModuleType | None, str]:
         """DeepGEMM's module where it serves this device and `deep_gemm` asks for it, and the note saying so."""
-        if self._deep_gemm is None:
-            if not self._deep_gemm_request:
-                self._deep_gemm = (None, "DeepGEMM: not used (deep_gemm=False)")
-            else:
-                self._deep_gemm = find_deep_gemm(torch.cuda.get_device_capability(self._index()))
-        return self._deep_gemm
+        return self._library("deep_gemm", "DeepGEMM", find_deep_gemm)
 
     def _find_quack(self) -> tuple[Quack | None, str]:
         """quack-kernels where it serves this device and `quack` asks for it, and the note saying so."""
-        if self._quack is None:
-            if not self._quack_request:
-                self._quack = (None, "quack: not used (quack=False)")
-            else:
-                self._quack = find_quack(torch.cuda.get_device_capability(self._index()))
-        return self._quack
+        return self._library("quack", "quack", find_quack)
+
+    def _library(self, option: str, name: str, find: Callable[[tuple[int, int]], tuple[Any, str]]) -> tuple[Any, str]:
+        """An optional library, looked up once with `find` where its `option` asks for it, and its note."""
+        if option not in self._libraries:
+            self._libraries[option] = (
+                find(torch.cuda.get_device_capability(self._index()))
+                if self._library_requests[option]
+                else (None, f"{name}: not used ({option}=False)")
+            )
+        return self._libraries[option]
 
     def declared_models(self) -> Mapping[str, Capabilities]:
         probe = self.deepep_probe()
