@@ -30,5 +30,10 @@ class GraphSet(abc.ABC):
         and device and returns what `fn` returns for them, bit for bit.
         """
 
+    def can_capture(self) -> bool:
+        """Whether a capture made now may be kept (True by default); False while the set cannot record, e.g.
+        inside another capture: callers then run the plain function and try again later."""
+        return True
+
 
 __all__ = ["CapturedCall", "GraphSet"]

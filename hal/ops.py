@@ -57,6 +57,7 @@ OP_NAMES = (
     "ep_dispatch",
     "ep_combine",
     "graph_set",
+    "launch_plan_set",
     "accumulate_counts",
 )
 
@@ -202,6 +203,11 @@ class VendorOps(abc.ABC):
         from hal.errors import UnsupportedCapability
 
         raise UnsupportedCapability("these ops capture no graphs")
+
+    def launch_plan_set(self, device: torch.device) -> GraphSet | None:
+        """A new set of launch plans on `device`, or None (the default): captures that record the ops' kernel
+        launches and issue them again from the host with the caller's tensors (`hal.Vendor.launch_plan_set`)."""
+        return None
 
     def accumulate_counts(
         self, values: torch.Tensor, total: torch.Tensor, ring: torch.Tensor, step: torch.Tensor, *, ids: bool

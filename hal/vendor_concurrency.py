@@ -1,4 +1,4 @@
-"""`hal.Vendor.overlap` and `hal.Vendor.graph_set`: work beside the caller's, and captured calls (a mixin of
+"""`hal.Vendor.overlap`, `hal.Vendor.graph_set` and `hal.Vendor.launch_plan_set`: work beside the caller's, and captured calls (a mixin of
 `Vendor`; checked here, computed by the vendor's ops)."""
 
 from __future__ import annotations
@@ -45,3 +45,15 @@ class ConcurrencyOps:
         if not isinstance(graphs, GraphSet):
             raise invalid(f"{self.name} graph_set result", "a hal.GraphSet", type(graphs).__name__)
         return graphs
+
+    def launch_plan_set(self) -> GraphSet | None:
+        """A new `hal.GraphSet` of launch plans on this vendor's device, or None where the vendor has none.
+
+        A plan records one call's kernel launches and allocations and replays them with the caller's own
+        tensors: no copies in or out, no memory held between calls, the output a new tensor equal to the
+        plain call's bit for bit. A capture the set cannot record returns the function itself (it then runs
+        as before). An eager `MoELayer` replays its forward this way (`moe.LaunchPlans`)."""
+        plans = self.ops.launch_plan_set(self.device)
+        if plans is not None and not isinstance(plans, GraphSet):
+            raise invalid(f"{self.name} launch_plan_set result", "a hal.GraphSet or None", type(plans).__name__)
+        return plans

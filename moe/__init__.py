@@ -13,7 +13,7 @@ from moe.dispatch import (
     LowLatencyDispatcher,
 )
 from moe.expert_load import ExpertLoad, LoadSnapshot, LoadStats, dump_expert_load
-from moe.graphs import GraphConfig
+from moe.graphs import GraphConfig, LaunchPlans
 from moe.placement import ExpertPlacement, balanced_placement, greedy_placement
 from moe.layer import MoELayer
 from moe.shared import SharedExperts
@@ -46,6 +46,7 @@ __all__ = [
     "LowLatencyDispatcher",
     "MoELayer",
     "GraphConfig",
+    "LaunchPlans",
     "ExpertLoad",
     "LoadSnapshot",
     "LoadStats",

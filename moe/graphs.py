@@ -8,6 +8,12 @@ more than `max_tokens` tokens, or seen after the budget is spent, run the plain 
 capture is of the plain forward at exactly that token count, so a replay equals the plain
 forward bit for bit (the vendor's deterministic ops permitting). New weights (`load_weights`,
 `load_state_dict`, `.to()`) drop every capture; the next calls capture again.
+
+Without a `GraphConfig`, an eager layer replays its forward through the vendor's launch plans where it
+has them (`LaunchPlans`, `hal.Vendor.launch_plan_set`): a signature seen twice is recorded (its kernel
+launches and allocations) and later calls issue those launches again with the caller's tensors, skipping
+the host work that chose them. Same signatures, budget and dropping as graphs; no copies and no memory
+kept between calls.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hal import CapturedCall, GraphSet, InvalidInput, positive_int
+from hal import CapturedCall, GraphSet, InvalidInput, invalid, positive_int
 
 #: (tokens, hidden dtype, logits dtype or None, precomputed-routing dtypes or None)
 Signature = tuple[int, torch.dtype, torch.dtype | None, tuple[torch.dtype, torch.dtype] | None]
@@ -45,17 +51,55 @@ class GraphConfig:
         positive_int("GraphConfig.max_graphs", self.max_graphs)
 
 
+@dataclass(frozen=True)
+class LaunchPlans:
+    """How an eager layer replays its kernel launches (`MoELayer(launch_plans=LaunchPlans())`, the default;
+    None turns it off). Used where the vendor has launch plans (`hal.Vendor.launch_plan_set`) and the layer
+    has no `GraphConfig`.
+
+    - `max_tokens`: calls with more tokens run the plain forward.
+    - `max_plans`: how many signatures are recorded; later new ones run the plain forward. A signature
+      is recorded at its second call (one-off batch sizes spend none of the budget).
+    """
+
+    max_tokens: int = 512
+    max_plans: int = 32
+
+    def __post_init__(self) -> None:
+        positive_int("LaunchPlans.max_tokens", self.max_tokens)
+        positive_int("LaunchPlans.max_plans", self.max_plans)
+
+    @property
+    def max_graphs(self) -> int:
+        """The budget under the name `LayerGraphs` reads."""
+        return self.max_plans
+
+
+#: the layer's default: launch plans on, where the vendor has them
+DEFAULT_LAUNCH_PLANS = LaunchPlans()
+
+
+def check_replay_configs(graphs: object, launch_plans: object) -> None:
+    """Raise `InvalidInput` unless `graphs` is a `GraphConfig` or None and `launch_plans` a `LaunchPlans` or None."""
+    if graphs is not None and not isinstance(graphs, GraphConfig):
+        raise invalid("graphs", "a moe.GraphConfig or None", type(graphs).__name__)
+    if launch_plans is not None and not isinstance(launch_plans, LaunchPlans):
+        raise invalid("launch_plans", "a moe.LaunchPlans or None", type(launch_plans).__name__)
+
+
 class LayerGraphs:
     """A layer's captures, keyed by `Signature`; `call` replays one or runs the plain forward."""
 
     def __init__(
         self,
-        config: GraphConfig,
-        make_set: Callable[[], GraphSet],
+        config: GraphConfig | LaunchPlans,
+        make_set: Callable[[], GraphSet | None],
         forward: Forward,
         keep_state: Callable[[], Callable[[], None]] | None = None,
     ) -> None:
         self.config = config
+        #: a signature is captured at its second call (launch plans), else at its first
+        self._seen: set[Signature] | None = set() if isinstance(config, LaunchPlans) else None
         self._make_set = make_set
         self._forward = forward
         #: saves state the forward updates (load statistics) and returns its restore, around a capture
@@ -67,7 +111,7 @@ class LayerGraphs:
 
     def __deepcopy__(self, memo: dict[int, object]) -> LayerGraphs:
         """No captures: they read the original's tensors (the copy's layer makes its own set)."""
-        return LayerGraphs(self.config, self._make_set, self._forward, self._keep_state)
+        return LayerGraphs(self.config, self._make_set, self._forward, self._keep_state)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -77,6 +121,8 @@ class LayerGraphs:
         with self._lock:
             self._graphs = {}
             self._set = None
+            if self._seen is not None:
+                self._seen.clear()
 
     def call(
         self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
@@ -106,8 +152,17 @@ class LayerGraphs:
             found = self._graphs.get(key)
             if found is not None or len(self._graphs) >= self.config.max_graphs:
                 return found
+            if self._seen is not None and key not in self._seen:
+                if len(self._seen) >= 4 * self.config.max_graphs:
+                    self._seen.clear()
+                self._seen.add(key)
+                return None
             if self._set is None:
                 self._set = self._make_set()
+                if self._set is None:
+                    return None
+            if not self._set.can_capture():
+                return None
             forward = self._forward
             restore = None if self._keep_state is None else self._keep_state()
             if logits is not None:
@@ -127,13 +182,15 @@ class ReplayedForward:
     """The `MoELayer` methods that manage its captures (`graphs=GraphConfig(...)`)."""
 
     graph_config: GraphConfig | None
+    launch_plans: LaunchPlans | None
     _graphs: LayerGraphs | None
 
     def _make_graphs(self: Any) -> LayerGraphs | None:
-        """The layer's captures (`moe.graphs`), or None without a `GraphConfig`."""
+        """The layer's captures (`moe.graphs`): graphs with a `GraphConfig`, else launch plans where they may
+        serve, else None."""
         config = self.graph_config
         if config is None:
-            return None
+            return self._make_launch_plans()
         if self.check_routing:
             raise InvalidInput(
                 "graphs: expected check_routing=False (checking routing reads values back on the host, "
@@ -147,6 +204,18 @@ class ReplayedForward:
         load = self.expert_load
         return LayerGraphs(config, self.vendor.graph_set, self._run, None if load is None else load.saved)
 
+    def _make_launch_plans(self: Any) -> LayerGraphs | None:
+        config = self.launch_plans
+        # collectives and host reads are device work a recorder cannot see: those layers run plainly
+        if config is None or self.check_routing or not self.dispatcher.capturable:
+            return None
+        if self.process_group is not None or self.tp_group is not None:
+            return None
+        if self.vendor.launch_plan_set() is None:
+            return None
+        load = self.expert_load
+        return LayerGraphs(config, self.vendor.launch_plan_set, self._run, None if load is None else load.saved)
+
     def _drop_graphs(self) -> None:
         if self._graphs is not None:
             self._graphs.clear()
@@ -154,7 +223,13 @@ class ReplayedForward:
     @property
     def graph_count(self) -> int:
         """How many forward signatures the layer holds captured (0 without a `GraphConfig`)."""
-        return 0 if self._graphs is None else len(self._graphs)
+        return 0 if self._graphs is None or self.graph_config is None else len(self._graphs)
+
+    @property
+    def launch_plan_count(self) -> int:
+        """How many forward signatures the layer has recorded as launch plans (each a plan, or the plain
+        forward where its recording was refused; 0 with a `GraphConfig` or without plans)."""
+        return 0 if self._graphs is None or self.graph_config is not None else len(self._graphs)
 
 
-__all__ = ["GraphConfig", "LayerGraphs", "ReplayedForward"]
+__all__ = ["GraphConfig", "LaunchPlans", "LayerGraphs", "ReplayedForward", "check_replay_configs"]

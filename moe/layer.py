@@ -38,7 +38,7 @@ from moe.dispatch import (
     VendorEpDispatcher,
 )
 from moe.dispatch.base import group_size_and_rank
-from moe.graphs import GraphConfig, ReplayedForward
+from moe.graphs import DEFAULT_LAUNCH_PLANS, GraphConfig, LaunchPlans, ReplayedForward, check_replay_configs
 from moe.migration import Rebalancing
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
 from moe.loading import ExpertLoading, TransactionalState
@@ -78,6 +78,8 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
     - `graphs`: a `moe.GraphConfig` makes the layer capture its forward per token count and replay
       it (`moe.graphs`: eager callers get graph speed); needs the vendor's `graph_capture`, a
       dispatcher that never reads counts back and `check_routing` off (its default with graphs).
+    - `launch_plans`: without `graphs`, eager calls replay the kernel launches recorded per input signature
+      where the vendor has launch plans (`moe.LaunchPlans`, the default; bit-equal; see `moe.graphs`). None: off.
     - `redundant_experts`: R extra physical expert slots replicating busy experts (`moe.placement`);
       each chosen expert is served by one of its replicas, and `rebalance` moves the experts to the
       placement recorded loads call for, in place, leaving the output unchanged.
@@ -130,6 +132,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         tp_group: Any = None,
         check_routing: bool | None = None,
         graphs: GraphConfig | None = None,
+        launch_plans: LaunchPlans | None = DEFAULT_LAUNCH_PLANS,
         redundant_experts: int = 0,
         load_stats: LoadStats | None = None,
     ) -> None:
@@ -144,8 +147,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
             raise invalid("runners", "a moe.RunnerRegistry or None", type(runners).__name__)
         if load_stats is not None and not isinstance(load_stats, LoadStats):
             raise invalid("load_stats", "a moe.LoadStats or None", type(load_stats).__name__)
-        if graphs is not None and not isinstance(graphs, GraphConfig):
-            raise invalid("graphs", "a moe.GraphConfig or None", type(graphs).__name__)
+        check_replay_configs(graphs, launch_plans)
         environ = check_environ(environ)
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = choose_vendor(vendor, environ)
@@ -225,6 +227,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
             else ExpertLoad(load_stats, num_experts, self.dispatcher.num_local_experts, self.vendor)
         )
         self.graph_config = graphs
+        self.launch_plans = launch_plans
         self._graphs = self._make_graphs()
         if self.shared_experts is not None:
             self.shared_experts.store.on_change = OwnerCallback(self._drop_graphs)
@@ -412,7 +415,6 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         return (
             f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, experts={self.num_experts}, "
             f"top_k={self.top_k}{redundant}, scheme={self.scheme!r}{converted}, activation={self.activation}, "
-            f"bias={self.bias}, "
-            f"vendor={self.vendor.name!r}, dispatch={self.plan.resolved} ({self.plan.source}), "
+            f"bias={self.bias}, vendor={self.vendor.name!r}, dispatch={self.plan.resolved} ({self.plan.source}), "
             f"dispatcher={self.dispatcher!r}, fused={self.fused}{tp}{shared}"
         )

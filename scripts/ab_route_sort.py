@@ -77,7 +77,7 @@ def main(output: Path, tokens: list[int]) -> None:
         w13 = torch.randn(e, h, 2 * i, device="cuda", dtype=torch.bfloat16) * 0.02
         w2 = torch.randn(e, i, h, device="cuda", dtype=torch.bfloat16) * 0.02
         for scheme in ("unquantized", "fp8"):
-            layer = moe.MoELayer.from_float(w13, w2, top_k=k, scheme=scheme, vendor="cuda")
+            layer = moe.MoELayer.from_float(w13, w2, top_k=k, scheme=scheme, vendor="cuda", launch_plans=None)
             for t in tokens:
                 x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
                 logits = torch.randn(t, e, device="cuda")

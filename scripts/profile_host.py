@@ -1,4 +1,4 @@
-"""Where an eager forward's host time goes: wall time per call and a profile of the Python on the way.
+"""Where a plain eager forward's host time goes (`launch_plans=None`): wall time per call and a profile of the Python.
 
 For each shape, scheme and token count: the wall time per call of 50 back-to-back calls and one
 synchronisation (median of 5 rounds), the host time per call (the same calls timed before the
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         w13 = torch.randn(experts, hidden, 2 * inter, device="cuda", dtype=torch.bfloat16) * 0.02
         w2 = torch.randn(experts, inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
         for scheme in args.schemes:
-            layer = moe.MoELayer.from_float(w13, w2, top_k=top_k, scheme=scheme, vendor="cuda")
+            layer = moe.MoELayer.from_float(w13, w2, top_k=top_k, scheme=scheme, vendor="cuda", launch_plans=None)
             for t in args.tokens:
                 x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
                 logits = torch.randn(t, experts, device="cuda", dtype=torch.float32)

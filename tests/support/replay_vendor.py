@@ -62,3 +62,28 @@ class ReplayingCpu(CpuVendor):
 
     def _make_ops(self) -> ReplayOps:
         return ReplayOps()
+
+
+class PlanningOps(ReferenceOps):
+    """The reference ops with launch plans, emulated as `EmulatedGraphSet`s (`sets` keeps them)."""
+
+    def __init__(self) -> None:
+        self.sets: list[EmulatedGraphSet] = []
+
+    def launch_plan_set(self, device: torch.device) -> EmulatedGraphSet:
+        made = EmulatedGraphSet()
+        self.sets.append(made)
+        return made
+
+
+class PlanningCpu(CpuVendor):
+    """The CPU vendor with launch plans (`hal.Vendor.launch_plan_set`), emulated (`PlanningOps`); it does not
+    read values back on the host, as a GPU vendor would not (so layers leave `check_routing` off)."""
+
+    name = "cpu-planning"
+
+    def _detect_capabilities(self):
+        return dataclasses.replace(super()._detect_capabilities(), host_synchronous=False)
+
+    def _make_ops(self) -> PlanningOps:
+        return PlanningOps()

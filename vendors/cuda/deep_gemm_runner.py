@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 
 from hal import GemmKind, InvalidInput, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.launch_plans import refuse_recording
 from vendors.cuda.torch_grouped import log_unserved_choice
 from vendors.cuda.tuning import DEEP_GEMM, Choice
 
@@ -209,6 +210,7 @@ def deep_gemm_grouped(
     (through `row_index` where given) placed at aligned rows, multiplied, and brought back by
     `finish(product, place)`: `take` by default; a gated call passes its activation reading the rows through
     `place`, so the product is activated and put back in order in one pass."""
+    refuse_recording("DeepGEMM's own kernels (not recorded in a launch plan)")
     if x.scale is None or weight.scale is None:
         raise InvalidInput("deep_gemm_grouped: fp8 block-128 rows and weights need their scales (see deep_gemm_fits)")
     return deep_gemm_rows(module, x.data, x.scale, weight.data, weight.scale, counts, row_index, finish=finish)

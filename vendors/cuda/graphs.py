@@ -1,4 +1,5 @@
-"""CUDA graphs for `hal.GraphSet`: one memory pool and one lock per set.
+"""CUDA graphs for `hal.GraphSet`: one memory pool and one lock per set; and the ops that make the vendor's sets
+(CUDA graphs, and launch plans: `vendors.cuda.launch_plans`).
 
 Captures run on the set's own stream. A replay runs on the caller's stream, under the set's lock:
 inputs copied into the capture's own, the graph replayed, the output cloned, all in the caller's
@@ -16,6 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from hal import GraphSet, InvalidInput, invalid
+from vendors.cuda.kernels.current import capturing, current_device, current_stream
+from vendors.cuda.kernels.launch import direct_launches
+from vendors.cuda.launch_plans import LaunchPlanSet
 
 #: warm-up runs before a capture (kernels compiled and tuned, lazily built constants made)
 WARMUP_RUNS = 2
@@ -83,3 +87,16 @@ class CapturedGraph:
                 mine.copy_(given, non_blocking=True)
             self._graph.replay()
             return self._output.clone()
+
+
+class CapturingOps:
+    """The CUDA ops' captured calls: CUDA graphs (`graph_set`) and launch plans (`launch_plan_set`)."""
+
+    def graph_set(self, device: torch.device) -> CudaGraphSet:
+        """CUDA graphs sharing a memory pool and a stream."""
+        return CudaGraphSet(device)
+
+    def launch_plan_set(self, device: torch.device) -> LaunchPlanSet:
+        """Launch plans of the Triton kernels' launches on `device` (`vendors.cuda.launch_plans`)."""
+        # the stream a launch runs on (`kernels.launch`): the current device's current stream
+        return LaunchPlanSet(device, lambda: current_stream(current_device()), direct_launches, capturing)

@@ -66,7 +66,7 @@ from vendors.cuda.counting import CountingOps
 from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallback, take
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
-from vendors.cuda.graphs import CudaGraphSet
+from vendors.cuda.graphs import CapturingOps
 from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
 from vendors.cuda.kernels.split_scratch import SplitScratch
 from vendors.cuda.quack_runner import GemmFn, Quack, quack_or_fallback, quack_or_none
@@ -94,7 +94,7 @@ _SCALE_MODE = {
 }
 
 
-class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
+class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, CapturingOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm` / `torch_scaled_grouped_mm`: use
     `torch._grouped_mm` for bf16 (sm90+) / `torch._scaled_grouped_mm` for fp8 row-wise (sm90); `dependent_launch`:
     launch the Triton kernels with programmatic dependent launch (sm90+, `kernels/dependent.py`)."""
@@ -165,10 +165,6 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, ReferenceOps):
             quack=self.quack,
             progress=progress,
         ).as_dict()
-
-    def graph_set(self, device: torch.device) -> CudaGraphSet:
-        """CUDA graphs sharing a memory pool and a stream (`vendors.cuda.graphs`)."""
-        return CudaGraphSet(device)
 
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """`work` on a second stream of the device, joined when its result is asked for."""

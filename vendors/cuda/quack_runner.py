@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from hal import GemmKind, PackedInt4Tensor, QuantizedTensor, QuantizedWeight
+from vendors.cuda.launch_plans import refuse_recording
 from vendors.cuda.torch_grouped import log_unserved_choice
 from vendors.cuda.tuning import QUACK, Choice
 
@@ -169,6 +170,7 @@ def quack_grouped(
     """`y[rows of g] = data[rows of g] @ w[g]` (rows sorted by group; through `row_index` where given) on quack's
     variable-length GEMM, in bf16. Rows past the groups' total are left unwritten, as the other runners leave
     them. No host synchronisation: the offsets are made on the device."""
+    refuse_recording("quack-kernels' own kernels (not recorded in a launch plan)")
     rows = data.shape[0] if row_index is None else row_index.numel()
     e, _, n = w.shape
     if rows == 0:

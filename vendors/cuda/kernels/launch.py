@@ -13,6 +13,9 @@ address is 16-byte aligned; each integer's value class (1, a multiple of 16, 32-
 type of anything else; every keyword (constexprs and options) with its value; the current device.
 Calls with other argument types (e.g. tensor descriptors) and calls while a launch hook is set (a
 profiler) always take the JIT's path.
+
+While this thread records a launch plan (`vendors.cuda.launch_plans`), each launch is also handed to the
+recorder as the launcher call it made; a launch through the JIT's path refuses the recording.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from triton import knobs
 # torch's own calls for the current device and its current stream (what Triton's CUDA driver calls too)
 from vendors.cuda.kernels.current import current_device as _current_device
 from vendors.cuda.kernels.current import current_stream as _current_stream
+from vendors.cuda.launch_plans import ACTIVE as _RECORDING
 
 # compiled kernels by (kernel, signature key): a cache like the JIT's own, filled at first use
 _COMPILED: dict[tuple[Any, ...], tuple[Any, Any, tuple[Any, ...]]] = {}
@@ -94,13 +98,22 @@ def _direct(compiled: Any) -> Any:
     return run.launch
 
 
+def direct_launches() -> bool:
+    """Whether launches go to compiled kernels' launchers now (not interpreted, no launch hook set)."""
+    runtime = knobs.runtime
+    return not (runtime.interpret or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook))
+
+
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     """`kernel[grid](*args, **meta)`, through the compiled kernel's launcher when this signature was seen
     (see the module); positional `args` then keyword constexprs and options, as the JIT takes them."""
     runtime = knobs.runtime
+    recorder = _RECORDING.recorder
     signature = None if runtime.interpret else _signature(args)
     if signature is None or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
         kernel[grid](*args, **meta)
+        if recorder is not None:
+            recorder.refuse(f"a launch of {getattr(kernel, '__name__', kernel)} through Triton's JIT")
         return
     device = _current_device()
     key = (kernel, device, signature, tuple(meta.items()))
@@ -108,14 +121,20 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     if found is None:
         compiled = kernel[grid](*args, **meta)
         if not hasattr(compiled, "packed_metadata"):  # not a compiled kernel (an interpreter's, a future Triton)
+            if recorder is not None:
+                recorder.refuse("a launch without a compiled kernel")
             return
         params = kernel.params[len(args) :]
         tail = tuple(meta.get(p.name, p.default) for p in params)
         _COMPILED[key] = (compiled, _direct(compiled), tail)
+        if recorder is not None:
+            _record(recorder, _COMPILED[key], grid, _current_stream(device), args)
         return
     compiled, direct, tail = found
     stream = _current_stream(device)
     x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    if recorder is not None:
+        _record(recorder, found, grid, stream, args)
     if direct is not None:  # what `compiled.run` does when there is no scratch memory, without its frame
         run = compiled.run
         direct(
@@ -137,3 +156,22 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         )
         return
     compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+
+
+def _record(
+    recorder: Any, found: tuple[Any, Any, tuple[Any, ...]], grid: tuple[int, ...], stream: int, args: Any
+) -> None:
+    """Hand a launch to the recorder as the direct launcher call that issues it again."""
+    compiled, direct, tail = found
+    if direct is None:
+        recorder.refuse("a compiled kernel whose launcher is not called directly (scratch memory, another Triton)")
+        return
+    run = compiled.run
+    x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    head = (x, y, z, stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None)
+    head += (compiled.packed_metadata, None, None, None)
+
+    def issue(given: Any) -> None:
+        direct(*head, *given, *tail)
+
+    recorder.launched(issue, args, stream)
