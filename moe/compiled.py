@@ -4,7 +4,8 @@ Under compilation the layer checks its inputs' shapes in traced code and hands t
 (routing and its value checks, dispatch, grouped matmuls whose group sizes depend on the
 data, combine, shared experts, the tensor-parallel all-reduce) to
 `torch.ops.moe_hal.moe_forward`, whose fake implementation only states the output's shape
-and dtype. Compiled and eager layers therefore compute bit for bit alike. The op finds its
+and dtype. Compiled and eager layers therefore compute bit for bit alike; the op's calls go through the
+layer's launch plans where it has them (`moe.LaunchPlans`), as eager calls do. The op finds its
 layer through an integer handle: torch custom ops take tensors and plain values, not Python
 objects. The handle table holds weak references only (a layer that is gone is gone from it);
 it is an identity table, not configuration, and nothing reads it but the op. A lock guards
@@ -59,7 +60,8 @@ def _moe_forward(
         layer = _LAYERS.get(handle)
     if layer is None:
         raise InvalidInput(f"moe_hal::moe_forward: expected a live MoELayer for handle {handle}, got none")
-    return layer._run(x, router_logits, topk_ids, topk_weights)
+    run = getattr(layer, "_op_forward", layer._run)  # a layer's launch plans serve the op's eager calls too
+    return run(x, router_logits, topk_ids, topk_weights)
 
 
 def _moe_forward_fake(

@@ -216,6 +216,16 @@ class ReplayedForward:
         load = self.expert_load
         return LayerGraphs(config, self.vendor.launch_plan_set, self._run, None if load is None else load.saved)
 
+    def _op_forward(
+        self: Any, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The forward of the compiled layer's custom op (`moe.compiled`): through the launch plans where the
+        layer has them (the op runs eagerly inside a compiled model), else the plain forward."""
+        graphs = self._graphs
+        if graphs is not None and self.graph_config is None and self._pipeline is not None:
+            return graphs.call(x, logits, ids, weights)
+        return self._run(x, logits, ids, weights)
+
     def _drop_graphs(self) -> None:
         if self._graphs is not None:
             self._graphs.clear()

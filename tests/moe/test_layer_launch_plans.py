@@ -132,3 +132,13 @@ def test_bad_input_to_a_planned_layer_is_refused_as_before():
     with pytest.raises(InvalidInput):
         planned(x, logits[:, :-1])
     assert planned.launch_plan_count == 1
+
+
+def test_a_compiled_layer_s_op_goes_through_the_launch_plans():
+    planned, plain, vendor = _layers()
+    compiled = torch.compile(planned, backend="eager", fullgraph=True)
+    for seed in range(4):
+        x, logits = _inputs(5, seed)
+        assert torch.equal(compiled(x, logits), plain(x, logits))
+    assert planned.launch_plan_count == 1
+    assert _replayed(vendor) == 3

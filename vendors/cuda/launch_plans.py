@@ -187,8 +187,10 @@ class LaunchPlan:
         output: torch.Tensor,
         current_stream: Callable[[], Any],
         ready: Callable[[], bool],
+        capturing: Callable[[], bool] = lambda: False,
     ) -> None:
         self._fn = fn
+        self._capturing = capturing
         #: the check replay's verdict, until it is read (calls run `fn` until then); then None
         self._pending: Callable[[], bool | None] | None = None
         self._refused: Callable[[], None] | None = None  #: set when the check failed: every call runs `fn`
@@ -216,7 +218,8 @@ class LaunchPlan:
         self._total = total
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if self._pending is not None and not self._settle():
+        # the verdict is not read inside a CUDA-graph capture (an event query there would break the capture)
+        if self._pending is not None and (self._capturing() or not self._settle()):
             return self._fn(*inputs)
         if (
             not self.usable
@@ -344,7 +347,7 @@ class LaunchPlanSet(GraphSet):
             return None, "the forward launched no recorded kernel"
         if output.dtype != next(t.dtype for t in recorder.allocations if _storage(t) == _storage(output)):
             return None, "the forward returns a view of another dtype"
-        plan = LaunchPlan(fn, recorder, output, self._current_stream, self._ready)
+        plan = LaunchPlan(fn, recorder, output, self._current_stream, self._ready, self._capturing)
         plan.check(inputs, output, lambda: self._count(_DIFFERED))
         return plan, ""
 

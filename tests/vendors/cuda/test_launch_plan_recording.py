@@ -208,6 +208,21 @@ def test_a_plan_falls_back_when_launches_stop_being_direct():
     assert torch.equal(plan(x, y), forward(x, y))
 
 
+def test_the_check_s_verdict_is_not_read_inside_a_graph_capture():
+    capturing = [False]
+    plans = LaunchPlanSet(torch.device("cpu"), lambda: None, lambda: True, lambda: capturing[0])
+    plan = plans.capture(forward, (torch.randn(64), torch.randn(64)))
+    assert isinstance(plan, LaunchPlan)
+    reads = []
+    plan._pending = lambda: reads.append(1) or True  # a verdict still to be read (on a GPU: until it arrives)
+    capturing[0] = True
+    x, y = torch.randn(64), torch.randn(64)
+    assert torch.equal(plan(x, y), forward(x, y)) and not reads
+    capturing[0] = False
+    assert torch.equal(plan(x, y), forward(x, y)) and reads == [1]
+    assert plan._pending is None and plan.usable
+
+
 def test_capture_rejects_what_is_not_a_function_or_tensors():
     from hal import InvalidInput
 
