@@ -153,7 +153,10 @@ def _span(t: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def _meta(t: torch.Tensor) -> tuple[Any, ...]:
+def _meta(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """What a replay must find again in an input; None for a tensor subclass (its memory is not its own to read)."""
+    if type(t) is not torch.Tensor:
+        return None
     return (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
@@ -315,8 +318,10 @@ class LaunchPlanSet(GraphSet):
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise invalid(f"example_inputs[{i}]", "a tensor", type(t).__name__)
-        storages = {_storage(t) for t in inputs if t.numel()}
-        if len(storages) < sum(1 for t in inputs if t.numel()):
+        storages = {_storage(t) for t in inputs if t.numel()} if all(_meta(t) for t in inputs) else set()
+        if any(_meta(t) is None for t in inputs):
+            plan, reason = None, "an input is a tensor subclass"
+        elif len(storages) < sum(1 for t in inputs if t.numel()):
             plan, reason = None, "two inputs share memory"
         else:
             plan, reason = self._record(fn, inputs)

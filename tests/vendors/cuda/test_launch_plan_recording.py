@@ -193,6 +193,20 @@ def test_inputs_sharing_memory_get_no_plan():
     assert "two inputs share memory" in plans.refusals
 
 
+class _Marked(torch.Tensor):
+    """A tensor subclass (as a framework's wrapper tensors are)."""
+
+
+def test_tensor_subclasses_are_neither_recorded_nor_replayed():
+    plans = _plans()
+    marked = torch.randn(64).as_subclass(_Marked)
+    assert plans.capture(forward, (marked, torch.randn(64))) is forward
+    assert "an input is a tensor subclass" in plans.refusals
+    plan = plans.capture(forward, (torch.randn(64), torch.randn(64)))
+    y = torch.randn(64)
+    assert torch.equal(plan(marked, y), forward(torch.Tensor(marked), y))
+
+
 def test_a_set_not_ready_records_nothing():
     plans = LaunchPlanSet(torch.device("cpu"), lambda: None, lambda: False)
     assert plans.capture(forward, (torch.randn(64), torch.randn(64))) is forward
