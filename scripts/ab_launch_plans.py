@@ -6,7 +6,7 @@ with its plans turned off (the plain eager forward); the GPU time of a CUDA-grap
 (median of 100); whether the plan was used and whether its outputs equal the plain forward's bit for bit.
 One JSON line per row; `--output` also writes them as one JSON file.
 
-    python scripts/ab_launch_plans.py --tokens 1 8 64 512 4096
+    PYTHONPATH=. python scripts/ab_launch_plans.py --tokens 1 8 64 512 4096
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import moe
+from scripts.peer_eager import graphed  # the same capture
 
 SHAPES = {  # name: hidden, intermediate, experts, top-k
     "qwen3-30b-a3b": (2048, 768, 128, 8),
@@ -40,20 +41,12 @@ def _wall(fn: Callable[[], object], calls: int = 50) -> float:
 
 
 def _graph_us(fn: Callable[[], object]) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    replay = graphed(fn)
     times = []
     for _ in range(100):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)

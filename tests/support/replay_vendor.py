@@ -41,7 +41,8 @@ class EmulatedGraphSet(GraphSet):
 
 
 class ReplayOps(ReferenceOps):
-    """The reference ops and one `EmulatedGraphSet` per `graph_set` call (`sets` keeps them)."""
+    """The reference ops and one `EmulatedGraphSet` per `graph_set` (or `launch_plan_set`) call (`sets` keeps
+    them)."""
 
     def __init__(self) -> None:
         self.sets: list[EmulatedGraphSet] = []
@@ -64,16 +65,14 @@ class ReplayingCpu(CpuVendor):
         return ReplayOps()
 
 
-class PlanningOps(ReferenceOps):
-    """The reference ops with launch plans, emulated as `EmulatedGraphSet`s (`sets` keeps them)."""
+class PlanningOps(ReplayOps):
+    """`ReplayOps` whose emulated sets are launch plans (`hal.Vendor.launch_plan_set`) instead of graphs."""
 
-    def __init__(self) -> None:
-        self.sets: list[EmulatedGraphSet] = []
+    def graph_set(self, device: torch.device) -> EmulatedGraphSet:
+        return ReferenceOps.graph_set(self, device)  # no graphs: the reference's refusal
 
     def launch_plan_set(self, device: torch.device) -> EmulatedGraphSet:
-        made = EmulatedGraphSet()
-        self.sets.append(made)
-        return made
+        return ReplayOps.graph_set(self, device)
 
 
 class PlanningCpu(CpuVendor):
