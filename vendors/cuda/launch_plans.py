@@ -259,7 +259,7 @@ class LaunchPlan:
         shape, stride, dtype = self._out
         out = torch.empty_strided(shape, stride, dtype=dtype, device=self._device)
         bases = [t.data_ptr() for t in inputs]
-        block = None
+        block, start = None, 0
         if self._total:
             block = torch.empty(self._total, dtype=torch.uint8, device=self._device)
             start = block.data_ptr()

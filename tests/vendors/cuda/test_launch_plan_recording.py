@@ -73,6 +73,21 @@ def test_a_plan_replays_with_new_inputs_and_equals_the_forward():
         assert torch.allclose(got.double(), (2 * a.double() + b.double()) * 0.5 + WEIGHT.double(), atol=1e-6)
 
 
+def test_an_empty_intermediate_is_harmless():
+    def with_empty(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        unused = torch.empty(0, dtype=torch.float32)
+        out = torch.empty(y.shape[0], dtype=torch.float32)
+        launch(_axpy, x, y, out, y.shape[0], 1, 3.0)
+        launch(_axpy, unused, out, out, 0, 1, 1.0)  # a kernel given an empty tensor (it reads none of it)
+        return out
+
+    plan = _plans().capture(with_empty, (torch.randn(64), torch.randn(64)))
+    assert isinstance(plan, LaunchPlan) and plan.usable
+    x, y = torch.randn(64), torch.randn(64)
+    assert torch.equal(plan(x, y), with_empty(x, y))
+    assert torch.allclose(plan(x, y), 3 * x + y)
+
+
 def test_a_returned_view_of_an_allocation_is_rebuilt():
     plan = _plans().capture(returns_a_view, (torch.randn(64), torch.randn(64)))
     assert isinstance(plan, LaunchPlan)
