@@ -116,6 +116,10 @@ class LayerGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def refusals(self) -> dict[str, int]:
+        """Why captures were refused, counted, where the set reports it (launch plans), else empty."""
+        return dict(getattr(self._set, "refusals", {}))
+
     def clear(self) -> None:
         """Drop every capture (the weights they read are gone)."""
         with self._lock:
@@ -240,6 +244,14 @@ class ReplayedForward:
         """How many forward signatures the layer has recorded as launch plans (each a plan, or the plain
         forward where its recording was refused; 0 with a `GraphConfig` or without plans)."""
         return 0 if self._graphs is None or self.graph_config is not None else len(self._graphs)
+
+    @property
+    def launch_plan_refusals(self) -> dict[str, int]:
+        """Why signatures got no launch plan (each reason with its count; also logged once at INFO level, by
+        `vendors.cuda.launch_plans` on CUDA): those signatures run the plain forward. Empty without plans."""
+        if self._graphs is None or self.graph_config is not None:
+            return {}
+        return self._graphs.refusals()
 
 
 __all__ = ["GraphConfig", "LaunchPlans", "LayerGraphs", "ReplayedForward", "check_replay_configs"]

@@ -6,14 +6,18 @@ vendor's real plans: tests/vendors/cuda/test_cuda_launch_plans.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 import moe
 from hal import InvalidInput
+from hal.reference import ReferenceOps
 from tests.support.moe_reference import random_weights
 from tests.support.replay_vendor import PlanningCpu
+from vendors.cpu import CpuVendor
+from vendors.cuda.launch_plans import LaunchPlanSet
 
 E, H, I, K = 16, 160, 48, 4
 
@@ -142,3 +146,33 @@ def test_a_compiled_layer_s_op_goes_through_the_launch_plans():
         assert torch.equal(compiled(x, logits), plain(x, logits))
     assert planned.launch_plan_count == 1
     assert _replayed(vendor) == 3
+
+
+class _RecordingOps(ReferenceOps):
+    """The reference ops with the CUDA vendor's real launch-plan recorder (on the CPU: no launches)."""
+
+    def launch_plan_set(self, device: torch.device) -> LaunchPlanSet:
+        return LaunchPlanSet(device, lambda: None, lambda: True)
+
+
+class _RecordingCpu(CpuVendor):
+    name = "cpu-recording"
+
+    def _detect_capabilities(self):
+        return dataclasses.replace(super()._detect_capabilities(), host_synchronous=False)
+
+    def _make_ops(self) -> _RecordingOps:
+        return _RecordingOps()
+
+
+def test_a_forward_of_torch_ops_is_refused_says_why_and_runs_plainly():
+    w13, w2 = random_weights(E, H, I, 3)
+    layer = moe.MoELayer.from_float(w13, w2, K, vendor=_RecordingCpu(), environ={})
+    plain = moe.MoELayer.from_float(w13, w2, K, vendor="cpu", check_routing=False, environ={})
+    for seed in range(3):
+        x, logits = _inputs(7, seed)
+        assert torch.equal(layer(x, logits), plain(x, logits))
+    assert layer.launch_plan_count == 1
+    (reason,) = layer.launch_plan_refusals
+    assert "torch op aten." in reason
+    assert plain.launch_plan_refusals == {}

@@ -26,6 +26,7 @@ the plan); otherwise it runs the plain forward.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hal import GraphSet, invalid
 
+_LOG = logging.getLogger(__name__)
 _ALIGN = 256  #: offset of each intermediate in a replay's block (the caching allocator's blocks are 512-aligned)
 _ALLOCATING = frozenset(
     {
@@ -303,7 +305,7 @@ class LaunchPlanSet(GraphSet):
         self._current_stream = current_stream
         self._ready = ready
         self._capturing = capturing
-        self.refusals: dict[str, int] = {}  #: why forwards got no plan, counted (for `hal explain`-style reports)
+        self.refusals: dict[str, int] = {}  #: why forwards got no plan, counted (`MoELayer.launch_plan_refusals`)
 
     def can_capture(self) -> bool:
         """Whether a recording may be made now (launches direct, no graph capture under way)."""
@@ -357,6 +359,8 @@ class LaunchPlanSet(GraphSet):
         return plan, ""
 
     def _count(self, reason: str) -> None:
+        if reason not in self.refusals:  # once per reason and set (a layer's)
+            _LOG.info("launch plan not recorded: %s; that input signature runs the plain forward", reason)
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
 

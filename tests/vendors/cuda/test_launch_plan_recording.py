@@ -150,8 +150,9 @@ def test_a_call_on_another_stream_runs_the_plain_forward():
     assert len(calls) == before + 1
 
 
-def test_torch_compute_in_the_forward_refuses_the_plan():
+def test_torch_compute_in_the_forward_refuses_the_plan(caplog):
     plans = _plans()
+    caplog.set_level("INFO", logger="vendors.cuda.launch_plans")
 
     def with_torch_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return forward(x * 1.0, y)  # the multiply is device work no launch records
@@ -159,6 +160,9 @@ def test_torch_compute_in_the_forward_refuses_the_plan():
     fn = plans.capture(with_torch_op, (torch.randn(64), torch.randn(64)))
     assert fn is with_torch_op
     assert any("aten.mul" in reason for reason in plans.refusals)
+    plans.capture(with_torch_op, (torch.randn(64), torch.randn(64)))
+    logged = [r.getMessage() for r in caplog.records if "launch plan not recorded" in r.getMessage()]
+    assert len(logged) == 1 and "aten.mul" in logged[0]  # once per reason
 
 
 def test_an_intermediate_written_outside_a_launch_refuses_the_plan():
