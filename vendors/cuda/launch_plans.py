@@ -341,9 +341,11 @@ class LaunchPlanSet(GraphSet):
         if ACTIVE.recorder is not None:
             return None, "a recording is already under way on this thread"
         ACTIVE.recorder = recorder
-        try:
+        try:  # an error here is the plain forward's to raise (the call runs it next), or the recording's to absorb
             with _Watch(recorder):
                 output = fn(*inputs)
+        except Exception as error:
+            return None, f"the forward raised {type(error).__name__} while it was recorded"
         finally:
             ACTIVE.recorder = None
         if recorder.refused is not None:
@@ -355,7 +357,10 @@ class LaunchPlanSet(GraphSet):
         if output.dtype != next(t.dtype for t in recorder.allocations if _storage(t) == _storage(output)):
             return None, "the forward returns a view of another dtype"
         plan = LaunchPlan(fn, recorder, output, self._current_stream, self._ready, self._capturing)
-        plan.check(inputs, output, lambda: self._count(_DIFFERED))
+        try:
+            plan.check(inputs, output, lambda: self._count(_DIFFERED))
+        except Exception as error:
+            return None, f"the check replay raised {type(error).__name__}"
         return plan, ""
 
     def _count(self, reason: str) -> None:

@@ -226,6 +226,23 @@ def test_tensor_subclasses_are_neither_recorded_nor_replayed():
     assert torch.equal(plan(marked, y), forward(torch.Tensor(marked), y))
 
 
+def test_an_error_while_recording_leaves_the_plain_forward_to_raise_it():
+    plans = _plans()
+    calls = []
+
+    def fails_once_recorded(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if ACTIVE.recorder is not None:
+            raise RuntimeError("an op that does not run under the recorder")
+        return forward(x, y)
+
+    fn = plans.capture(fails_once_recorded, (torch.randn(64), torch.randn(64)))
+    assert fn is fails_once_recorded and ACTIVE.recorder is None
+    assert plans.refusals == {"the forward raised RuntimeError while it was recorded": 1}
+    x, y = torch.randn(64), torch.randn(64)
+    assert torch.equal(fn(x, y), forward(x, y))
+
+
 def test_a_set_not_ready_records_nothing():
     plans = LaunchPlanSet(torch.device("cpu"), lambda: None, lambda: False)
     assert plans.capture(forward, (torch.randn(64), torch.randn(64))) is forward
