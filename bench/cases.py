@@ -36,7 +36,7 @@ class CaseResult:
     weight_bytes: float = 0.0
     flops: float = 0.0
     roofline_us: float | None = None
-    #: wall time per call of back-to-back calls (one synchronisation): the plain eager layer, and the
+    #: wall time per call of back-to-back calls (one synchronisation): the eager layer (its launch plans on), and the
     #: layer replaying its own captures (`moe.GraphConfig`) where the vendor captures graphs
     eager_wall_us: float | None = None
     replayed_wall_us: float | None = None

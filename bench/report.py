@@ -55,7 +55,7 @@ LEGEND = (
     "weight bytes / copy bandwidth, flops / matmul peak); %rf g / e: roofline / measured time; GB/s and TF/s: "
     "achieved (best time); ovh g / e: layer time / the same kernels called directly (1.00x = no overhead); "
     "loop: a per-expert PyTorch loop (eager); x loop: loop time / the layer's best time; wall e / r: wall time per "
-    "call of 50 back-to-back calls, the plain eager layer / the layer replaying its captures (moe.GraphConfig); "
+    "call of 50 back-to-back calls, the eager layer (launch plans where the vendor has them) / the layer replaying its captures (moe.GraphConfig); "
     "e/g, r/g: those over the graph time"
 )
 
