@@ -14,7 +14,7 @@ import torch
 import moe
 from hal import InvalidInput
 from hal.reference import ReferenceOps
-from tests.support.moe_reference import random_weights
+from tests.support.moe_reference import TOLERANCE, random_weights, reference_moe, relative_error, softmax_topk
 from tests.support.replay_vendor import PlanningCpu
 from vendors.cpu import CpuVendor
 from vendors.cuda.launch_plans import LaunchPlanSet
@@ -176,3 +176,24 @@ def test_a_forward_of_torch_ops_is_refused_says_why_and_runs_plainly():
     (reason,) = layer.launch_plan_refusals
     assert "torch op aten." in reason
     assert plain.launch_plan_refusals == {}
+
+
+@pytest.mark.parametrize("top_k", [1, 8])
+def test_replayed_calls_match_the_float64_moe_on_a_realistic_shape(top_k):
+    """128 experts, hidden 1000 and intermediate 360 (not multiples of 128), 1500 tokens: a replayed call
+    agrees with the float64 MoE as a plain one does."""
+    experts, hidden, inter, tokens = 128, 1000, 360, 1500
+    w13, w2 = random_weights(experts, hidden, inter, 11)
+    vendor = PlanningCpu()
+    layer = moe.MoELayer.from_float(
+        w13, w2, top_k, vendor=vendor, environ={}, launch_plans=moe.LaunchPlans(max_tokens=2048)
+    )
+    g = torch.Generator().manual_seed(12)
+    for _ in range(2):  # the first call runs plainly, the second records
+        layer(torch.randn(tokens, hidden, generator=g).to(torch.bfloat16), torch.randn(tokens, experts, generator=g))
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, generator=g)
+    ids, weights = softmax_topk(logits, top_k)
+    error = relative_error(layer(x, logits), reference_moe(x, ids, weights, w13, w2))
+    assert error < TOLERANCE[("unquantized", "bf16")], f"relative error {error:.4f}"
+    assert layer.launch_plan_count == 1 and _replayed(vendor) == 2

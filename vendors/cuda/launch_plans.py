@@ -217,8 +217,6 @@ class LaunchPlan:
             offsets.append(None if j == out_slot else total)
             if j != out_slot:
                 total += -(-t.untyped_storage().nbytes() // _ALIGN) * _ALIGN
-        self._inputs = len(recorder.inputs)
-        self._out_slot = out_slot
         self._offsets = tuple(offsets)
         self._total = total
 
@@ -320,10 +318,10 @@ class LaunchPlanSet(GraphSet):
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise invalid(f"example_inputs[{i}]", "a tensor", type(t).__name__)
-        storages = {_storage(t) for t in inputs if t.numel()} if all(_meta(t) for t in inputs) else set()
-        if any(_meta(t) is None for t in inputs):
+        filled = [t for t in inputs if t.numel()]
+        if any(type(t) is not torch.Tensor for t in inputs):
             plan, reason = None, "an input is a tensor subclass"
-        elif len(storages) < sum(1 for t in inputs if t.numel()):
+        elif len({_storage(t) for t in filled}) < len(filled):
             plan, reason = None, "two inputs share memory"
         else:
             plan, reason = self._record(fn, inputs)
@@ -337,14 +335,13 @@ class LaunchPlanSet(GraphSet):
     ) -> tuple[LaunchPlan | None, str]:
         if not self.can_capture():
             return None, "a launch hook is set or a CUDA graph is being captured"
-        recorder = LaunchRecorder(inputs, self._current_stream())
         if ACTIVE.recorder is not None:
             return None, "a recording is already under way on this thread"
-        ACTIVE.recorder = recorder
+        recorder = ACTIVE.recorder = LaunchRecorder(inputs, self._current_stream())
         try:  # an error here is the plain forward's to raise (the call runs it next), or the recording's to absorb
             with _Watch(recorder):
                 output = fn(*inputs)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (any error: the plain forward decides whether it is real)
             return None, f"the forward raised {type(error).__name__} while it was recorded"
         finally:
             ACTIVE.recorder = None
@@ -359,7 +356,7 @@ class LaunchPlanSet(GraphSet):
         plan = LaunchPlan(fn, recorder, output, self._current_stream, self._ready, self._capturing)
         try:
             plan.check(inputs, output, lambda: self._count(_DIFFERED))
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (as above: that signature runs the plain forward)
             return None, f"the check replay raised {type(error).__name__}"
         return plan, ""
 
