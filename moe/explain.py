@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hal import (
@@ -73,6 +73,12 @@ class LayerExplanation:
     warnings: tuple[str, ...] = ()
     #: the scheme the experts run as, where the vendor converts the weights to another at load
     scheme_fallback: str | None = None
+    #: how a built layer's eager calls run (`MoELayer.eager_calls`); None for settings alone
+    eager: str | None = None
+
+    def with_eager(self, eager: str) -> LayerExplanation:
+        """This explanation with how the built layer's eager calls run."""
+        return replace(self, eager=eager)
 
     @property
     def buildable(self) -> bool:
@@ -95,6 +101,7 @@ class LayerExplanation:
             "runner": self.runner,
             "rejected": [{"what": a.what, "name": a.name, "reason": a.reason} for a in self.rejected],
             "warnings": list(self.warnings),
+            "eager_calls": self.eager,
         }
 
     def text(self) -> str:
@@ -122,6 +129,8 @@ class LayerExplanation:
             f"dispatcher: {self.dispatcher}",
             f"runner: {self.runner}",
         ]
+        if self.eager is not None:
+            lines.append(f"eager calls: {self.eager}")
         lines += [f"not {a.what} {a.name}: {a.reason}" for a in self.rejected]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)

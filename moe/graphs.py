@@ -209,16 +209,47 @@ class ReplayedForward:
         return LayerGraphs(config, self.vendor.graph_set, self._run, None if load is None else load.saved)
 
     def _make_launch_plans(self: Any) -> LayerGraphs | None:
-        config = self.launch_plans
-        # collectives and host reads are device work a recorder cannot see: those layers run plainly
-        if config is None or self.check_routing or not self.dispatcher.capturable:
-            return None
-        if self.process_group is not None or self.tp_group is not None:
-            return None
-        if self.vendor.launch_plan_set() is None:
+        if self._without_launch_plans() is not None:
             return None
         load = self.expert_load
-        return LayerGraphs(config, self.vendor.launch_plan_set, self._run, None if load is None else load.saved)
+        return LayerGraphs(
+            self.launch_plans, self.vendor.launch_plan_set, self._run, None if load is None else load.saved
+        )
+
+    def _without_launch_plans(self: Any) -> str | None:
+        """Why this layer's eager calls take no launch plans (None: they do)."""
+        # collectives and host reads are device work a recorder cannot see: those layers run plainly
+        if self.graph_config is not None:
+            return "it replays CUDA graphs (graphs=GraphConfig)"
+        if self.launch_plans is None:
+            return "launch_plans=None"
+        if self.vendor.launch_plan_set() is None:
+            return f"vendor {self.vendor.name!r} records no launch plans"
+        if self.check_routing:
+            return "check_routing reads the routing back on the host"
+        if not self.dispatcher.capturable:
+            return f"the dispatcher {self.dispatcher!r} reads counts back on the host"
+        if self.process_group is not None or self.tp_group is not None:
+            return "its collectives (process_group / tp_group) are not kernel launches a recorder sees"
+        return None
+
+    @property
+    def eager_calls(self) -> str:
+        """How an eager call runs: graph replay, launch plans (with what was recorded and refused so far) or
+        the plain forward, and why (`explanation` shows it too)."""
+        if self.graph_config is not None:
+            c = self.graph_config
+            return f"CUDA-graph replay up to {c.max_tokens} tokens, {c.max_graphs} signatures ({self.graph_count} held)"
+        why = self._without_launch_plans()
+        if why is not None:
+            return f"the plain forward: {why}"
+        c = self.launch_plans
+        refused = self.launch_plan_refusals
+        text = (
+            f"launch plans up to {c.max_tokens} tokens, {c.max_plans} signatures, each recorded at its second call "
+            f"({self.launch_plan_count} recorded"
+        )
+        return text + (f"; refused: {refused})" if refused else ")")
 
     def _op_forward(
         self: Any, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None

@@ -296,7 +296,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         and for each alternative the reason it was not taken (`moe.explain`; `.text()` to log it)."""
         return explain_layer(
             self.vendor, self.spec, dispatch=self.dispatch_config, runners=self._runners, environ=self._environ
-        )
+        ).with_eager(self.eager_calls)
 
     @property
     def expert_weights(self) -> ExpertWeights | None:

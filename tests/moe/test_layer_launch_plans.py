@@ -106,6 +106,24 @@ def test_layers_that_must_not_record_run_the_plain_forward(options):
     for _ in range(3):
         assert torch.equal(planned(x, logits), plain(x, logits))
     assert planned.launch_plan_count == 0 and _recorded(vendor) == 0
+    why = "launch_plans=None" if "launch_plans" in options else "check_routing"
+    assert planned.eager_calls.startswith("the plain forward: ") and why in planned.eager_calls
+    assert f"eager calls: {planned.eager_calls}" in planned.explanation.text()
+
+
+def test_the_explanation_says_what_eager_calls_recorded_and_why_plans_were_refused():
+    planned, _, _ = _layers()
+    x, logits = _inputs(4, 9)
+    assert "0 recorded" in planned.explanation.text()
+    planned(x, logits)
+    planned(x, logits)
+    assert planned.explanation.as_dict()["eager_calls"].endswith("(1 recorded)")
+    w13, w2 = random_weights(E, H, I, 3)
+    refusing = moe.MoELayer.from_float(w13, w2, K, vendor=_RecordingCpu(), environ={})
+    for _ in range(2):
+        refusing(x, logits)
+    assert "1 recorded; refused: {'" in refusing.eager_calls and "torch op aten." in refusing.eager_calls
+    assert "records no launch plans" in moe.MoELayer.from_float(w13, w2, K, vendor="cpu").eager_calls
 
 
 def test_a_vendor_without_launch_plans_records_nothing():
