@@ -4,6 +4,8 @@ For each shape, precision and token count: wall time per call of 50 back-to-back
 (median of `--rounds` rounds, the two modes interleaved) for the layer as built (`launch_plans`: the default) and
 with its plans turned off (the plain eager forward); the GPU time of a CUDA-graph replay of the plain forward
 (median of 100); whether the plan was used and whether its outputs equal the plain forward's bit for bit.
+`--compiled` adds the wall time of `torch.compile(layer)` and of `torch.compile(layer, mode="reduce-overhead")`
+(the layer as built, so the compiled op's calls take the plans too) and whether their outputs are equal.
 One JSON line per row; `--output` also writes them as one JSON file.
 
     PYTHONPATH=. python scripts/ab_launch_plans.py --tokens 1 8 64 512 4096
@@ -28,7 +30,7 @@ SHAPES = {  # name: hidden, intermediate, experts, top-k
     "mixtral-8x7b": (4096, 14336, 8, 2),
     "deepseek-v3-ep8": (7168, 2048, 32, 8),
 }
-PRECISIONS = {"bf16": "unquantized", "fp8": "w8a8-fp8-block"}
+PRECISIONS = {"bf16": "unquantized", "fp8": "w8a8-fp8-block", "int8": "w8a8-int8"}
 
 
 def _wall(fn: Callable[[], object], calls: int = 50) -> float:
@@ -53,7 +55,9 @@ def _graph_us(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
-def _row(layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: int) -> dict[str, object]:
+def _row(
+    layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: int, compiled: dict[str, Callable]
+) -> dict[str, object]:
     hidden, _, experts, _ = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
@@ -77,6 +81,11 @@ def _row(layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: in
         layer._graphs = None
         graph = _graph_us(lambda: layer(x, logits))
         layer._graphs = planned
+        extra: dict[str, object] = {}
+        for mode, fn in compiled.items():
+            outs = [fn(x, logits).clone() for _ in range(3)]
+            extra[f"{mode}_equal"] = all(torch.equal(o, plain_out) for o in outs)
+            extra[f"{mode}_us"] = round(statistics.median(_wall(lambda: fn(x, logits)) for _ in range(rounds)), 1)
     refusals = dict(planned._set.refusals) if planned is not None and planned._set is not None else {}
     return {
         "shape": name,
@@ -90,16 +99,18 @@ def _row(layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: in
         "plan_used": used,
         "equal": same,
         "refusals": refusals,
+        **extra,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp8"], choices=list(PRECISIONS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 64, 512])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--compiled", action="store_true", help="also time torch.compile(layer), both modes")
     args = parser.parse_args()
     rows = []
     print(f"{torch.cuda.get_device_name()}; wall µs per call (50 back-to-back), medians of {args.rounds} rounds")
@@ -112,8 +123,16 @@ def main() -> None:
         w2 = (torch.randn(experts, inter, hidden, generator=g) * 0.02).to(torch.bfloat16)
         for precision in args.precisions:
             layer = moe.MoELayer.from_float(w13.cuda(), w2.cuda(), top_k, scheme=PRECISIONS[precision], vendor="cuda")
+            compiled = (
+                {
+                    "compile": torch.compile(layer, dynamic=False),
+                    "reduce_overhead": torch.compile(layer, dynamic=False, mode="reduce-overhead"),
+                }
+                if args.compiled
+                else {}
+            )
             for tokens in args.tokens:
-                row = _row(layer, name, precision, tokens, args.rounds)
+                row = _row(layer, name, precision, tokens, args.rounds, compiled)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 print(
