@@ -2,9 +2,8 @@
 
 Each op and its kernel:
 
-- quantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels: Triton, one pass
-  (`kernels/quantize.py`)
-- quantize, cast dtypes (bf16): a cast
+- quantize and dequantize, symmetric one-byte dtypes (fp8, int8) per token or per 128 channels: Triton, one pass
+  (`kernels/quantize.py`, `quantize_ops.py`); cast dtypes (bf16): a cast
 - grouped matmul bf16 / fp8 row-wise: `torch._grouped_mm` (sm90+) / `torch._scaled_grouped_mm` (sm90) for
   many rows per group (`torch_grouped.py`), else the Triton grouped GEMM
 - grouped matmul fp16, fp32, int8, fp8 row-wise, fp8 128x128-block: the Triton grouped GEMM
@@ -25,7 +24,7 @@ Each op and its kernel:
 - weighted combine: Triton, one pass: gather the k rows, weigh in fp32, write once
 - weight quantization: the reference, then one-byte weights stored K-major (each expert's `[K, N]` as
   a transposed `[N, K]`), the operand layout Hopper's 8-bit tensor-core instructions read
-- bf16 x mxfp4 / nvfp4 weights: `weight_only.py`; the rest (dequantize, int4, nvfp4): `hal.reference.ReferenceOps`
+- bf16 x mxfp4 / nvfp4 weights: `weight_only.py`; the rest (int4, nvfp4): `hal.reference.ReferenceOps`
 - expert-parallel dispatch "deepep" (prepare_ep, ep_dispatch, ep_combine): DeepEP v1.2.1's buffers,
   normal and low-latency modes (`vendors/cuda/deepep.py`; declared where `deep_ep` imports)
 - every Triton launch (sm90+, Triton 3.4+): programmatic dependent launch: each kernel's launch
@@ -48,11 +47,8 @@ import torch
 
 from hal import (
     FLOAT_DTYPES,
-    FP8_GROUP_SIZE,
     Activation,
     ActivationKind,
-    Codec,
-    DispatchDtype,
     GemmKind,
     Groups,
     PackedInt4Tensor,
@@ -67,9 +63,10 @@ from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallba
 from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CapturingOps
-from vendors.cuda.kernels import activation, combine, grouped_gemm, quantize
+from vendors.cuda.kernels import activation, combine, grouped_gemm
 from vendors.cuda.kernels.split_scratch import SplitScratch
 from vendors.cuda.quack_runner import GemmFn, Quack, quack_or_fallback, quack_or_none
+from vendors.cuda.quantize_ops import QuantizeOps
 from vendors.cuda.routing_ops import RoutingOps
 from vendors.cuda.row_reading import ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP, reads_through_index
 from vendors.cuda.streams import SideStreams
@@ -94,14 +91,12 @@ _SCALE_MODE = {
 }
 
 
-class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, CapturingOps, ReferenceOps):
+class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, QuantizeOps, CapturingOps, ReferenceOps):
     """The CUDA vendor's op implementations; `torch_grouped_mm` / `torch_scaled_grouped_mm`: use
     `torch._grouped_mm` for bf16 (sm90+) / `torch._scaled_grouped_mm` for fp8 row-wise (sm90); `dependent_launch`:
     launch the Triton kernels with programmatic dependent launch (sm90+, `kernels/dependent.py`)."""
 
     notes = {
-        "quantize": "Triton one-pass kernel for fp8 / int8 (per token, per 128 channels; tiles of rows); "
-        "a cast for bf16",
         "quantize_weight": "the reference, then prepare_weight",
         "prepare_weight": "one-byte weights stored K-major (checkpoint weights too)",
         "grouped_matmul": "Triton grouped GEMM scheduled on the device; torch._grouped_mm for bf16 (sm90+), "
@@ -169,35 +164,6 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, CapturingOps, R
     def overlap(self, work: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """`work` on a second stream of the device, joined when its result is asked for."""
         return self._side.run(work)
-
-    def quantize(
-        self, x: torch.Tensor, *, dtype: DispatchDtype, layout: ScaleLayout, global_scale: torch.Tensor | None
-    ) -> QuantizedTensor:
-        """A cast, the one-pass Triton kernel for symmetric one-byte dtypes, the reference otherwise."""
-        spec = dtype.spec
-        if spec.codec is Codec.CAST:
-            return QuantizedTensor(x.to(spec.storage), dtype, layout)
-        group = layout.group_size
-        if (
-            spec.codec is not Codec.SYMMETRIC
-            or spec.storage.itemsize != 1
-            or group not in (None, FP8_GROUP_SIZE)
-            or global_scale is not None
-        ):
-            return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale)
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        data, scale = quantize.quantize_rows(
-            rows,
-            spec.storage,
-            group,
-            qmax=float(spec.qmax),  # type: ignore[arg-type]
-            rounds=spec.rounds,
-            pdl=self.pdl,
-        )
-        lead = tuple(x.shape[:-1])
-        return QuantizedTensor(data.view(*lead, x.shape[-1]), dtype, layout, scale.view(*lead, *scale.shape[1:]))
 
     def grouped_matmul(
         self,

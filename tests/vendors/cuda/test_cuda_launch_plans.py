@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 # (experts, hidden, intermediate, top-k): qwen3-30b-a3b's layer, and one of sizes that are not multiples of 128
 SHAPES = {"qwen3": (128, 2048, 768, 8), "odd": (40, 1000, 360, 6)}
 SCHEMES = ["unquantized", "w8a8-fp8-block", "w8a8-int8"]
-#: schemes whose decode path is Triton launches only (int8 on sm90 casts with a torch op; larger batches may take
-#: torch's grouped GEMMs): these must get a plan
-LAUNCH_ONLY = {"unquantized", "w8a8-fp8-block"}
+#: schemes whose decode path is Triton launches only (int8 on sm90 re-quantizes its fp8-carried rows in Triton; larger
+#: batches may take torch's grouped GEMMs): these must get a plan
+LAUNCH_ONLY = {"unquantized", "w8a8-fp8-block", "w8a8-int8"}
 
 
 def _layers(shape: str, scheme: str) -> tuple[moe.MoELayer, moe.MoELayer]:

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
-    from vendors.cuda.kernels.quantize import quantize_rows
+    from vendors.cuda.kernels.quantize import dequantize_rows, quantize_rows
     from vendors.cuda.kernels.route_sort import fits, softmax_topk_sorted
     from vendors.cuda.kernels.routing import softmax_topk
     from vendors.cuda.kernels.sorting import sort_pairs, sort_pairs_spread
@@ -33,6 +33,9 @@ SCRIPT = textwrap.dedent("""
         q, s = quantize_rows(x, torch.int8, None, qmax=127.0, rounds=True)
         r = ref.quantize(x, "int8")
         assert torch.equal(q, r.data) and torch.allclose(s, r.scale), "int8 quantize" + what
+        for out_dtype in (torch.float32, torch.float16):
+            back = dequantize_rows(r.data, r.scale, None, out_dtype)
+            assert torch.equal(back, ref.dequantize(r, out_dtype)), "int8 dequantize" + what
         q, s = quantize_rows(x, torch.float8_e4m3fn, 128, qmax=448.0, rounds=False)
         r = ref.quantize(x, "fp8", "per-token-group-128")
         groups = -(-x.shape[1] // 128)  # the interpreter's fp8 cast is not the GPU's: scales only

@@ -129,3 +129,63 @@ def quantize_rows(
             launch_pdl=pdl,
         )
     return q, scale
+
+
+# M changes with every batch and only bounds a mask.
+@triton.jit(do_not_specialize=["M"])
+def _dequantize_rows(
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    M,
+    H,
+    stride_q,
+    stride_s,
+    stride_sg,
+    stride_out,
+    GROUP: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous(PDL)
+    release_next(PDL)
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows < M)[:, None] & (cols < H)[None, :]
+    v = tl.load(q_ptr + rows[:, None] * stride_q + cols[None, :], mask=mask).to(tl.float32)
+    s = tl.load(s_ptr + rows[:, None] * stride_s + (cols // GROUP)[None, :] * stride_sg, mask=mask, other=0.0)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], (v * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_rows(
+    q: torch.Tensor, scale: torch.Tensor, group: int | None, out_dtype: torch.dtype, *, pdl: bool = False
+) -> torch.Tensor:
+    """`q` `[M, H]` (one-byte, contiguous last dim) times its fp32 `scale` (`group=None`: `[M, 1]` or `[M]`, one per
+    row; `group=128`: `[M, ceil(H/128)]`), the product taken in fp32 and rounded once to `out_dtype`."""
+    m, h = q.shape
+    out = torch.empty((m, h), dtype=out_dtype, device=q.device)
+    block = min(next_power_of_2(h), 1024)
+    rows = max(1, TILE_ELEMENTS // block)
+    scale = scale.reshape(m, -1)
+    if m and h:
+        launch(
+            _dequantize_rows,
+            (cdiv(m, rows), cdiv(h, block)),
+            q,
+            scale,
+            out,
+            m,
+            h,
+            q.stride(0),
+            scale.stride(0),
+            0 if group is None else scale.stride(1),
+            out.stride(0),
+            GROUP=1 if group is None else group,
+            ROWS=rows,
+            BLOCK=block,
+            PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
+        )
+    return out
