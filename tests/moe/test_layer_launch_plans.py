@@ -215,3 +215,4 @@ def test_replayed_calls_match_the_float64_moe_on_a_realistic_shape(top_k):
     error = relative_error(layer(x, logits), reference_moe(x, ids, weights, w13, w2))
     assert error < TOLERANCE[("unquantized", "bf16")], f"relative error {error:.4f}"
     assert layer.launch_plan_count == 1 and _replayed(vendor) == 2
+    assert "up to 2048 tokens" in layer.eager_calls and "(1 recorded)" in layer.explanation.text()

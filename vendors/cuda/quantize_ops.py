@@ -65,6 +65,6 @@ class QuantizeOps:
         rows = q.data.reshape(-1, h)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        scale = q.scale.reshape(rows.shape[0], -1).to(torch.float32)  # type: ignore[union-attr]
+        scale = q.scale.to(torch.float32)  # type: ignore[union-attr]
         out = quantize.dequantize_rows(rows, scale, group, out_dtype, pdl=self.pdl)
         return out.view(q.data.shape)
