@@ -55,6 +55,12 @@ def _graph_us(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
+def _refusals(planned: object) -> dict[str, int]:
+    """The layer's refusal counts so far (its launch plans' set, once it has one)."""
+    plan_set = getattr(planned, "_set", None)
+    return dict(plan_set.refusals) if plan_set is not None else {}
+
+
 def _row(
     layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: int, compiled: dict[str, Callable]
 ) -> dict[str, object]:
@@ -68,10 +74,17 @@ def _row(
         layer._graphs = None
         plain_out = layer(x, logits)
         layer._graphs = planned
+        known = set(planned._graphs) if planned is not None else set()
+        refused_before = _refusals(planned)
         outs = [layer(x, logits) for _ in range(4)]  # recorded at the second call, its check read later
         same = all(torch.equal(o, plain_out) for o in outs)
-        plans = list(planned._graphs.values()) if planned is not None else []
-        used = any(getattr(p, "usable", False) for p in plans)
+        plans = [p for key, p in planned._graphs.items() if key not in known] if planned is not None else []
+        used = any(getattr(p, "usable", False) for p in plans)  # this row's signature only
+        refusals = {
+            reason: count - refused_before.get(reason, 0)
+            for reason, count in _refusals(planned).items()
+            if count > refused_before.get(reason, 0)
+        }
         on, off = [], []
         for _ in range(rounds):
             on.append(_wall(lambda: layer(x, logits)))
@@ -85,8 +98,7 @@ def _row(
         for mode, fn in compiled.items():
             outs = [fn(x, logits).clone() for _ in range(3)]
             extra[f"{mode}_equal"] = all(torch.equal(o, plain_out) for o in outs)
-            extra[f"{mode}_us"] = round(statistics.median(_wall(lambda: fn(x, logits)) for _ in range(rounds)), 1)
-    refusals = dict(planned._set.refusals) if planned is not None and planned._set is not None else {}
+            extra[f"{mode}_us"] = round(statistics.median(_wall(lambda fn=fn: fn(x, logits)) for _ in range(rounds)), 1)
     return {
         "shape": name,
         "precision": precision,
