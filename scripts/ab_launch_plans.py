@@ -55,12 +55,6 @@ def _graph_us(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
-def _refusals(planned: object) -> dict[str, int]:
-    """The layer's refusal counts so far (its launch plans' set, once it has one)."""
-    plan_set = getattr(planned, "_set", None)
-    return dict(plan_set.refusals) if plan_set is not None else {}
-
-
 def _row(
     layer: moe.MoELayer, name: str, precision: str, tokens: int, rounds: int, compiled: dict[str, Callable]
 ) -> dict[str, object]:
@@ -75,14 +69,14 @@ def _row(
         plain_out = layer(x, logits)
         layer._graphs = planned
         known = set(planned._graphs) if planned is not None else set()
-        refused_before = _refusals(planned)
+        refused_before = planned.refusals() if planned is not None else {}
         outs = [layer(x, logits) for _ in range(4)]  # recorded at the second call, its check read later
         same = all(torch.equal(o, plain_out) for o in outs)
         plans = [p for key, p in planned._graphs.items() if key not in known] if planned is not None else []
         used = any(getattr(p, "usable", False) for p in plans)  # this row's signature only
         refusals = {
             reason: count - refused_before.get(reason, 0)
-            for reason, count in _refusals(planned).items()
+            for reason, count in (planned.refusals() if planned is not None else {}).items()
             if count > refused_before.get(reason, 0)
         }
         on, off = [], []
