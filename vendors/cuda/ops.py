@@ -14,8 +14,9 @@ Each op and its kernel:
 - grouped matmul + SiLU-GLU (the experts' first projection): the Triton grouped GEMM with the activation in
   its epilogue; torch's GEMMs and DeepGEMM take the swiglu pass after (DeepGEMM's reads its aligned rows)
 - grouped matmul through a row index (the dispatch's gather): the Triton grouped GEMM reads its rows
-  through the index or gathers them first, as the tuned table says (without an entry, one-byte rows
-  through the index up to 32 rows per group); torch's GEMMs: a gather first
+  through the index or gathers them first (Triton, one pass per tensor: `kernels/gather.py`), as the tuned
+  table says (without an entry, one-byte rows through the index up to 32 rows per group); torch's GEMMs: a
+  gather first
 - swiglu: Triton, one pass
 - softmax top-k routing and the sort by expert (`routing_ops.py`): Triton, one launch of softmax, k rounds of
   argmax, renormalization (<= 1024 experts), which at decode also sorts the pairs; counting sorts otherwise (one
@@ -56,7 +57,6 @@ from hal import (
     QuantizedWeight,
     ReferenceOps,
     ScaleLayout,
-    take_rows,
 )
 from vendors.cuda.counting import CountingOps
 from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallback, take
@@ -64,6 +64,7 @@ from vendors.cuda.deepep import DeepEp
 from vendors.cuda.ep_ops import DeepEpOps
 from vendors.cuda.graphs import CapturingOps
 from vendors.cuda.kernels import activation, combine, grouped_gemm
+from vendors.cuda.kernels.gather import gather_rows
 from vendors.cuda.kernels.split_scratch import SplitScratch
 from vendors.cuda.quack_runner import GemmFn, Quack, quack_or_fallback, quack_or_none
 from vendors.cuda.quantize_ops import QuantizeOps
@@ -107,7 +108,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, QuantizeOps, Ca
         "grouped_matmul_activated": "SiLU-GLU in the Triton grouped GEMM's epilogue; a separate pass after torch's "
         "GEMMs, DeepGEMM (reading its aligned product back in row order) and for other activations",
         "grouped_matmul_gathered": "the Triton grouped GEMM reads x's rows through the index (no gathered copy) "
-        "or gathers them first, as the tuned table says; without an entry, one-byte "
+        "or gathers them first (Triton), as the tuned table says; without an entry, one-byte "
         f"rows through the index up to {ONE_BYTE_GATHER_MAX_ROWS_PER_GROUP} per group",
         "swiglu": "Triton, one pass",
         "weighted_combine": "Triton, one pass",
@@ -244,8 +245,27 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, QuantizeOps, Ca
                 quack=quack,
             )
         return self._grouped(
-            take_rows(x, row_index), weight, groups, kind, out_dtype, gated=gated, choice=choice, deep=deep, quack=quack
+            self._take_rows(x, row_index),
+            weight,
+            groups,
+            kind,
+            out_dtype,
+            gated=gated,
+            choice=choice,
+            deep=deep,
+            quack=quack,
         )
+
+    def _take_rows(
+        self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, index: torch.Tensor
+    ) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
+        """`hal.take_rows` through the Triton gather (one launch per tensor, so a launch plan can hold it)."""
+        if isinstance(x, torch.Tensor):
+            return gather_rows(x, index, pdl=self.pdl)
+        scale = None if x.scale is None else gather_rows(x.scale, index, pdl=self.pdl)
+        if isinstance(x, PackedInt4Tensor):
+            return PackedInt4Tensor(gather_rows(x.data, index, pdl=self.pdl), scale)
+        return QuantizedTensor(gather_rows(x.data, index, pdl=self.pdl), x.dtype, x.layout, scale, x.global_scale)
 
     def _grouped(
         self,

@@ -342,3 +342,28 @@ def test_dequantized_rows_equal_the_reference_bit_for_bit(shape, dtype, layout, 
     mine = CudaVendor().dequantize(q, out_dtype)
     assert mine.shape == x.shape and mine.dtype == out_dtype
     assert torch.equal(mine, reference.dequantize(q, out_dtype))
+
+
+@pytest.mark.parametrize(
+    "rows, width, dtype",
+    [
+        (4096, 7168, torch.float8_e4m3fn),  # deepseek-v3's one-byte rows: 4-byte words
+        (700, 2001, torch.int8),  # a width that is not a multiple of 4: bytes
+        (300, 56, torch.float32),  # block-128 scales of 7168 channels
+        (65, 2880, torch.bfloat16),
+        (9, 1, torch.float32),  # per-token scales as a column
+    ],
+)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gathered_rows_equal_index_select_bit_for_bit(rows, width, dtype, index_dtype):
+    from vendors.cuda.kernels.gather import gather_rows
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    src = torch.randn(rows, width, device="cuda", generator=g).mul(8).to(dtype)
+    for count in (0, 1, rows, 3 * rows + 5):  # none, one, a permutation's length, rows taken many times
+        index = torch.randint(0, rows, (count,), device="cuda", generator=g).to(index_dtype)
+        want = src.index_select(0, index)
+        assert torch.equal(gather_rows(src, index).view(torch.uint8), want.view(torch.uint8)), count
+        assert torch.equal(gather_rows(src[:, 0].contiguous(), index), src[:, 0].index_select(0, index)), count
+    strided = src.t()  # not contiguous: index_select's copy
+    assert torch.equal(gather_rows(strided, index[:width] % width), strided.index_select(0, index[:width] % width))

@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent("""
     from hal.reference import sort_by_expert, weighted_combine
     from vendors.cuda.kernels.activation import swiglu
     from vendors.cuda.kernels.combine import weighted_combine as triton_combine
+    from vendors.cuda.kernels.gather import gather_rows
     from vendors.cuda.kernels.grouped_gemm import SCALE_BLOCK128, SCALE_ROWWISE, TileConfig, grouped_gemm
     from vendors.cuda.kernels.grouped_gemm_tma import tma_fits
     from vendors.cuda.kernels.quantize import dequantize_rows, quantize_rows
@@ -173,6 +174,12 @@ SCRIPT = textwrap.dedent("""
     rows, index, weights = torch.randn(36, 24), torch.randperm(36), torch.rand(9, 4)
     assert torch.allclose(triton_combine(rows, index, weights, torch.float32),
                           weighted_combine(rows, index, weights, torch.float32), atol=1e-6), "combine"
+    # The dispatch's gather: one-byte rows as words and as bytes (odd width), fp32 scales, none taken, int32 index.
+    for n, width, dtype in ((37, 7168, torch.uint8), (5, 2001, torch.int8), (64, 56, torch.float32), (3, 7, torch.uint8)):
+        src = torch.randint(-100, 100, (n, width)).to(dtype)
+        for count, index_dtype in ((200, torch.int64), (9, torch.int32), (0, torch.int64)):
+            index = torch.randint(0, n, (count,), dtype=index_dtype)
+            assert torch.equal(gather_rows(src, index), src[index.long()]), ("gather", n, width, dtype, count)
     print("interpreted kernels: ok")
 """)
 
