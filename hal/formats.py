@@ -38,6 +38,7 @@ up projections have different global scales keeps both, exactly); mxfp4: `w = e2
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,7 @@ __all__ = [
     "PackedInt4Tensor",
     "QuantizedTensor",
     "QuantizedWeight",
+    "RowTake",
     "take_rows",
 ]
 
@@ -157,13 +159,15 @@ class QuantizedTensor:
             total += self.scale.numel() * self.scale.element_size()
         return total
 
-    def rows(self, index: torch.Tensor | slice) -> QuantizedTensor:
-        """The rows `index` of `[N, H]` activations (scales follow their rows)."""
+    def rows(self, index: torch.Tensor | slice, take: RowTake | None = None) -> QuantizedTensor:
+        """The rows `index` of `[N, H]` activations (scales follow their rows); `take(t, index)`, when given,
+        copies each tensor's rows (a vendor's gather) instead of indexing."""
+        pick = _indexing if take is None else take
         return QuantizedTensor(
-            self.data[index],
+            pick(self.data, index),
             self.dtype,
             self.layout,
-            None if self.scale is None else self.scale[index],
+            None if self.scale is None else pick(self.scale, index),
             self.global_scale,
         )
 
@@ -203,18 +207,28 @@ class PackedInt4Tensor:
         """The logical (unpacked) shape."""
         return torch.Size((*self.data.shape[:-1], self.hidden_size))
 
-    def rows(self, index: torch.Tensor | slice) -> PackedInt4Tensor:
-        """The rows `index` of `[N, H]` activations (scales follow their rows)."""
-        return PackedInt4Tensor(self.data[index], self.scale[index])
+    def rows(self, index: torch.Tensor | slice, take: RowTake | None = None) -> PackedInt4Tensor:
+        """The rows `index` of `[N, H]` activations (scales follow their rows; `take` as `QuantizedTensor.rows`)."""
+        pick = _indexing if take is None else take
+        return PackedInt4Tensor(pick(self.data, index), pick(self.scale, index))
+
+
+#: Copies the rows `index` of a tensor (`t[index]`, or a vendor's own gather of a 1-D int index).
+RowTake = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _indexing(t: torch.Tensor, index: torch.Tensor | slice) -> torch.Tensor:
+    return t[index]
 
 
 def take_rows(
-    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, index: torch.Tensor
+    x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, index: torch.Tensor, take: RowTake | None = None
 ) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
-    """The rows `index` (1-D int) of activations `[N, H]` in any activation format (scales follow)."""
+    """The rows `index` (1-D int) of activations `[N, H]` in any activation format (scales follow), copied by
+    `take(tensor, index)` where given (a vendor's gather kernel), else by torch's indexing."""
     if isinstance(x, torch.Tensor):
-        return x.index_select(0, index)
-    return x.rows(index)
+        return x.index_select(0, index) if take is None else take(x, index)
+    return x.rows(index, take)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from hal import (
     QuantizedWeight,
     ReferenceOps,
     ScaleLayout,
+    take_rows,
 )
 from vendors.cuda.counting import CountingOps
 from vendors.cuda.deep_gemm_runner import deep_gemm_grouped, deep_gemm_or_fallback, take
@@ -260,12 +261,7 @@ class CudaOps(RoutingOps, CountingOps, DeepEpOps, WeightOnlyOps, QuantizeOps, Ca
         self, x: torch.Tensor | QuantizedTensor | PackedInt4Tensor, index: torch.Tensor
     ) -> torch.Tensor | QuantizedTensor | PackedInt4Tensor:
         """`hal.take_rows` through the Triton gather (one launch per tensor, so a launch plan can hold it)."""
-        if isinstance(x, torch.Tensor):
-            return gather_rows(x, index, pdl=self.pdl)
-        scale = None if x.scale is None else gather_rows(x.scale, index, pdl=self.pdl)
-        if isinstance(x, PackedInt4Tensor):
-            return PackedInt4Tensor(gather_rows(x.data, index, pdl=self.pdl), scale)
-        return QuantizedTensor(gather_rows(x.data, index, pdl=self.pdl), x.dtype, x.layout, scale, x.global_scale)
+        return take_rows(x, index, partial(gather_rows, pdl=self.pdl))
 
     def _grouped(
         self,
