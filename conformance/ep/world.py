@@ -5,7 +5,9 @@ groups: a gloo group on the host for control (every case's outcome is gathered t
 group, the vendor's backend, that the layers of the cases use. A rank whose case raised drops its
 data group at once, so peers blocked in a collective with it fail instead of waiting for the
 timeout; when any rank failed a case, every rank makes a fresh data group before the next one,
-so one failure never leaves the ranks out of step.
+so one failure never leaves the ranks out of step. Making a group connects every pair of ranks;
+on a loaded host that connection can fail on one rank, so the ranks agree on each attempt and
+make it again together (`DATA_GROUP_ATTEMPTS`) instead of one rank stopping the run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+#: how many times the ranks together try to make a data group before the run stops
+DATA_GROUP_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,23 @@ class World:
         self.data: Any = self._new_data()
 
     def _new_data(self) -> Any:
-        return dist.new_group(backend=self.backend, timeout=self.timeout)
+        """A data group made by every rank together: an attempt that failed on any rank is dropped on
+        all of them and made again, so the ranks never hold groups out of step."""
+        errors: list[Any] = [None] * self.placement.world
+        for _ in range(DATA_GROUP_ATTEMPTS):
+            group, error = None, None
+            try:
+                group = dist.new_group(backend=self.backend, timeout=self.timeout)
+            except Exception as exc:  # noqa: BLE001 - told to every rank, which then all try again
+                error = f"rank {self.placement.rank}: {type(exc).__name__}: {exc}"
+            dist.all_gather_object(errors, error, group=self.control)
+            if not any(errors):
+                return group
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(group)
+        failed = "; ".join(e for e in errors if e)
+        raise RuntimeError(f"the ranks could not make a data group in {DATA_GROUP_ATTEMPTS} attempts: {failed}")
 
     def drop_data(self) -> None:
         """Leave the data group now: destroyed, and the failed case's layers (which hold it, in reference
