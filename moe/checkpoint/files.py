@@ -54,12 +54,30 @@ def load_safetensors(
                     and parsed.kind is not TensorKind.INPUT_SCALE
                     and len(local) < loader.num_experts
                 ):
-                    tensor = f.get_slice(name)[local.start : local.stop]  # the local experts' rows only
+                    kept = _add_local_rows(loader, name, f.get_slice(name))
                 else:
-                    tensor = f.get_tensor(name)
-                if loader.add(name, tensor):
+                    kept = loader.add(name, f.get_tensor(name))
+                if kept:
                     fed.append(name)
     return fed
+
+
+def _add_local_rows(loader: ExpertCheckpointLoader, name: str, sliced: Any) -> bool:
+    """Feed the local experts' rows of a fused tensor, read without the other ranks' rows. The file's
+    own shape is checked first: a tensor of another expert count is refused, never cut to fit."""
+    shape = list(sliced.get_shape())
+    local = loader.local_experts
+    if not shape or shape[0] not in (loader.num_experts, len(local)):
+        raise InvalidInput(
+            f"{name}: expected a leading dimension of num_experts={loader.num_experts} (or this rank's "
+            f"{len(local)} experts), got shape {shape} in the file"
+        )
+    if shape[0] == len(local):  # the file holds this rank's experts only
+        return loader.add(name, sliced[:])
+    try:
+        return loader.add(name, sliced[local.start : local.stop])
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc} (rows {local.start}:{local.stop} of shape {shape} in the file)") from exc
 
 
 def _files(paths: object) -> list[str]:

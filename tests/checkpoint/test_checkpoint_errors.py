@@ -224,3 +224,40 @@ def test_the_scheme_needs_only_the_input_scales():
         assert loader.wants(name) and loader.add(name, ckpt.tensors[name])
     assert loader.scheme().input_global_scale == pytest.approx(1 / 0.02)
     assert len(loader.missing()) == 3 * 3  # weight, weight_scale, weight_scale_2 of 3 projections: still to come
+
+
+@pytest.mark.parametrize("file_experts", [3, 8])
+@pytest.mark.parametrize("local", [range(0, 2), range(2, 4)])
+def test_a_fused_file_of_another_expert_count_is_refused_not_cut_to_fit(tmp_path, file_experts, local):
+    h, i = 64, 32
+    path = tmp_path / "experts.safetensors"
+    save_file(
+        {
+            f"{P}.experts.gate_up_proj": torch.randn(file_experts, 2 * i, h).bfloat16(),
+            f"{P}.experts.down_proj": torch.randn(file_experts, h, i).bfloat16(),
+        },
+        str(path),
+    )
+    loader = ExpertCheckpointLoader("bf16", 4, h, i, local_experts=local)
+    before = loader.missing()
+    with pytest.raises(InvalidInput, match=rf"leading dimension of num_experts=4.*got shape \[{file_experts}, "):
+        load_safetensors(path, P, loader)
+    assert loader.missing() == before  # nothing was kept
+
+
+def test_a_fused_file_row_mismatch_names_the_files_shape(tmp_path):
+    h, i = 64, 32
+    path = tmp_path / "experts.safetensors"
+    save_file({f"{P}.experts.down_proj": torch.randn(4, h, i + 1).bfloat16()}, str(path))
+    loader = ExpertCheckpointLoader("bf16", 4, h, i, local_experts=range(2, 4))
+    with pytest.raises(InvalidInput, match=re.escape("(rows 2:4 of shape [4, 64, 33] in the file)")):
+        load_safetensors(path, P, loader)
+
+
+def test_a_fused_file_of_all_experts_loads_only_this_ranks_rows(tmp_path):
+    h, i = 64, 32
+    gate_up, down = torch.randn(4, 2 * i, h).bfloat16(), torch.randn(4, h, i).bfloat16()
+    path = tmp_path / "experts.safetensors"
+    save_file({f"{P}.experts.gate_up_proj": gate_up, f"{P}.experts.down_proj": down}, str(path))
+    loader = ExpertCheckpointLoader("bf16", 4, h, i, local_experts=range(2, 4))
+    assert len(load_safetensors(path, P, loader)) == 2 and not loader.missing()
