@@ -27,8 +27,8 @@ from moe.load_checks import (
     store_tensors,
 )
 from moe.load_transaction import Snapshot
-from moe.schemes import ExpertWeights, check_float_weights
 from moe.scheme_conversion import convert_float, convert_quantized, holds_format
+from moe.schemes import ExpertWeights, check_float_weights
 from moe.weight_store import STORE_FIELDS
 
 if TYPE_CHECKING:
@@ -177,11 +177,15 @@ class ExpertLoading:
             with_data(f"weights.{name}", getattr(weights, name))
         refuse_non_finite_weights(what, weights)
         weights = self._running_form(weights, what)
-        layout = self.scheme.gemm_kind().spec.weight_layout
+        spec = self.scheme.gemm_kind().spec
         for name in ("w13", "w2"):
             w: QuantizedWeight = getattr(weights, name)
-            if w.layout is not layout:
-                raise invalid(f"{what}.{name}", f"{layout} weights (scheme {self.scheme.name})", str(w.layout))
+            if not spec.pairs_with(w):  # the layout and the storage dtype (int8 vs fp8 per-channel)
+                raise invalid(
+                    f"{what}.{name}",
+                    f"{spec.weight_layout} weights stored as {_name(spec.weight_storage)} (scheme {self.scheme.name})",
+                    f"{w.layout} weights stored as {_name(w.data.dtype)}",
+                )
         width = self.activation.input_width(intermediate)
         shape = (weights.num_experts, weights.hidden_size, weights.w13.out_features, weights.intermediate_size)
         if shape != (experts, self.hidden_size, width, intermediate):
@@ -210,6 +214,10 @@ class ExpertLoading:
             activation=self.activation,
         )
         return moved
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class TransactionalState:

@@ -206,3 +206,20 @@ def test_weight_only_fp4_state_dicts_are_checked_against_their_stored_layout(sch
     before.unchanged(layer)
     layer.load_state_dict(other)
     assert all(same(t, other[key]) for key, t in layer.state_dict().items())
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize(
+    ("given", "scheme", "stored"),
+    [("w8a8-fp8", "w8a8-int8", "float8_e4m3fn"), ("w8a8-int8", "w8a8-fp8", "int8"), ("w4a4-int4", "w8a8-int8", "int32")],
+)
+def test_weights_of_another_scheme_in_the_same_layout_are_refused_with_their_storage(vendor, given, scheme, stored):
+    if vendor == "ascend-emulated" and "w8a8-fp8" in (given, scheme):
+        pytest.skip("the emulated Ascend vendor runs w8a8-fp8 as its int8 fallback")
+    layer = _layer(vendor, scheme)
+    before = Before(layer)
+    w13, w2 = random_weights(E, H, I, 5)
+    other = moe.make_scheme(given).quantize_weights(moe.MoELayer.from_float(w13, w2, K, scheme=given).vendor, w13, w2)
+    with pytest.raises(InvalidInput, match=rf"^expert weights\.w13: expected .* weights stored as .*got '.* {stored}'"):
+        layer.load_expert_weights(other)
+    before.unchanged(layer)
