@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from hal.entry_points import PluginFailure, entry_points, guarded, load, load_plugins
 from hal import checks
+from hal.capabilities import Capabilities
 from hal.errors import HalError, UnknownVendor, VendorUnavailable, invalid
 from hal.platform import ProbeResult
 from hal.vendor import Vendor
@@ -169,13 +170,30 @@ class VendorRegistry:
     def status(self, vendor: Vendor) -> ProbeResult:
         """Whether `vendor` can be used here: its probe (bounded by the registry's `probe_timeout`) and then
         its capability detection, whose failure makes it unavailable with the reason."""
-        probe = vendor.probe(timeout=self._probe_timeout)
+        probe = self._probed(vendor)
         if not probe.available:
             return probe
         try:
-            vendor.capabilities()
+            caps = vendor.capabilities()
         except HalError as exc:
             return ProbeResult.unavailable(str(exc))
+        except Exception as exc:  # noqa: BLE001 - one plugin's fault must not stop discovery of the others
+            return ProbeResult.unavailable(f"its capabilities() raised {type(exc).__name__}: {exc}")
+        if not isinstance(caps, Capabilities):
+            return ProbeResult.unavailable(
+                f"its capabilities() returned {type(caps).__name__}, expected hal.Capabilities"
+            )
+        return probe
+
+    def _probed(self, vendor: Vendor) -> ProbeResult:
+        """`vendor.probe`, bounded by the registry's timeout; a probe that raises or returns something
+        else than a `ProbeResult` makes the vendor unavailable with the reason."""
+        try:
+            probe = vendor.probe(timeout=self._probe_timeout)
+        except Exception as exc:  # noqa: BLE001 - a plugin's own probe override
+            return ProbeResult.unavailable(f"its probe() raised {type(exc).__name__}: {exc}")
+        if not isinstance(probe, ProbeResult):
+            return ProbeResult.unavailable(f"its probe() returned {type(probe).__name__}, expected hal.ProbeResult")
         return probe
 
     def available(self) -> list[Vendor]:
@@ -250,7 +268,7 @@ class VendorRegistry:
         skipped = [
             f"{v.name} ({statuses[v.name].reason})"
             for v in self.vendors()
-            if v.priority > top.priority and v.probe().available and not statuses[v.name].available
+            if v.priority > top.priority and self._probed(v).available and not statuses[v.name].available
         ]
         detail = f"highest priority ({top.priority}) among available: {', '.join(v.name for v in available)}"
         return Selection(

@@ -1,0 +1,72 @@
+"""A vendor whose own `probe()` / `capabilities()` overrides misbehave is unavailable with the reason, and
+default selection still finds the others (in-process; the plugin-distribution versions are in the slow tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hal import SelectionSource, VendorRegistry, VendorUnavailable
+from vendors.cpu import CpuVendor
+
+
+class _Loud(CpuVendor):
+    priority = 100  # outranks cpu, so default selection must pass over it
+
+
+class ProbeRaises(_Loud):
+    name = "probe-raises"
+
+    def probe(self, timeout=None):
+        raise RuntimeError("driver exploded")
+
+
+class NoSuperInit(_Loud):
+    name = "no-super-init"
+
+    def __init__(self) -> None:  # forgets CpuVendor.__init__: its probe state is missing
+        pass
+
+
+class CapsRaise(_Loud):
+    name = "caps-raise"
+
+    def capabilities(self):
+        raise RuntimeError("no device table")
+
+
+class CapsDict(_Loud):
+    name = "caps-dict"
+
+    def capabilities(self):
+        return {"grouped_matmul": True}
+
+
+class ProbeNone(_Loud):
+    name = "probe-none"
+
+    def probe(self, timeout=None):
+        return None
+
+
+REASONS = {
+    "probe-raises": "its probe() raised RuntimeError: driver exploded",
+    "no-super-init": "its probe() raised AttributeError",
+    "caps-raise": "its capabilities() raised RuntimeError: no device table",
+    "caps-dict": "its capabilities() returned dict, expected hal.Capabilities",
+    "probe-none": "its probe() returned NoneType, expected hal.ProbeResult",
+}
+
+
+def test_misbehaving_overrides_make_only_their_vendor_unavailable():
+    broken = [ProbeRaises(), NoSuperInit(), CapsRaise(), CapsDict(), ProbeNone()]
+    registry = VendorRegistry([*broken, CpuVendor()])
+    for vendor in broken:
+        status = registry.status(vendor)
+        assert not status.available and REASONS[vendor.name] in status.reason, (vendor.name, status.reason)
+    assert [v.name for v in registry.available()] == ["cpu"]
+    selection = registry.select(environ={})
+    assert selection.vendor.name == "cpu" and selection.source is SelectionSource.PRIORITY
+    for name in ("caps-raise", "caps-dict"):
+        assert name in selection.detail  # passed over, and the detail says why
+    with pytest.raises(VendorUnavailable, match=r"'probe-raises' .* is unavailable: its probe\(\) raised"):
+        registry.select("probe-raises", environ={})
