@@ -20,11 +20,14 @@ import torch
 from hal import (
     FLOAT_DTYPES,
     FP8_GROUP_SIZE,
+    FP32_MAX,
+    FP32_TINY,
     INT4_PER_WORD,
     MXFP4_BLOCK_SIZE,
     NVFP4_BLOCK_SIZE,
     GemmSpec,
     HalError,
+    InvalidInput,
     QuantizedWeight,
     ScaleLayout,
     refuse_non_finite,
@@ -152,9 +155,22 @@ def non_finite_problems(state: Mapping[str, object], prefix: str, e8m0: frozense
         if key.startswith(prefix) and isinstance(t, torch.Tensor) and not t.is_meta:
             try:
                 refuse_non_finite(key, t, e8m0=key.rsplit(".", 1)[-1] in e8m0)
+                if key.endswith("global_scale"):
+                    refuse_bad_global_scale(key, t)
             except HalError as exc:
                 problems.append(str(exc))
     return problems
+
+
+def refuse_bad_global_scale(name: str, t: torch.Tensor) -> None:
+    """`InvalidInput` naming `name` unless every value of the fp32 global scale `t` is positive and normal
+    (zero, negative or subnormal scales turn the dequantized values into inf, NaN or flipped signs)."""
+    if t.numel() and not bool(((t >= FP32_TINY) & (t <= FP32_MAX)).all()):
+        bad = t[~((t >= FP32_TINY) & (t <= FP32_MAX))]
+        raise InvalidInput(
+            f"{name}: expected positive global scales in [{FP32_TINY:.6g}, {FP32_MAX:.6g}], "
+            f"got {bad.numel()} outside (e.g. {float(bad.flatten()[0]):.6g})"
+        )
 
 
 def refuse_non_finite_weights(what: str, weights: object) -> None:
@@ -165,10 +181,14 @@ def refuse_non_finite_weights(what: str, weights: object) -> None:
         e8m0 = STORED_LAYOUTS[w.layout].scale_e8m0 if w.layout in STORED_LAYOUTS else False
         for part, t in w.tensors().items():
             refuse_non_finite(f"{what}.{field}.{part}", t, e8m0=e8m0 and part == "scale")
+            if part == "global_scale":
+                refuse_bad_global_scale(f"{what}.{field}.{part}", t)
     for field in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
         t = getattr(weights, field)
         if isinstance(t, torch.Tensor):
             refuse_non_finite(f"{what}.{field}", t)
+            if field.endswith("global_scale"):
+                refuse_bad_global_scale(f"{what}.{field}", t)
 
 
 def float_tensor(name: str, t: object, shapes: list[tuple[int, ...]]) -> str | None:

@@ -182,7 +182,7 @@ class Router(abc.ABC):
         if logits.dim() != 2 or logits.shape[1] != self.num_experts:
             raise invalid("router_logits", f"shape [tokens, {self.num_experts}]", tuple(logits.shape))
         if logits.dtype not in _FLOAT_DTYPES:
-            raise invalid("router_logits", "a bf16, fp16, fp32 or fp64 tensor", logits.dtype)
+            raise invalid("router_logits", "a floating-point tensor (bf16, fp16, fp32 or fp64)", logits.dtype)
 
     @staticmethod
     def _bias_repr(bias: torch.Tensor | None) -> str:

@@ -211,7 +211,11 @@ def test_weight_only_fp4_state_dicts_are_checked_against_their_stored_layout(sch
 @pytest.mark.parametrize("vendor", VENDORS)
 @pytest.mark.parametrize(
     ("given", "scheme", "stored"),
-    [("w8a8-fp8", "w8a8-int8", "float8_e4m3fn"), ("w8a8-int8", "w8a8-fp8", "int8"), ("w4a4-int4", "w8a8-int8", "int32")],
+    [
+        ("w8a8-fp8", "w8a8-int8", "float8_e4m3fn"),
+        ("w8a8-int8", "w8a8-fp8", "int8"),
+        ("w4a4-int4", "w8a8-int8", "int32"),
+    ],
 )
 def test_weights_of_another_scheme_in_the_same_layout_are_refused_with_their_storage(vendor, given, scheme, stored):
     if vendor == "ascend-emulated" and "w8a8-fp8" in (given, scheme):
@@ -222,4 +226,24 @@ def test_weights_of_another_scheme_in_the_same_layout_are_refused_with_their_sto
     other = moe.make_scheme(given).quantize_weights(moe.MoELayer.from_float(w13, w2, K, scheme=given).vendor, w13, w2)
     with pytest.raises(InvalidInput, match=rf"^expert weights\.w13: expected .* weights stored as .*got '.* {stored}'"):
         layer.load_expert_weights(other)
+    before.unchanged(layer)
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-45, -0.5, float("inf")])
+@pytest.mark.parametrize("key", ["experts.w13_global_scale", "experts.w2_global_scale"])
+def test_nvfp4_global_scales_outside_the_normal_positive_range_are_refused(key, value):
+    layer = _layer("cpu", "w4a16-nvfp4", inter=48)  # nvfp4 scales blocks of 16 along K
+    before = Before(layer)
+    other = _layer("cpu", "w4a16-nvfp4", seed=9, inter=48)
+    state = other.state_dict()
+    bad = state[key].clone()
+    bad.view(-1)[1] = value
+    with pytest.raises(InvalidInput, match=rf"{key}: expected (positive global scales|finite values)"):
+        layer.load_state_dict(dict(state, **{key: bad}))
+    before.unchanged(layer)
+    weights = other.expert_weights
+    field = key.split(".")[1].removesuffix("_global_scale")
+    wrong = dataclasses.replace(getattr(weights, field), global_scale=bad)
+    with pytest.raises(InvalidInput, match=rf"expert weights\.{field}\.global_scale: expected"):
+        layer.load_expert_weights(dataclasses.replace(weights, **{field: wrong}))
     before.unchanged(layer)

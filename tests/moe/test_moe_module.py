@@ -113,7 +113,7 @@ def test_precomputed_routing_equals_the_router():
         (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids.float(), topk_weights=r.topk_weights), "topk_ids"),
         (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids + E, topk_weights=r.topk_weights), r"\[0, 8\)"),
         (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids, topk_weights=r.topk_weights * float("nan")), "finite"),
-        (lambda l, x, lg, r: l(x, lg.to(torch.float8_e4m3fn)), "router_logits: expected a bf16, fp16, fp32 or fp64"),
+        (lambda l, x, lg, r: l(x, lg.to(torch.float8_e4m3fn)), "router_logits: expected a floating-point tensor .bf16"),
         (lambda l, x, lg, r: l(x, topk_ids=r.topk_ids, topk_weights=r.topk_weights.to(torch.float8_e5m2)), "topk_w"),
     ],
 )
