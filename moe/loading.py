@@ -75,6 +75,7 @@ class ExpertLoading:
             b13 = shard.first_projection(b13[mine], i, gated)
             b2 = shard.down_bias(b2[mine])  # type: ignore[index]
         weights = dataclasses.replace(weights, w13_bias=_fp32(b13, device), w2_bias=_fp32(b2, device))
+        _refuse_overflow(weights)
         with self._all_or_nothing():
             self.experts.store(weights)
         return self
@@ -111,6 +112,7 @@ class ExpertLoading:
         w13_local = shard.first_projection(w13, size, gated)[None].to(device)
         w2_local = shard.second_projection(w2, size)[None].to(device)
         weights = self._quantized(w13_local, w2_local)
+        _refuse_overflow(weights, "shared expert ")
         with self._all_or_nothing():
             block.load(weights, gate, h)
         return self
@@ -214,6 +216,21 @@ class ExpertLoading:
             activation=self.activation,
         )
         return moved
+
+
+def _refuse_overflow(weights: ExpertWeights, what: str = "") -> None:
+    """Finite inputs can still overflow where the layer stores a narrower dtype (fp32 1e5 as fp16, a
+    float64 bias of 1e300 as fp32): refused before anything is stored, naming the tensor."""
+    parts = {f"{name}.{part}": t for name in ("w13", "w2") for part, t in getattr(weights, name).tensors().items()}
+    parts.update({name: getattr(weights, name) for name in ("w13_bias", "w2_bias")})
+    for name, t in parts.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
+            overflow = int((~torch.isfinite(t)).sum())
+            if overflow:
+                raise InvalidInput(
+                    f"{what}{name.removesuffix('.data')}: expected values within {_name(t.dtype)}'s range "
+                    f"(the layer stores them as {_name(t.dtype)}), got {overflow} that overflow it"
+                )
 
 
 def _name(dtype: torch.dtype) -> str:

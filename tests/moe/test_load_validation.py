@@ -247,3 +247,19 @@ def test_nvfp4_global_scales_outside_the_normal_positive_range_are_refused(key, 
     with pytest.raises(InvalidInput, match=rf"expert weights\.{field}\.global_scale: expected"):
         layer.load_expert_weights(dataclasses.replace(weights, **{field: wrong}))
     before.unchanged(layer)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_finite_weights_that_overflow_the_stored_dtype_are_refused(vendor):
+    w13, w2 = random_weights(E, H, I, 3)
+    big = w13.clone()
+    big[1, 2, 3] = 1e5  # finite in fp32, inf in fp16
+    with pytest.raises(InvalidInput, match=r"^w13: expected values within float16's range.*got 1 that overflow"):
+        moe.MoELayer.from_float(big, w2, K, scheme="fp16", vendor=vendor, environ={})
+    layer = moe.MoELayer(H, I, E, K, bias=True, vendor=vendor, environ={})
+    layer.load_weights(w13, w2, w13_bias=torch.randn(E, 2 * I) * 0.1, w2_bias=torch.randn(E, H) * 0.1)
+    before = Before(layer)
+    huge = torch.full((E, 2 * I), 1e300, dtype=torch.float64)
+    with pytest.raises(InvalidInput, match=r"^w13_bias: expected values within float32's range"):
+        layer.load_weights(w13, w2, w13_bias=huge, w2_bias=torch.zeros(E, H))
+    before.unchanged(layer)
