@@ -24,6 +24,7 @@ OP_CONTRACTS = "op contracts"  #: inputs kept, contiguous outputs, bit-identical
 LOAD_COUNTERS = "load counters"  #: accumulate_counts: per-expert load counters on the device
 SCHEME_FALLBACKS = "scheme fallbacks"  #: schemes converted at load to the vendor's declared fallback, within bound
 CONCURRENCY = "concurrency"  #: results owned by their caller; calls from several threads equal serial calls
+GRAPH_CAPTURE = "graph capture"  #: captured calls and graphed layers replay new inputs like the plain calls
 
 
 def dispatch_label(dtype: DispatchDtype | str) -> str:
@@ -73,6 +74,7 @@ def all_labels() -> list[str]:
         SCHEME_FALLBACKS,
         OP_CONTRACTS,
         CONCURRENCY,
+        GRAPH_CAPTURE,
         BAD_INPUT,
     ]
 
@@ -119,6 +121,8 @@ def declared_status(caps: Capabilities, label: str) -> str:
         return "declared" if ActivationKind(name) in caps.activations else "not declared"
     if label == EXPERT_BIAS:
         return "declared" if caps.expert_bias else "not declared"
+    if label == GRAPH_CAPTURE:
+        return "declared" if caps.graph_capture else "not declared"
     if label == SCHEME_FALLBACKS:
         declared = [f"{n} -> {f.target or 'refused'}" for n, f in sorted(caps.scheme_fallbacks.items())]
         return ", ".join(declared) if declared else "none declared"
@@ -154,6 +158,12 @@ def require_expert_bias(vendor: Vendor) -> None:
     """Skip unless the vendor declares per-expert biases of the grouped matmul."""
     if not vendor.capabilities().expert_bias:
         _skip(vendor, "expert_bias")
+
+
+def require_graph_capture(vendor: Vendor) -> None:
+    """Skip unless the vendor declares `graph_capture` (captured, replayed calls)."""
+    if not vendor.capabilities().graph_capture:
+        _skip(vendor, "graph_capture")
 
 
 def require_scheme(vendor: Vendor, scheme: str) -> None:
