@@ -97,6 +97,17 @@ def test_each_block_returns_what_the_transformers_block_returns(family, record, 
             assert _relative(got_part, want_part) <= FP32_RTOL
 
 
+@pytest.mark.parametrize("bad", ["wide", "scalar", "list"])
+def test_a_block_refuses_hidden_states_of_another_width_by_name(bad, cpu):
+    model = build_model(FAMILIES[0])
+    (name,) = list(_moe_blocks(model))[:1]
+    moe_hf.replace_moe_blocks(model, vendor=cpu)
+    block = model.get_submodule(name)
+    given = {"wide": torch.randn(2, 5, HIDDEN + 1), "scalar": torch.tensor(1.0), "list": [[0.0] * HIDDEN]}[bad]
+    with pytest.raises(hal.InvalidInput, match=rf"^hidden_states: expected a tensor \[\.\.\., {HIDDEN}\]"):
+        block(given)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restore_puts_back_the_original_modules(family, cpu):
     model = build_model(family)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hal import invalid
 from moe import MoELayer
 from moe.integrations.transformers.architectures import Architecture, Returns
 
@@ -64,7 +65,13 @@ class MoEBlock(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The block's output for `hidden_states` `[..., H]`, structured as the HF block returns it."""
-        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        width = self.moe.hidden_size
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() == 0 or hidden_states.shape[-1] != width:
+            given = (
+                tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+            )
+            raise invalid("hidden_states", f"a tensor [..., {width}] (the block's hidden size last)", given)
+        x = hidden_states.reshape(-1, width)
         logits = self.router_logits(x)
         returns = self.architecture.returns
         if returns is Returns.HIDDEN_AND_SCORES:
