@@ -40,6 +40,8 @@ def load(args: argparse.Namespace, console: Console) -> int:
 
     if args.redundant < 0:
         raise InvalidInput(f"--redundant: expected an int >= 0, got {args.redundant}")
+    if args.redundant and not args.ranks:
+        raise InvalidInput("--redundant: expected --ranks as well (redundant slots are placed over the ranks)")
     rows = []
     for path in args.files:
         try:

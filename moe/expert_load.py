@@ -177,11 +177,16 @@ def summarize(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     per-expert imbalance (max / mean) and, under expert parallelism, the per-rank one."""
     layers = document.get("layers") if isinstance(document, Mapping) else None
     if not isinstance(layers, Mapping):
-        raise invalid("expert load document", 'a JSON object with "layers"', type(layers).__name__)
+        if not isinstance(document, Mapping):
+            given = f"a {type(document).__name__}"
+        else:
+            given = '"layers" missing' if "layers" not in document else f'"layers" of type {type(layers).__name__}'
+        raise invalid("expert load document", 'a JSON object with a "layers" object', given)
     rows = []
     for name, entry in layers.items():
         try:
-            window = [int(v) for v in entry["expert_window"]]
+            window = [_count(v) for v in entry["expert_window"]]
+            _count(entry["forwards"])
             rows.append(
                 {
                     "layer": name,
@@ -192,9 +197,16 @@ def summarize(document: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "rank_imbalance": entry.get("rank_imbalance"),
                 }
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InvalidInput(f"expert load document: layer {name!r} is malformed ({exc})") from None
     return rows
+
+
+def _count(value: object) -> int:
+    """A recorded count: a whole number >= 0 (JSON floats such as 3.0 included), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise ValueError(f"expected counts that are whole numbers >= 0, got {value!r}")
+    return int(value)
 
 
 __all__ = ["ExpertLoad", "LoadSnapshot", "LoadStats", "dump_expert_load", "summarize"]

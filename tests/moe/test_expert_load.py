@@ -100,6 +100,27 @@ def test_bad_statistics_settings_are_refused():
         summarize({"layers": {"a": {"forwards": 1}}})
 
 
+@pytest.mark.parametrize(
+    ("document", "match"),
+    [
+        ({"layers": {"a": {"expert_window": [1e400, 2], "forwards": 1}}}, "malformed"),
+        ({"layers": {"a": {"expert_window": [-4, 2], "forwards": 1}}}, "whole numbers >= 0, got -4"),
+        ({"layers": {"a": {"expert_window": [4, 2.5], "forwards": 1}}}, "got 2.5"),
+        ({"layers": {"a": {"expert_window": [4, 2], "forwards": -1}}}, "got -1"),
+        ({"a": 1}, '"layers" missing'),
+        ([], "got 'a list'"),
+    ],
+)
+def test_malformed_load_documents_are_refused_saying_what_is_wrong(document, match):
+    with pytest.raises(InvalidInput, match=match):
+        summarize(document)
+
+
+def test_whole_float_counts_are_read_as_counts():
+    (row,) = summarize({"layers": {"a": {"expert_window": [4.0, 2], "forwards": 1.0}}})
+    assert row["pairs"] == 6 and row["forwards"] == 1
+
+
 @pytest.mark.parametrize("pattern", ["uniform", "zipf:1.2", "hot:2:0.6", "rank-skew:3"])
 def test_routing_traces_follow_their_pattern(pattern):
     trace = RoutingTrace.parse(pattern)
@@ -117,3 +138,13 @@ def test_routing_traces_follow_their_pattern(pattern):
 def test_malformed_routing_traces_are_refused(text):
     with pytest.raises(InvalidInput):
         RoutingTrace.parse(text)
+
+
+def test_redundant_slots_without_ranks_are_refused(tmp_path, capsys):
+    from hal.cli.app import main
+
+    path = tmp_path / "load.json"
+    path.write_text(json.dumps({"layers": {"a": {"expert_window": [4, 2], "forwards": 1}}}))
+    assert main(["load", str(path), "--redundant", "2"]) == 2
+    assert "--redundant: expected --ranks as well" in capsys.readouterr().err
+    assert main(["load", str(path), "--ranks", "2", "--redundant", "2", "--json"]) == 0
