@@ -238,8 +238,8 @@ class VendorRegistry:
         `require_available=False` a vendor named explicitly or by `HAL_VENDOR` is returned even
         when it cannot be used here (to show its declared tables).
         """
-        if name is not None and not isinstance(name, str):
-            raise invalid("vendor", "a vendor name (a str) or None", name)
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise invalid("vendor", "a vendor name (a non-empty str) or None", name)
         env = os.environ if environ is None else checks.environ_mapping(environ)
         if name is not None and name.strip():
             source, detail, wanted, argument = SelectionSource.EXPLICIT, f"asked for {name!r}", name, "vendor"

@@ -54,7 +54,7 @@ from hal.dtypes import (
     DispatchDtype,
     ScaleLayout,
 )
-from hal.errors import InvalidInput
+from hal.errors import InvalidInput, invalid
 from hal.gemm_kinds import GEMM_KINDS
 
 __all__ = [
@@ -241,8 +241,19 @@ class QuantizedWeight:
     global_scale: torch.Tensor | None = None  #: nvfp4 only: fp32 `[E]`, or `[E, N]` per output channel
 
     def __post_init__(self) -> None:
-        layout = ScaleLayout(self.layout)
+        try:
+            layout = ScaleLayout(self.layout)
+        except ValueError:
+            raise invalid("QuantizedWeight.layout", f"one of {[str(v) for v in ScaleLayout]}", self.layout) from None
         object.__setattr__(self, "layout", layout)
+        for name in ("data", "scale", "global_scale"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor) and (name == "data" or value is not None):
+                raise invalid(
+                    f"QuantizedWeight.{name}",
+                    "a torch.Tensor" + ("" if name == "data" else " or None"),
+                    type(value).__name__,
+                )
         if self.data.dim() != 3:
             raise InvalidInput(
                 f"QuantizedWeight.data: expected 3 dimensions [experts, K, N], got shape {tuple(self.data.shape)}"

@@ -176,7 +176,10 @@ class ExpertLoading:
             for part in ("data", "scale", "global_scale"):
                 with_data(f"weights.{name}.{part}", getattr(getattr(weights, name), part))
         for name in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
-            with_data(f"weights.{name}", getattr(weights, name))
+            value = getattr(weights, name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise invalid(f"weights.{name}", "a torch.Tensor or None", type(value).__name__)
+            with_data(f"weights.{name}", value)
         refuse_non_finite_weights(what, weights)
         weights = self._running_form(weights, what)
         spec = self.scheme.gemm_kind().spec

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hal import ENV_VENDOR, SelectionSource, VendorRegistry, VendorUnavailable
+from hal import ENV_VENDOR, InvalidInput, SelectionSource, VendorRegistry, VendorUnavailable
 from tests.support.plugin_dist import environment_with, write_test_plugins
 from vendors.cpu import CpuVendor
 
@@ -99,3 +99,8 @@ def test_unavailable_vendor_can_be_selected_for_its_declared_tables():
     selection = VendorRegistry.discover().select(environ={ENV_VENDOR: "ascend"}, require_available=False)
     assert (selection.vendor.name, selection.source) == ("ascend", SelectionSource.ENVIRONMENT)
     assert not selection.vendor.probe().available
+
+
+def test_an_empty_vendor_name_is_refused_not_read_as_the_default():
+    with pytest.raises(InvalidInput, match=r"^vendor: expected a vendor name \(a non-empty str\) or None"):
+        VendorRegistry([CpuVendor()]).select("  ", environ={})

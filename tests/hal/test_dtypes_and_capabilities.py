@@ -190,3 +190,9 @@ def test_quantized_containers_reject_malformed_parts():
         QuantizedWeight(torch.zeros(2, 4, 4, dtype=torch.float8_e4m3fn), "block-128x128", torch.zeros(2, 4))
     with pytest.raises(InvalidInput, match="3 dimensions"):
         QuantizedWeight(torch.zeros(4, 4))
+    with pytest.raises(InvalidInput, match=r"^QuantizedWeight.layout: expected one of .*'per-channel'.*got 'foo'"):
+        QuantizedWeight(torch.zeros(2, 4, 4), "foo")
+    with pytest.raises(InvalidInput, match=r"^QuantizedWeight.data: expected a torch.Tensor, got 'list'"):
+        QuantizedWeight([[1]])
+    with pytest.raises(InvalidInput, match=r"^QuantizedWeight.scale: expected a torch.Tensor or None, got 'float'"):
+        QuantizedWeight(torch.zeros(2, 4, 4, dtype=torch.int8), "per-channel", 1.0)

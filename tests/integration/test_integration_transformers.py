@@ -108,6 +108,15 @@ def test_a_block_refuses_hidden_states_of_another_width_by_name(bad, cpu):
         block(given)
 
 
+@pytest.mark.parametrize("flag", ["keep_original", "record_router_logits"])
+def test_switches_that_are_not_bools_are_refused_and_replace_nothing(flag, cpu):
+    model = build_model(FAMILIES[0])
+    before = _moe_blocks(model)
+    with pytest.raises(hal.InvalidInput, match=rf"^{flag}: expected True or False, got 'no'"):
+        moe_hf.replace_moe_blocks(model, vendor=cpu, **{flag: "no"})
+    assert _moe_blocks(model) == before
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restore_puts_back_the_original_modules(family, cpu):
     model = build_model(family)

@@ -263,3 +263,12 @@ def test_finite_weights_that_overflow_the_stored_dtype_are_refused(vendor):
     with pytest.raises(InvalidInput, match=r"^w13_bias: expected values within float32's range"):
         layer.load_weights(w13, w2, w13_bias=huge, w2_bias=torch.zeros(E, H))
     before.unchanged(layer)
+
+
+def test_hal_format_weights_with_a_number_where_a_tensor_belongs_are_refused_by_name():
+    layer = _layer("cpu", "w8a8-int8")
+    weights = dataclasses.replace(layer.expert_weights, input_global_scale=1.0)
+    with pytest.raises(
+        InvalidInput, match=r"^weights.input_global_scale: expected a torch.Tensor or None, got 'float'"
+    ):
+        layer.load_expert_weights(weights)

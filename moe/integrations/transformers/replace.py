@@ -90,6 +90,9 @@ def replace_moe_blocks(
     `InvalidInput` for a model type without an entry, a model without any MoE block, or a block's
     tensor holding inf or NaN (named by its key); a refused call replaces no block.
     """
+    for name, flag in (("keep_original", keep_original), ("record_router_logits", record_router_logits)):
+        if not isinstance(flag, bool):
+            raise invalid(name, "True or False", flag)
     taken = sorted(set(layer_options) & _FROM_THE_BLOCK)
     if taken:
         raise invalid(", ".join(taken), "nothing: the architecture entry sets it from the block", "a value")
