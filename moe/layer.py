@@ -378,7 +378,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         self, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
     ) -> tuple[torch.Tensor, Routing]:
         """The rows the routed experts take and their routing (Llama-4: rows scaled by the weight, weight 1)."""
-        routed = route(self, logits, ids, weights)
+        routed = route(self, x, logits, ids, weights)
         topk_ids, topk_weights = routed.topk_ids, routed.topk_weights
         if self.expert_load is not None:
             self.expert_load.record_routing(topk_ids)

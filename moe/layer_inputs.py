@@ -67,11 +67,21 @@ def routing_inputs(
     return None, ids, topk_weights.reshape(-1, layer.top_k).to(torch.float32)  # type: ignore[union-attr]
 
 
-def route(layer: Any, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None) -> Routing:
+def route(
+    layer: Any, x: torch.Tensor, logits: torch.Tensor | None, ids: torch.Tensor | None, weights: torch.Tensor | None
+) -> Routing:
     """The routing of checked inputs (`routing_inputs`): `layer.router` over the logits, or the precomputed
-    ids and weights. With `layer.check_routing`, non-finite logits or weights and out-of-range ids raise
-    `InvalidInput` (a host read of one flag)."""
+    ids and weights. With `layer.check_routing`, non-finite hidden states, logits or weights and out-of-range
+    ids raise `InvalidInput` (host reads of a few flags)."""
     check = layer.check_routing
+    if check:
+        bad = ~torch.isfinite(x).all(dim=-1)
+        if bool(bad.any()):
+            rows = bad.nonzero().flatten()
+            raise InvalidInput(
+                f"hidden_states: expected finite values, got inf or NaN in {rows.numel()} token(s) "
+                f"(first: token {int(rows[0])})"
+            )
     if logits is not None:
         if check and torch.is_floating_point(logits):
             _require_finite("router_logits", logits)

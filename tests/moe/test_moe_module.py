@@ -139,6 +139,20 @@ def test_non_finite_router_logits(bad):
     assert torch.equal(got[others], want[others])  # a bad row never spreads to other rows
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_hidden_states_are_named_with_their_first_token(bad):
+    layer = _layer()
+    x, logits = _inputs(tokens=300)
+    x[211, 5] = bad
+    with pytest.raises(
+        InvalidInput, match=r"^hidden_states: expected finite values.*1 token\(s\) \(first: token 211\)"
+    ):
+        layer(x, logits)
+    layer = _layer(scheme="w8a8-int8")  # named as the caller's tensor, not as the quantizer's operand
+    with pytest.raises(InvalidInput, match=r"^hidden_states: expected finite"):
+        layer(x.view(3, 100, -1), logits.view(3, 100, -1))
+
+
 def _cpu_without(**changes):
     base = get_vendor("cpu").capabilities()
     caps = Capabilities(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **changes})
