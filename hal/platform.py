@@ -181,11 +181,34 @@ class Platform(abc.ABC):
     @property
     def default_model(self) -> str:
         """The declared model shown when the hardware is absent."""
-        return next(iter(self.declared_models()))
+        return next(iter(self._checked_models()))
+
+    def _checked_models(self) -> Mapping[str, Capabilities]:
+        """`declared_models()`, or `VendorUnavailable` saying how a plugin's table is broken (it raised, is
+        empty, or is not a mapping of model names to `Capabilities`)."""
+        try:
+            models = self.declared_models()
+        except HalError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's fault, reported as its own
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: its declared_models() raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if (
+            not isinstance(models, Mapping)
+            or not models
+            or not all(isinstance(k, str) and isinstance(v, Capabilities) for k, v in models.items())
+        ):
+            given = "an empty mapping" if isinstance(models, Mapping) and not models else type(models).__name__
+            raise VendorUnavailable(
+                f"vendor {self.name!r}: expected declared_models() to map device model names to "
+                f"hal.Capabilities (at least one), got {given}"
+            )
+        return models
 
     def declared_capabilities(self, model: str | None = None) -> Capabilities:
         """The declared table of a named device model (case-insensitive)."""
-        models = self.declared_models()
+        models = self._checked_models()
         if model is None:
             model = self.default_model
         for key, caps in models.items():

@@ -70,3 +70,31 @@ def test_misbehaving_overrides_make_only_their_vendor_unavailable():
         assert name in selection.detail  # passed over, and the detail says why
     with pytest.raises(VendorUnavailable, match=r"'probe-raises' .* is unavailable: its probe\(\) raised"):
         registry.select("probe-raises", environ={})
+
+
+class _Unavailable(CpuVendor):
+    def _probe_once(self):
+        from hal import ProbeResult
+
+        return ProbeResult.unavailable("no such device here")
+
+
+@pytest.mark.parametrize(
+    ("models", "reason"),
+    [
+        (lambda: 1 / 0, "its declared_models\\(\\) raised ZeroDivisionError"),
+        (lambda: {}, "got an empty mapping"),
+        (lambda: ["A100"], "got list"),
+        (lambda: {"X1": "fast"}, "got dict"),
+    ],
+)
+def test_a_broken_declared_table_is_a_clear_error_naming_the_vendor(models, reason):
+    class Broken(_Unavailable):
+        name = "broken-tables"
+
+        def declared_models(self):
+            return models()
+
+    for read in (lambda v: v.declared_capabilities(), lambda v: v.default_model):  # what hal caps / explain read
+        with pytest.raises(VendorUnavailable, match=rf"'broken-tables': .*{reason}"):
+            read(Broken())
