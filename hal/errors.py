@@ -35,6 +35,11 @@ class InvalidInput(HalError, ValueError):
     """An argument has the wrong type, shape, dtype or value."""
 
 
+class VendorFault(HalError):
+    """A vendor's op broke its own contract (returned something other than the op's result type): the
+    vendor's bug, not the caller's."""
+
+
 class UnknownVendor(VendorUnavailable, InvalidInput):
     """A vendor name that no installed plugin provides: an argument error (`InvalidInput`) that existing
     `except VendorUnavailable` code still catches."""

@@ -23,7 +23,7 @@ import torch
 from hal import checks
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import UnsupportedCapability, invalid
+from hal.errors import UnsupportedCapability, VendorFault, invalid
 from hal.final import redefined_methods
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind
@@ -267,7 +267,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             return empty.to(torch.float32), empty.to(torch.int64)
         if logits.dtype == torch.float64:  # computed in fp32 anyway: vendors' kernels never see float64
             logits = logits.to(torch.float32)
-        return self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
+        return _tensors(self, "softmax_topk", self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize), 2)
 
     def sort_by_expert(
         self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False
@@ -291,8 +291,10 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         if not isinstance(tokens, bool):
             raise invalid("tokens", "True or False", tokens)
         if tokens:
-            return self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts)
-        return self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
+            return _tensors(
+                self, "sort_by_expert", self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts), 4
+            )
+        return _tensors(self, "sort_by_expert", self.ops.sort_by_expert(topk_ids, num_experts=num_experts), 3)
 
     def weighted_combine(
         self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, out_dtype: torch.dtype
@@ -378,3 +380,12 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
     def op_sources(self) -> list[OpSource]:
         """Which ops run on the vendor's own code and which on the reference (`hal caps` shows it)."""
         return self.ops.sources()
+
+
+def _tensors(vendor: Vendor, op: str, result: object, count: int) -> tuple[torch.Tensor, ...]:
+    """`result` if it is a tuple of `count` tensors, else `VendorFault` naming the vendor and the op (a
+    structural check only: it reads no values)."""
+    if isinstance(result, (tuple, list)) and len(result) == count and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    got = f"{type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
+    raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected a tuple of {count} tensors")

@@ -98,3 +98,35 @@ def test_a_broken_declared_table_is_a_clear_error_naming_the_vendor(models, reas
     for read in (lambda v: v.declared_capabilities(), lambda v: v.default_model):  # what hal caps / explain read
         with pytest.raises(VendorUnavailable, match=rf"'broken-tables': .*{reason}"):
             read(Broken())
+
+
+def test_ops_returning_the_wrong_structure_are_the_vendors_fault_by_name():
+    import torch
+
+    import moe
+    from hal import VendorFault
+    from hal.reference import ReferenceOps
+
+    class ThreeOfFour(ReferenceOps):
+        def sort_by_expert_tokens(self, topk_ids, num_experts):
+            return super().sort_by_expert_tokens(topk_ids, num_experts=num_experts)[:3]
+
+        def softmax_topk(self, logits, top_k, renormalize=True):
+            return None
+
+    class Faulty(CpuVendor):
+        name = "faulty-structure"
+
+        def _make_ops(self):
+            return ThreeOfFour()
+
+    vendor = Faulty()
+    ids = torch.randint(0, 8, (5, 2))
+    with pytest.raises(VendorFault, match=r"'faulty-structure': sort_by_expert returned tuple of 3, expected .* 4"):
+        vendor.sort_by_expert(ids, 8, tokens=True)
+    with pytest.raises(VendorFault, match=r"softmax_topk returned NoneType, expected a tuple of 2 tensors"):
+        vendor.softmax_topk(torch.randn(5, 8), 2)
+    assert len(vendor.sort_by_expert(ids, 8)) == 3  # the reference's own answer passes
+    layer = moe.MoELayer.from_float(torch.randn(8, 32, 64) / 8, torch.randn(8, 32, 32) / 8, 2, vendor=vendor)
+    with pytest.raises(VendorFault):
+        layer(torch.randn(5, 32).bfloat16(), torch.randn(5, 8))
