@@ -262,9 +262,12 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 def worst(error: torch.Tensor, bound: torch.Tensor) -> str:
     """Where `error` exceeds `bound` most, in words, for assertion messages."""
     ratio = error / bound.clamp_min(1e-300)
-    index = int(ratio.argmax())
+    nan = ratio.isnan()
+    index = int(nan.flatten().nonzero()[0]) if bool(nan.any()) else int(ratio.argmax())
     where = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), error.shape))
+    outside = int((~(error <= bound)).sum())  # NaN errors count as outside
+    nan_note = f" ({int(nan.sum())} of them NaN)" if bool(nan.any()) else ""
     return (
-        f"{int((error > bound).sum())} of {error.numel()} elements out of bounds; worst at {where}: "
+        f"{outside} of {error.numel()} elements out of bounds{nan_note}; worst at {where}: "
         f"error {float(error.flatten()[index]):.4g} > bound {float(bound.flatten()[index]):.4g}"
     )

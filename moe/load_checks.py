@@ -45,11 +45,13 @@ class Expected:
 
     def problem(self, key: str, t: object) -> str | None:
         """What is wrong with `t` as this tensor (key, expected vs found), or None."""
-        want = f"{'/'.join(_name(d) for d in self.dtypes)} of shape {' or '.join(str(list(s)) for s in self.shapes)}"
+        want = (
+            f"{'/'.join(dtype_name(d) for d in self.dtypes)} of shape {' or '.join(str(list(s)) for s in self.shapes)}"
+        )
         if not isinstance(t, torch.Tensor):
             return f"{key}: expected {want}, got {type(t).__name__}"
         if tuple(t.shape) not in self.shapes or t.dtype not in self.dtypes:
-            return f"{key}: expected {want}, got {_name(t.dtype)} of shape {list(t.shape)}"
+            return f"{key}: expected {want}, got {dtype_name(t.dtype)} of shape {list(t.shape)}"
         return None
 
 
@@ -165,8 +167,9 @@ def non_finite_problems(state: Mapping[str, object], prefix: str, e8m0: frozense
 def refuse_bad_global_scale(name: str, t: torch.Tensor) -> None:
     """`InvalidInput` naming `name` unless every value of the fp32 global scale `t` is positive and normal
     (zero, negative or subnormal scales turn the dequantized values into inf, NaN or flipped signs)."""
-    if t.numel() and not bool(((t >= FP32_TINY) & (t <= FP32_MAX)).all()):
-        bad = t[~((t >= FP32_TINY) & (t <= FP32_MAX))]
+    outside = ~((t >= FP32_TINY) & (t <= FP32_MAX))
+    if bool(outside.any()):
+        bad = t[outside]
         raise InvalidInput(
             f"{name}: expected positive global scales in [{FP32_TINY:.6g}, {FP32_MAX:.6g}], "
             f"got {bad.numel()} outside (e.g. {float(bad.flatten()[0]):.6g})"
@@ -196,5 +199,6 @@ def float_tensor(name: str, t: object, shapes: list[tuple[int, ...]]) -> str | N
     return Expected(shapes, FLOAT_DTYPES).problem(name, t)
 
 
-def _name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `bfloat16`, for messages."""
     return str(dtype).removeprefix("torch.")

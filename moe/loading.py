@@ -19,6 +19,7 @@ import torch
 from hal import HalError, InvalidInput, QuantizedWeight, invalid, refuse_non_finite
 from moe.arguments import with_data
 from moe.load_checks import (
+    dtype_name,
     e8m0_tensors,
     float_tensor,
     non_finite_problems,
@@ -188,8 +189,8 @@ class ExpertLoading:
             if not spec.pairs_with(w):  # the layout and the storage dtype (int8 vs fp8 per-channel)
                 raise invalid(
                     f"{what}.{name}",
-                    f"{spec.weight_layout} weights stored as {_name(spec.weight_storage)} (scheme {self.scheme.name})",
-                    f"{w.layout} weights stored as {_name(w.data.dtype)}",
+                    f"{spec.weight_layout} weights stored as {dtype_name(spec.weight_storage)} (scheme {self.scheme.name})",
+                    f"{w.layout} weights stored as {dtype_name(w.data.dtype)}",
                 )
         width = self.activation.input_width(intermediate)
         shape = (weights.num_experts, weights.hidden_size, weights.w13.out_features, weights.intermediate_size)
@@ -231,13 +232,9 @@ def _refuse_overflow(weights: ExpertWeights, what: str = "") -> None:
             overflow = int((~torch.isfinite(t)).sum())
             if overflow:
                 raise InvalidInput(
-                    f"{what}{name.removesuffix('.data')}: expected values within {_name(t.dtype)}'s range "
-                    f"(the layer stores them as {_name(t.dtype)}), got {overflow} that overflow it"
+                    f"{what}{name.removesuffix('.data')}: expected values within {dtype_name(t.dtype)}'s range "
+                    f"(the layer stores them as {dtype_name(t.dtype)}), got {overflow} that overflow it"
                 )
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class TransactionalState:
