@@ -180,18 +180,21 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         if checks.values_are_free(caps.host_synchronous, groups.tensor):
             checks.group_values(groups, rows, padding=caps.grouped_matmul_padding)
         if bias is not None:
-            return self.ops.grouped_matmul_biased(
+            y = self.ops.grouped_matmul_biased(
                 x, weight, groups, bias, kind=kind, out_dtype=resolved_dtype, activation=parsed, row_index=row_index
             )
-        if row_index is not None:
-            return self.ops.grouped_matmul_gathered(
+        elif row_index is not None:
+            y = self.ops.grouped_matmul_gathered(
                 x, row_index, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
             )
-        if parsed is not None:
-            return self.ops.grouped_matmul_activated(
+        elif parsed is not None:
+            y = self.ops.grouped_matmul_activated(
                 x, weight, groups, kind=kind, out_dtype=resolved_dtype, activation=parsed
             )
-        return self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
+        else:
+            y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
+        columns = weight.out_features // 2 if parsed is not None and parsed.gated else weight.out_features
+        return _result(self, "grouped_matmul", y, (rows, columns), resolved_dtype)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
@@ -314,7 +317,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         for name, tensor in (("rows", rows), ("index", index), ("topk_weights", topk_weights)):
             checks.on_device(name, tensor, device)
         checks.combine_operands(rows, index, topk_weights, host_synchronous=self.capabilities().host_synchronous)
-        return self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
+        out = self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
+        return _result(self, "weighted_combine", out, (topk_weights.shape[0], rows.shape[-1]), out_dtype)
 
     def fused_deep_moe(
         self,
@@ -389,3 +393,12 @@ def _tensors(vendor: Vendor, op: str, result: object, count: int) -> tuple[torch
         return tuple(result)
     got = f"{type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
     raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected a tuple of {count} tensors")
+
+
+def _result(vendor: Vendor, op: str, y: object, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """`y` if it is a tensor of `shape` and `dtype` on the vendor's device type, else `VendorFault` naming
+    the vendor, the op and what came back (metadata only: no values are read, nothing waits)."""
+    if isinstance(y, torch.Tensor) and y.dtype == dtype and y.shape == shape and y.device.type == vendor.device.type:
+        return y
+    got = f"{y.dtype} {tuple(y.shape)} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
+    raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected {dtype} {shape} on {vendor.device.type}")
