@@ -44,6 +44,8 @@ ENTRY_POINT_GROUP = "hal.vendors"
 ENV_VENDOR = "HAL_VENDOR"
 #: Seconds a vendor's probe may take before it counts as unavailable (a hung probe must not hang selection).
 DEFAULT_PROBE_TIMEOUT = 5.0
+#: Seconds a vendor's capability detection may take (it may import kernel libraries, so longer than a probe).
+DEFAULT_DETECTION_TIMEOUT = 60.0
 
 
 class SelectionSource(str, enum.Enum):
@@ -70,7 +72,8 @@ class VendorRegistry:
     """The vendors of one discovery pass (an object, never a process global).
 
     Built from vendor instances, or by `discover()` from entry points that are imported on
-    first use. `probe_timeout` (seconds, or None for no limit) bounds every probe it runs.
+    first use. `probe_timeout` (seconds, or None for no limit) bounds every probe it runs, and
+    `detection_timeout` every vendor's first `capabilities()` call made by `status`.
     """
 
     def __init__(
@@ -79,13 +82,16 @@ class VendorRegistry:
         failures: Iterable[PluginFailure] = (),
         *,
         probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT,
+        detection_timeout: float | None = DEFAULT_DETECTION_TIMEOUT,
     ) -> None:
-        self._probe_timeout = _checked_timeout(probe_timeout)
+        self._probe_timeout = _checked_timeout("probe_timeout", probe_timeout)
+        self._detection_timeout = _checked_timeout("detection_timeout", detection_timeout)
         self._vendors: dict[str, Vendor] = {}
         self._failures: list[PluginFailure] = list(failures)
         self._unloaded: dict[str, importlib.metadata.EntryPoint] = {}
         self._group = ENTRY_POINT_GROUP
         self._lock = threading.RLock()
+        self._stalled: dict[str, ProbeResult] = {}
         for vendor in vendors:
             if not isinstance(vendor, Vendor):
                 raise invalid("vendors", "hal.Vendor instances", vendor)
@@ -93,12 +99,16 @@ class VendorRegistry:
 
     @classmethod
     def discover(
-        cls, group: str = ENTRY_POINT_GROUP, *, probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT
+        cls,
+        group: str = ENTRY_POINT_GROUP,
+        *,
+        probe_timeout: float | None = DEFAULT_PROBE_TIMEOUT,
+        detection_timeout: float | None = DEFAULT_DETECTION_TIMEOUT,
     ) -> VendorRegistry:
         """The vendors registered in `group`, imported when first needed; failures are recorded, not raised."""
         if not isinstance(group, str) or not group:
             raise invalid("group", "an entry-point group name (a non-empty str)", group)
-        registry = cls(probe_timeout=probe_timeout)
+        registry = cls(probe_timeout=probe_timeout, detection_timeout=detection_timeout)
         registry._group = group
         registry._unloaded, duplicates = entry_points(group)
         registry._failures.extend(duplicates)
@@ -173,12 +183,26 @@ class VendorRegistry:
         probe = self._probed(vendor)
         if not probe.available:
             return probe
-        try:
-            caps = vendor.capabilities()
-        except HalError as exc:
-            return ProbeResult.unavailable(str(exc))
-        except Exception as exc:  # noqa: BLE001 - one plugin's fault must not stop discovery of the others
-            return ProbeResult.unavailable(f"its capabilities() raised {type(exc).__name__}: {exc}")
+        if vendor.name in self._stalled:
+            return self._stalled[vendor.name]
+        answer: list[object] = []
+        if self._detection_timeout is None:
+            _detect(vendor, answer)
+        else:  # a daemon thread, as for the probe: detection that never returns is abandoned, not waited on
+            thread = threading.Thread(target=_detect, args=(vendor, answer), name="hal-capabilities", daemon=True)
+            thread.start()
+            thread.join(self._detection_timeout)
+        if not answer:
+            stalled = ProbeResult.unavailable(
+                f"its capability detection did not finish within {self._detection_timeout:g} s"
+            )
+            self._stalled[vendor.name] = stalled
+            return stalled
+        caps = answer[0]
+        if isinstance(caps, HalError):
+            return ProbeResult.unavailable(str(caps))
+        if isinstance(caps, Exception):
+            return ProbeResult.unavailable(f"its capabilities() raised {type(caps).__name__}: {caps}")
         if not isinstance(caps, Capabilities):
             return ProbeResult.unavailable(
                 f"its capabilities() returned {type(caps).__name__}, expected hal.Capabilities"
@@ -279,6 +303,14 @@ class VendorRegistry:
         return ", ".join(v.name for v in self.available()) or "none"
 
 
+def _detect(vendor: Vendor, answer: list[object]) -> None:
+    """Append `vendor.capabilities()` to `answer`, or the exception it raised."""
+    try:
+        answer.append(vendor.capabilities())
+    except Exception as exc:  # noqa: BLE001 - one plugin's fault must not stop discovery of the others
+        answer.append(exc)
+
+
 def _declaration_problem(vendor: Vendor, entry_name: str | None) -> str | None:
     """Why a built vendor's declaration is unusable (name, priority, description), or None."""
     name, error = guarded(lambda: vendor.name)
@@ -295,11 +327,11 @@ def _declaration_problem(vendor: Vendor, entry_name: str | None) -> str | None:
     return None
 
 
-def _checked_timeout(timeout: object) -> float | None:
+def _checked_timeout(name: str, timeout: object) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise invalid("probe_timeout", "a positive, finite number of seconds or None", timeout)
+        raise invalid(name, "a positive, finite number of seconds or None", timeout)
     return float(timeout)
 
 

@@ -398,7 +398,9 @@ def _tensors(vendor: Vendor, op: str, result: object, count: int) -> tuple[torch
 def _result(vendor: Vendor, op: str, y: object, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """`y` if it is a tensor of `shape` and `dtype` on the vendor's device type, else `VendorFault` naming
     the vendor, the op and what came back (metadata only: no values are read, nothing waits)."""
-    if isinstance(y, torch.Tensor) and y.dtype == dtype and y.shape == shape and y.device.type == vendor.device.type:
-        return y
+    if isinstance(y, torch.Tensor) and y.dtype == dtype and y.shape == shape:
+        where = y.device  # the device kind only: a vendor may compute on another index of its devices
+        if where.type == vendor.device.type:
+            return y
     got = f"{y.dtype} {tuple(y.shape)} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
     raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected {dtype} {shape} on {vendor.device.type}")

@@ -72,6 +72,46 @@ def test_misbehaving_overrides_make_only_their_vendor_unavailable():
         registry.select("probe-raises", environ={})
 
 
+class CapsHang(_Loud):
+    name = "caps-hang"
+
+    def __init__(self, release) -> None:
+        super().__init__()
+        self.release = release
+
+    def capabilities(self):
+        self.release.wait()
+        return super().capabilities()
+
+
+def test_capability_detection_that_hangs_makes_only_its_vendor_unavailable():
+    import threading
+    import time
+
+    release = threading.Event()
+    hung = CapsHang(release)
+    try:
+        registry = VendorRegistry([hung, CpuVendor()], detection_timeout=0.3)
+        start = time.monotonic()
+        assert registry.select(environ={}).vendor.name == "cpu"
+        status = registry.status(hung)
+        assert time.monotonic() - start < 5  # one wait of 0.3 s, then the answer is remembered
+        assert not status.available
+        assert status.reason == "its capability detection did not finish within 0.3 s"
+        with pytest.raises(VendorUnavailable, match="'caps-hang' .* did not finish within 0.3 s"):
+            registry.select("caps-hang", environ={})
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), True, "60"])
+def test_a_detection_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    from hal import InvalidInput
+
+    with pytest.raises(InvalidInput, match="detection_timeout"):
+        VendorRegistry([CpuVendor()], detection_timeout=bad)
+
+
 class _Unavailable(CpuVendor):
     def _probe_once(self):
         from hal import ProbeResult
