@@ -246,6 +246,11 @@ class TransactionalState:
         """`torch.nn.Module.load_state_dict`, refused with `hal.InvalidInput` naming every offending key
         (a tensor of another shape, dtype or format, inf or NaN, and with `strict` a missing or unexpected
         key); a refused state changes nothing."""
+        if not isinstance(state_dict, Mapping):
+            raise invalid("state_dict", "a mapping of str keys to tensors", type(state_dict).__name__)
+        for key in state_dict:
+            if not isinstance(key, str):
+                raise invalid("state_dict", "a mapping of str keys to tensors", f"the key {key!r}")
         snapshot = Snapshot(self)
         try:
             return torch.nn.Module.load_state_dict(self, state_dict, strict, assign)  # type: ignore[arg-type]

@@ -141,9 +141,7 @@ class WeightStore(torch.nn.Module):
         found = {name: state_dict[prefix + name] for name in _FIELDS if prefix + name in state_dict}
         if strict:
             unexpected_keys.extend(
-                key
-                for key in state_dict
-                if key.startswith(prefix) and "." not in key[len(prefix) :] and key[len(prefix) :] not in _FIELDS
+                key for key in state_dict if key.startswith(prefix) and key[len(prefix) :] not in _FIELDS
             )
         if not found:
             if strict and self._weights is not None:

@@ -8,7 +8,7 @@ import torch
 
 from hal import InvalidInput
 from moe.checkpoint.formats import FormatSpec, dtype_name
-from moe.checkpoint.names import Projection, TensorKind, unknown_expert_tensor
+from moe.checkpoint.names import Projection, TensorKind, malformed_expert_id, unknown_expert_tensor
 
 #: Kinds no format reads, with what they would have meant (the reason given when one is refused).
 _MEANINGS = {"zero_point": "asymmetric (zero-point) weights, which hal's formats do not represent"}
@@ -24,9 +24,14 @@ def check_tensor(name: str, t: torch.Tensor, shapes: list[tuple[int, ...]], dtyp
         )
 
 
-def refuse_unknown(name: str, prefix: str | None, spec: FormatSpec) -> None:
-    """`InvalidInput` for a tensor of an expert's projection whose kind no format understands: skipped, it
-    would leave the layer computing something else than the checkpoint."""
+def refuse_unknown(name: str, prefix: str | None, spec: FormatSpec, num_experts: int) -> None:
+    """`InvalidInput` for a tensor of an expert's projection whose kind no format understands, or whose expert
+    id is no whole number: skipped, it would leave the layer computing something else than the checkpoint."""
+    malformed = malformed_expert_id(name, prefix)
+    if malformed is not None:
+        raise InvalidInput(
+            f"{name}: expected an expert id in [0, {num_experts}) (num_experts={num_experts}), got {malformed[1]!r}"
+        )
     unknown = unknown_expert_tensor(name, prefix)
     if unknown is None:
         return

@@ -23,6 +23,7 @@ from moe.checkpoint.names import (
     Projection,
     TensorKind,
     expert_tensor_name,
+    malformed_expert_id,
     normalize_prefix,
     parse_expert_name,
     unknown_expert_tensor,
@@ -158,18 +159,19 @@ class ExpertCheckpointLoader:
 
     def wants(self, name: str) -> bool:
         """Whether `add(name, ...)` would keep (or read) this tensor; reads nothing. True also for a tensor of
-        this layer's experts that no format understands (an int8 zero point): `add` refuses it by name."""
+        this layer's experts that no format understands (an int8 zero point), of an expert id >= num_experts or
+        that is no whole number: `add` refuses it by name."""
         parsed = parse_expert_name(name, self.prefix)
         if parsed is None:
-            unknown = unknown_expert_tensor(name, self.prefix)
-            return unknown is not None and (
-                self.prefix is not None or self._style is None or unknown[0] == self._prefix
-            )
+            odd = unknown_expert_tensor(name, self.prefix) or malformed_expert_id(name, self.prefix)
+            return odd is not None and (self.prefix is not None or self._style is None or odd[0] == self._prefix)
         if self.prefix is None and self._style is not None and parsed.prefix != self._prefix:
             return False
         if parsed.kind is TensorKind.INPUT_SCALE:
             return self.static_input_scale is not False
-        return parsed.fused or parsed.expert in self.local_experts
+        if parsed.fused or parsed.expert in self.local_experts:
+            return True
+        return parsed.expert >= self.num_experts  # type: ignore[operator]  # read to be refused, never skipped
 
     def add(self, name: str, tensor: torch.Tensor) -> bool:
         """Take one checkpoint tensor; True if kept, False if it is not this rank's (or no expert tensor).
@@ -179,7 +181,7 @@ class ExpertCheckpointLoader:
         """
         parsed = parse_expert_name(name, self.prefix)
         if parsed is None:
-            refuse_unknown(name, self.prefix, self.spec)
+            refuse_unknown(name, self.prefix, self.spec, self.num_experts)
             return False
         self._check_layer(name, parsed)
         if not isinstance(tensor, torch.Tensor):

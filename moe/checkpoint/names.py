@@ -85,6 +85,10 @@ _ANY_PER_EXPERT = re.compile(
 _ANY_FUSED = re.compile(
     r"^(?:(?P<prefix>.+)\.)?experts\.(?:gate_up_proj|gate_proj|up_proj|down_proj)[._](?P<kind>[\w.]+)$"
 )
+#: A tensor of an expert's projection whatever its expert id: what `malformed_expert_id` tells apart.
+_ANY_EXPERT_ID = re.compile(
+    r"^(?:(?P<prefix>.+)\.)?experts\.(?P<expert>[^.]+)\.(?:gate_up_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.[\w.]+$"
+)
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,18 @@ def unknown_expert_tensor(name: str, prefix: str | None = None) -> tuple[str, st
     if found is None or (prefix is not None and (found["prefix"] or "") != normalize_prefix(prefix)):
         return None
     return found["prefix"] or "", found["kind"]
+
+
+def malformed_expert_id(name: str, prefix: str | None = None) -> tuple[str, str] | None:
+    """`(prefix, id)` of a tensor of an expert's projection whose expert id is no whole number (`experts.-1.`,
+    `experts.x.`): skipped, a checkpoint of other experts would load as this one. None for every other name
+    (and names not under `prefix`, when given)."""
+    found = _ANY_EXPERT_ID.match(name) if isinstance(name, str) else None
+    if found is None or re.fullmatch(r"\d+", found["expert"]):
+        return None
+    if prefix is not None and (found["prefix"] or "") != normalize_prefix(prefix):
+        return None
+    return found["prefix"] or "", found["expert"]
 
 
 _HF_NAMES = {

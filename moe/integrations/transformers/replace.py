@@ -88,7 +88,7 @@ def replace_moe_blocks(
 
     The model is meant for inference: the layer's weights are inference buffers. Raises
     `InvalidInput` for a model type without an entry, a model without any MoE block, or a block's
-    tensor holding inf or NaN (named by its key); a refused call replaces no block.
+    tensor holding inf or NaN or no data (meta; named by its key); a refused call replaces no block.
     """
     for name, flag in (("keep_original", keep_original), ("record_router_logits", record_router_logits)):
         if not isinstance(flag, bool):
@@ -134,10 +134,16 @@ def replace_moe_blocks(
 
 
 def refuse_non_finite_tensors(name: str, block: torch.nn.Module) -> None:
-    """`InvalidInput` naming the first parameter or buffer of `block` (the module `name`) that holds inf or NaN:
-    routed and shared experts, their biases, the shared-expert gate, the router."""
+    """`InvalidInput` naming the first parameter or buffer of `block` (the module `name`) that holds inf or NaN,
+    or no data (on the meta device: a router's logits would be whatever memory held): routed and shared experts,
+    their biases, the shared-expert gate, the router."""
     for key, t in (*block.named_parameters(), *block.named_buffers()):
-        refuse_non_finite(f"{name}.{key}" if name else key, t.detach())
+        where = f"{name}.{key}" if name else key
+        if t.is_meta:
+            raise invalid(
+                where, "a tensor with data (the model's weights loaded, not on the meta device)", "a meta tensor"
+            )
+        refuse_non_finite(where, t.detach())
 
 
 def restore_moe_blocks(model: torch.nn.Module) -> list[str]:
