@@ -159,9 +159,24 @@ def non_finite_problems(state: Mapping[str, object], prefix: str, e8m0: frozense
                 refuse_non_finite(key, t, e8m0=key.rsplit(".", 1)[-1] in e8m0)
                 if key.endswith("global_scale"):
                     refuse_bad_global_scale(key, t)
+                elif key.endswith("_scale"):
+                    refuse_negative_scales(key, t)
             except HalError as exc:
                 problems.append(str(exc))
     return problems
+
+
+def refuse_negative_scales(name: str, t: torch.Tensor) -> None:
+    """`InvalidInput` naming `name` when the float scales `t` hold a negative value (a scale is a magnitude:
+    a negative one flips its block's signs; zero, an all-zero block's scale, is kept). e8m0 bytes have no sign."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return
+    negative = (t.float() if t.element_size() == 1 else t) < 0  # fp8 scales compare after a widening
+    if bool(negative.any()):
+        first = float(t[negative].flatten()[0].float())
+        raise InvalidInput(
+            f"{name}: expected non-negative scales, got {int(negative.sum())} negative (e.g. {first:.6g})"
+        )
 
 
 def refuse_bad_global_scale(name: str, t: torch.Tensor) -> None:
@@ -186,6 +201,8 @@ def refuse_non_finite_weights(what: str, weights: object) -> None:
             refuse_non_finite(f"{what}.{field}.{part}", t, e8m0=e8m0 and part == "scale")
             if part == "global_scale":
                 refuse_bad_global_scale(f"{what}.{field}.{part}", t)
+            elif part == "scale":
+                refuse_negative_scales(f"{what}.{field}.{part}", t)
     for field in ("w13_bias", "w2_bias", "input_global_scale", "intermediate_global_scale"):
         t = getattr(weights, field)
         if isinstance(t, torch.Tensor):

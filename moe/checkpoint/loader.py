@@ -29,6 +29,7 @@ from moe.checkpoint.names import (
     unknown_expert_tensor,
 )
 from moe.checkpoint.shard import shard, split_gate_up
+from moe.load_checks import refuse_negative_scales
 from moe.schemes import ExpertWeights, NvFp4, QuantScheme, Unquantized, W4A16MxFp4, W8A8Fp8, W8A8Fp8Block, W8A8Int8
 
 _FLOAT_SCHEMES = {
@@ -301,6 +302,8 @@ class ExpertCheckpointLoader:
                 self.intermediate_size,
             )
             refuse_non_finite(name, local, e8m0=kind is TensorKind.SCALES)
+            if kind in (TensorKind.WEIGHT_SCALE, TensorKind.WEIGHT_SCALE_INV):
+                refuse_negative_scales(name, local)
             key = (expert - self.local_experts.start, p, kind)
             if key in self._sources or key in staged.parts:
                 raise InvalidInput(
