@@ -91,6 +91,7 @@ class ExpertLoad(torch.nn.Module):
         self.vendor = vendor
         rows = config.window + 1  # a ring: the row after the newest is kept zero
         make = {"dtype": torch.int64, "device": vendor.device}
+        counters = (rows + 1) * (num_experts + local_slots)
         for name, shape in (
             ("expert_total", (num_experts,)),
             ("expert_recent", (rows, num_experts)),
@@ -99,7 +100,14 @@ class ExpertLoad(torch.nn.Module):
             ("step", (1,)),  # forwards recorded (on the device: never read per call)
             ("slot_step", (1,)),
         ):
-            self.register_buffer(name, torch.zeros(shape, **make), persistent=False)
+            try:
+                self.register_buffer(name, torch.zeros(shape, **make), persistent=False)
+            except RuntimeError as exc:  # out of memory (torch.OutOfMemoryError is one)
+                raise invalid(
+                    "load_stats.window",
+                    f"a window whose {counters} int64 counters fit in {vendor.device} memory",
+                    config.window,
+                ) from exc
 
     def record_routing(self, topk_ids: torch.Tensor) -> None:
         """Count a forward's logical choices `[T, k]`."""
@@ -128,15 +136,16 @@ class ExpertLoad(torch.nn.Module):
     def snapshot(self, process_group: Any = None) -> LoadSnapshot:
         """The counters on the host; with `process_group`, the per-expert counts summed over its ranks
         (a collective: every rank calls it)."""
+        from moe.dispatch.base import group_size_and_rank
+
+        ranks = group_size_and_rank(process_group)[0]  # refuses a wrong object or a group this rank is not in
         expert_total, expert_window = self.expert_total.clone(), self.expert_recent.sum(dim=0)
-        ranks = 1
         if process_group is not None:
             import torch.distributed as dist
 
             both = torch.stack([expert_total, expert_window])
             dist.all_reduce(both, group=process_group)
             expert_total, expert_window = both[0], both[1]
-            ranks = dist.get_world_size(process_group)
         forwards = int(self.step.item())
         return LoadSnapshot(
             forwards=forwards,
@@ -154,8 +163,14 @@ def dump_expert_load(layers: Mapping[str, Any] | Iterable[tuple[str, Any]], path
     `{"layers": {name: snapshot}}`, written to `path` when given. `model.named_modules()` works as
     `layers`. With expert parallelism every rank must call it (the counts are gathered)."""
     items = layers.items() if isinstance(layers, Mapping) else layers
+    expected = "a mapping or iterable of (name, module) pairs, e.g. model.named_modules()"
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise invalid("layers", expected, type(layers).__name__)
     out: dict[str, Any] = {"layers": {}}
-    for name, layer in items:
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise invalid("layers", expected, f"an item of type {type(item).__name__}")
+        name, layer = item
         load = getattr(layer, "expert_load", None)
         if not isinstance(load, ExpertLoad):
             continue
@@ -194,12 +209,21 @@ def summarize(document: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "pairs": sum(window),
                     "imbalance": _max_over_mean(window),
                     "hottest": max(range(len(window)), key=window.__getitem__) if window else None,
-                    "rank_imbalance": entry.get("rank_imbalance"),
+                    "rank_imbalance": _ratio(entry.get("rank_imbalance")),
                 }
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InvalidInput(f"expert load document: layer {name!r} is malformed ({exc})") from None
     return rows
+
+
+def _ratio(value: object) -> float | None:
+    """A recorded imbalance: None or a finite number >= 0, else ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"expected rank_imbalance None or a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def _count(value: object) -> int:

@@ -37,7 +37,7 @@ from moe.dispatch import (
     LowLatencyDispatcher,
     VendorEpDispatcher,
 )
-from moe.dispatch.base import group_size_and_rank
+from moe.dispatch.base import group_size_and_rank, tensor_group_size_and_rank
 from moe.graphs import DEFAULT_LAUNCH_PLANS, GraphConfig, LaunchPlans, ReplayedForward, check_replay_configs
 from moe.migration import Rebalancing
 from moe.layer_inputs import check_hidden_states, route, routing_inputs
@@ -152,7 +152,7 @@ class MoELayer(ExpertLoading, TransactionalState, StagedForward, Rebalancing, Re
         self.dispatch_config = dispatch or DispatchConfig()
         self.vendor = choose_vendor(vendor, environ)
         requested = make_scheme(scheme)
-        tp_size, tp_rank = group_size_and_rank(tp_group, "tp_group")
+        tp_size, tp_rank = tensor_group_size_and_rank(tp_group, process_group)
         self.spec = LayerSpec(
             hidden_size,
             intermediate_size,

@@ -17,7 +17,7 @@ import torch
 
 from hal import InvalidInput, invalid
 from moe.dispatch.base import group_size_and_rank
-from moe.placement import ExpertPlacement, PhysicalMap, balanced_placement
+from moe.placement import ExpertPlacement, PhysicalMap, slots_per_rank, balanced_placement
 
 if TYPE_CHECKING:
     from moe.layer import MoELayer
@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 def transfer_plan(old: ExpertPlacement, new: ExpertPlacement, ranks: int) -> list[tuple[int, int]]:
     """`(source slot, destination slot)` for every destination slot of `new` whose expert is not already
     there, as global slot ids; the same on every rank."""
-    width = new.num_physical // ranks
+    for name, placement in (("old", old), ("new", new)):
+        if not isinstance(placement, ExpertPlacement):
+            raise invalid(name, "a moe.ExpertPlacement", type(placement).__name__)
+    _same_shape(old, new)
+    width = slots_per_rank(new.num_physical, ranks)
     holders: dict[int, list[int]] = {}
     for slot, expert in enumerate(old.slots):
         holders.setdefault(expert, []).append(slot)
@@ -46,12 +50,7 @@ def migrate(layer: MoELayer, new: ExpertPlacement) -> int:
     old = layer.placement
     if not isinstance(new, ExpertPlacement):
         raise invalid("placement", "a moe.ExpertPlacement", type(new).__name__)
-    if (new.num_experts, new.num_physical) != (old.num_experts, old.num_physical):
-        raise invalid(
-            "placement",
-            f"{old.num_experts} experts over {old.num_physical} slots",
-            f"{new.num_experts} experts over {new.num_physical} slots",
-        )
+    _same_shape(old, new)
     if not layer.scheme.traits.movable_experts:
         raise InvalidInput(
             f"placement: scheme {layer.scheme.name!r} does not declare movable_experts, so its experts cannot move"
@@ -60,6 +59,7 @@ def migrate(layer: MoELayer, new: ExpertPlacement) -> int:
     if weights is None:
         raise InvalidInput("placement: expected a layer with weights loaded")
     ranks, rank = group_size_and_rank(layer.process_group)
+    _same_on_every_rank(layer.process_group, new, ranks, _weights_device(layer))
     width = old.num_physical // ranks
     buffers = _moving_buffers(layer, width)
     plan = transfer_plan(old, new, ranks)
@@ -77,6 +77,39 @@ def migrate(layer: MoELayer, new: ExpertPlacement) -> int:
                 t[[d - rank * width for d in dest]] = rows
     layer.apply_placement(new)
     return len(incoming)
+
+
+def _weights_device(layer: MoELayer) -> torch.device:
+    """The device of the layer's expert buffers (the vendor's device where it has none)."""
+    return next((t.device for t in layer.experts.buffers()), torch.device(layer.vendor.device))
+
+
+def _same_shape(old: ExpertPlacement, new: ExpertPlacement) -> None:
+    if (new.num_experts, new.num_physical) != (old.num_experts, old.num_physical):
+        raise invalid(
+            "placement",
+            f"{old.num_experts} experts over {old.num_physical} slots",
+            f"{new.num_experts} experts over {new.num_physical} slots",
+        )
+
+
+def _same_on_every_rank(group: Any, placement: ExpertPlacement, ranks: int, device: torch.device) -> None:
+    """Refuse, on every rank alike, a placement that differs between the ranks (their transfers would not
+    match: a hang or experts in the wrong slots). One small all-gather of the slots, on the weights' device
+    (where the migration's own transfers go)."""
+    if ranks == 1:
+        return
+    import torch.distributed as dist
+
+    mine = torch.tensor(placement.slots, dtype=torch.int64)
+    gathered = [torch.empty_like(mine, device=device) for _ in range(ranks)]
+    dist.all_gather(gathered, mine.to(device), group=group)
+    differing = [r for r, slots in enumerate(gathered) if not torch.equal(slots.cpu(), gathered[0].cpu())]
+    if differing:
+        raise InvalidInput(
+            f"placement: expected the same placement on every rank of the process group, got another one on "
+            f"rank(s) {differing} than on rank 0"
+        )
 
 
 def _moving_buffers(layer: MoELayer, width: int) -> dict[str, torch.Tensor]:

@@ -15,7 +15,9 @@ them in place (captured graphs keep working).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,8 @@ class ExpertPlacement:
 
     def __post_init__(self) -> None:
         positive_int("num_experts", self.num_experts)
+        if isinstance(self.slots, (str, bytes, Mapping)) or not isinstance(self.slots, (Sequence, range)):
+            raise invalid("slots", "a sequence of logical expert ids, one per physical slot", type(self.slots).__name__)
         slots = tuple(self.slots)
         if any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_experts for s in slots):
             raise invalid("slots", f"logical expert ids in [0, {self.num_experts})", slots)
@@ -61,16 +65,19 @@ class ExpertPlacement:
 
     def replicas(self, expert: int) -> list[int]:
         """The physical slots holding logical `expert`, in slot order."""
+        if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert < self.num_experts:
+            raise invalid("expert", f"a logical expert id in [0, {self.num_experts})", expert)
         return [p for p, e in enumerate(self.slots) if e == expert]
 
     def rank_loads(self, load: Sequence[float], ranks: int) -> list[float]:
         """Each rank's load when logical expert e carries `load[e]`, split evenly over its replicas."""
         per_slot = self.slot_loads(load)
-        width = _slots_per_rank(self.num_physical, ranks)
+        width = slots_per_rank(self.num_physical, ranks)
         return [sum(per_slot[r * width : (r + 1) * width]) for r in range(ranks)]
 
     def slot_loads(self, load: Sequence[float]) -> list[float]:
         """Each physical slot's share of its expert's load."""
+        load = _checked_load(load, self.num_experts)
         counts = [0] * self.num_experts
         for e in self.slots:
             counts[e] += 1
@@ -124,27 +131,56 @@ class PhysicalMap:
         return self.table[ids, choice]
 
 
-def _slots_per_rank(num_physical: int, ranks: int) -> int:
+def slots_per_rank(num_physical: int, ranks: int) -> int:
+    """The physical slots each of `ranks` ranks holds, or `InvalidInput` where they do not divide evenly."""
     positive_int("ranks", ranks)
     if num_physical % ranks:
         raise InvalidInput(f"placement: expected slots ({num_physical}) divisible by the ranks ({ranks})")
     return num_physical // ranks
 
 
-def _checked_load(load: Sequence[float], num_experts: int) -> list[float]:
-    values = [float(v) for v in (load.tolist() if isinstance(load, torch.Tensor) else load)]
-    if len(values) != num_experts or any(not (v >= 0.0) or v == float("inf") for v in values):
-        raise invalid("load", f"{num_experts} finite, non-negative per-expert loads", values[:8])
+def _checked_load(load: object, num_experts: int | None = None) -> list[float]:
+    """`load` as floats: a 1-D sequence or tensor of finite, non-negative real numbers (no bools), one per
+    expert (`num_experts` of them where given), else `InvalidInput` naming `load`."""
+    expected = f"{num_experts if num_experts is not None else 'one or more'} finite, non-negative per-expert loads"
+    if isinstance(load, torch.Tensor):
+        if load.dim() != 1 or load.is_meta or load.is_complex() or load.dtype == torch.bool:
+            raise invalid(
+                "load", f"{expected} (a 1-D real tensor with data)", f"{load.dtype} tensor {tuple(load.shape)}"
+            )
+        load = load.tolist()
+    elif hasattr(load, "ndim") and hasattr(load, "tolist"):  # numpy arrays and the like
+        if load.ndim != 1:
+            raise invalid("load", f"{expected} (1-D)", f"an array of shape {tuple(load.shape)}")
+        load = load.tolist()
+    if isinstance(load, (str, bytes, Mapping)) or not isinstance(load, Sequence):
+        raise invalid("load", f"{expected} (a sequence)", type(load).__name__)
+    bad = [v for v in load if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+    if bad:
+        raise invalid("load", f"{expected} (real numbers, not bools)", bad[:8])
+    try:
+        values = [float(v) for v in load]
+    except OverflowError:
+        raise invalid("load", f"{expected} (within the float range)", list(load)[:8]) from None
+    wrong = len(values) != num_experts if num_experts is not None else not values
+    if wrong or any(not (math.isfinite(v) and v >= 0.0) for v in values):
+        raise invalid("load", expected, values[:8] if not wrong else f"{len(values)} loads {values[:8]}")
     return values
+
+
+def _checked_slots(num_physical: object, num_experts: int, ranks: object) -> int:
+    """`num_physical` checked against the experts and the ranks; returns the slots per rank."""
+    positive_int("num_physical", num_physical)
+    if num_physical < num_experts:  # type: ignore[operator]
+        raise InvalidInput(f"placement: expected at least one slot per expert ({num_experts}), got {num_physical}")
+    return slots_per_rank(num_physical, ranks)  # type: ignore[arg-type]
 
 
 def greedy_placement(load: Sequence[float], num_physical: int, ranks: int) -> ExpertPlacement:
     """The baseline: one replica more for each of the R busiest experts, slots filled in expert order."""
-    values = _checked_load(load, len(load))
+    values = _checked_load(load)
     e = len(values)
-    _slots_per_rank(num_physical, ranks)
-    if num_physical < e:
-        raise InvalidInput(f"placement: expected at least one slot per expert ({e}), got {num_physical}")
+    _checked_slots(num_physical, e, ranks)
     busiest = sorted(range(e), key=lambda x: (-values[x], x))
     extra = [busiest[r % e] for r in range(num_physical - e)]
     return ExpertPlacement(tuple(sorted(list(range(e)) + extra)), e)
@@ -161,11 +197,9 @@ def balanced_placement(load: Sequence[float], num_physical: int, ranks: int) -> 
     scheduling under slot capacities), and a pass of pairwise swaps between the busiest rank and
     the others keeps any swap that lowers the busiest rank's load.
     """
-    values = _checked_load(load, len(load))
+    values = _checked_load(load)
     e = len(values)
-    width = _slots_per_rank(num_physical, ranks)
-    if num_physical < e:
-        raise InvalidInput(f"placement: expected at least one slot per expert ({e}), got {num_physical}")
+    width = _checked_slots(num_physical, e, ranks)
     counts = [1] * e
     heap = [(-values[x], x) for x in range(e)]
     heapq.heapify(heap)

@@ -199,13 +199,48 @@ def group_size_and_rank(process_group: Any, argument: str = "process_group") -> 
             "got one while torch.distributed is not initialized"
         )
     try:
-        return dist.get_world_size(process_group), dist.get_rank(process_group)
+        size, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
     except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
         raise invalid(
             argument,
             "a torch.distributed process group this process belongs to or None",
             f"{type(process_group).__name__} ({type(exc).__name__}: {exc})",
         ) from exc
+    if size < 1 or not 0 <= rank < size:  # torch answers -1 for a group this process is not in
+        raise invalid(
+            argument,
+            "a torch.distributed process group this process belongs to or None",
+            f"a group of which this process (global rank {dist.get_rank()}) is not a member",
+        )
+    return size, rank
 
 
-__all__ = ["DispatchFormat", "DispatchOutput", "Dispatcher", "Pending", "group_size_and_rank", "sort_by_expert"]
+def tensor_group_size_and_rank(tp_group: Any, process_group: Any) -> tuple[int, int]:
+    """(size, rank) of the tensor-parallel group, refused where it shares a rank other than this one with
+    the expert-parallel `process_group` (the same group passed as both: every rank would hold a slice of
+    I of different experts, and the all-reduce would add outputs of different tokens)."""
+    size, rank = group_size_and_rank(tp_group, "tp_group")
+    ep_size = group_size_and_rank(process_group)[0]
+    if size > 1 and ep_size > 1:
+        import torch.distributed as dist
+
+        shared = sorted(set(dist.get_process_group_ranks(tp_group)) & set(dist.get_process_group_ranks(process_group)))
+        if len(shared) > 1:
+            raise invalid(
+                "tp_group",
+                "a tensor-parallel group that shares only this rank with the expert-parallel process_group "
+                "(ep x tp ranks)",
+                f"a group sharing global ranks {shared[:8]} with it",
+            )
+    return size, rank
+
+
+__all__ = [
+    "DispatchFormat",
+    "DispatchOutput",
+    "Dispatcher",
+    "Pending",
+    "group_size_and_rank",
+    "sort_by_expert",
+    "tensor_group_size_and_rank",
+]
