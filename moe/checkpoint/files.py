@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import json
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from os import PathLike
 from typing import Any
 
 from hal import InvalidInput, invalid
 from moe.checkpoint.loader import ExpertCheckpointLoader
 from moe.checkpoint.names import TensorKind, malformed_expert_id, parse_expert_name, unknown_expert_tensor
+from moe.checkpoint.sources import checkpoint_files
 
 
 def load_safetensors(
@@ -23,7 +22,8 @@ def load_safetensors(
     only the rows of the local experts) and every expert's `input_scale`; a tensor of an expert that
     no format understands (an int8 zero point), or of an expert id >= num_experts or no whole number, is
     refused by name, never skipped. Tensors stay on the CPU; `loader.build(device=...)` moves the result.
-    `paths` are files (not a directory or an index JSON), at least one, each once, every one readable as
+    `paths` are safetensors files, checkpoint directories or index JSONs (`model.safetensors.index.json`: only
+    the shards holding this layer's wanted tensors are opened); every file once, every one readable as
     safetensors and no expert tensor in two of them before any tensor is fed; an error names the file. Needs
     the `safetensors` package (`pip install moe-hal[checkpoint]`).
     """
@@ -31,7 +31,7 @@ def load_safetensors(
         raise invalid("loader", "a moe.ExpertCheckpointLoader", type(loader).__name__)
     if prefix is not None and not isinstance(prefix, str):
         raise invalid("prefix", "a module path such as 'model.layers.3.mlp' or None", prefix)
-    files = _files(paths)
+    files = checkpoint_files(paths, lambda name: _ours(name, prefix) and loader.wants(name))
     try:
         safetensors = importlib.import_module("safetensors")
     except ImportError as exc:
@@ -109,50 +109,6 @@ def _add_local_rows(loader: ExpertCheckpointLoader, name: str, sliced: Any) -> b
         return loader.add(name, rows)
     except InvalidInput as exc:
         raise InvalidInput(f"{exc} (rows {local.start}:{local.stop} of shape {shape} in the file)") from exc
-
-
-def _files(paths: object) -> list[str]:
-    """`paths` (one path or an iterable of them) as a list of existing files, or `InvalidInput` naming `paths`."""
-    expected = "a path or an iterable of paths of safetensors files"
-    if isinstance(paths, (str, PathLike)):
-        given = [paths]
-    elif isinstance(paths, Iterable) and not isinstance(paths, (bytes, Mapping)):
-        given = list(paths)
-    else:
-        raise invalid("paths", expected, type(paths).__name__)
-    files = []
-    for path in given:
-        if not isinstance(path, (str, PathLike)):
-            raise invalid("paths", expected, f"an entry {path!r}")
-        if os.path.isdir(path):
-            raise invalid(
-                "paths",
-                "safetensors files, not a directory (pass its files: sorted(Path(d).glob('*.safetensors')))",
-                os.fspath(path),
-            )
-        if not os.path.isfile(path):
-            raise invalid("paths", "existing safetensors files", os.fspath(path))
-        if os.fspath(path).endswith(".json"):
-            raise invalid(
-                "paths", "safetensors files, not an index (pass the shards its weight_map names)", _index(path)
-            )
-        if os.path.realpath(path) in (os.path.realpath(p) for p in files):
-            raise invalid("paths", "each file once", f"{os.fspath(path)} twice")
-        files.append(os.fspath(path))
-    if not files:
-        raise invalid("paths", "at least one safetensors file", "none (an empty iterable)")
-    return files
-
-
-def _index(path: str | PathLike[str]) -> str:
-    """`path`, with the shards its `weight_map` names where it is a readable index."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            shards = sorted(set(json.load(fh)["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"{os.fspath(path)} (a JSON file)"
-    listed = ", ".join(map(str, shards[:4])) + (", ..." if len(shards) > 4 else "")
-    return f"{os.fspath(path)} (an index of {len(shards)} shard(s): {listed})"
 
 
 def _opened(safetensors: Any, path: str) -> Any:

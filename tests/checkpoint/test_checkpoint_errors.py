@@ -191,21 +191,22 @@ def test_load_safetensors_reports_a_bad_tensor_by_name(tmp_path):
         load_safetensors(path, P, ExpertCheckpointLoader("fp8-block128", 2, 256, 256))
 
 
-@pytest.mark.parametrize("what", ["directory", "missing", "empty", "not safetensors", "truncated"])
+@pytest.mark.parametrize("what", ["empty directory", "missing", "empty", "not safetensors", "truncated"])
 def test_load_safetensors_refuses_paths_that_are_not_readable_safetensors_files(tmp_path, what):
     good = tmp_path / "good.safetensors"
     save_file(fp8_block().tensors, str(good))
     (tmp_path / "junk.safetensors").write_bytes(b"plain text, not a checkpoint")
     (tmp_path / "cut.safetensors").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (tmp_path / "empty").mkdir()
     paths = {
-        "directory": tmp_path,
+        "empty directory": tmp_path / "empty",
         "missing": tmp_path / "absent.safetensors",
         "empty": [],
         "not safetensors": [good, tmp_path / "junk.safetensors"],
         "truncated": tmp_path / "cut.safetensors",
     }[what]
     expected = {
-        "directory": "safetensors files, not a directory",
+        "empty directory": "a directory holding safetensors files or an index JSON",
         "missing": "existing safetensors files",
         "empty": "at least one safetensors file",
         "not safetensors": "readable safetensors files",

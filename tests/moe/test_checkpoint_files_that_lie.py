@@ -90,26 +90,32 @@ def test_a_tensor_in_two_shards_is_refused_naming_both_files_before_anything_is_
     assert len(load_safetensors([first, second], P, loader)) == 2 * 3 * 2 and not loader.missing()
 
 
-def test_an_index_file_is_refused_naming_its_shards(tmp_path):
+def _index(tmp_path: Path, weight_map: dict[str, str], name: str = "model.safetensors.index.json") -> Path:
+    index = tmp_path / name
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return index
+
+
+def test_a_malformed_index_is_refused_naming_it(tmp_path):
     ckpt = _fp8_checkpoint(2)
     shards = _shards(tmp_path, ckpt.tensors, 2)
+    name = sorted(ckpt.tensors)[0]
+    cases = {
+        "{not json": "expected a readable index JSON",
+        json.dumps({"metadata": {}}): "expected an index JSON with a 'weight_map' object",
+        json.dumps([1, 2]): "expected an index JSON with a 'weight_map' object",
+        json.dumps({"weight_map": {name: "../" + shards[0].name}}): f"maps {name} to '../{shards[0].name}'",
+        json.dumps({"weight_map": {name: str(shards[0])}}): f"maps {name} to '{shards[0]}'",
+        json.dumps({"weight_map": {name: 3}}): f"maps {name} to 3",
+        json.dumps({"weight_map": {name: "notes.txt"}}): f"maps {name} to 'notes.txt'",
+    }
     index = tmp_path / "model.safetensors.index.json"
-    weight_map = {n: shards[i % 2].name for i, n in enumerate(sorted(ckpt.tensors))}
-    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    with pytest.raises(
-        InvalidInput,
-        match=re.escape(
-            f"paths: expected safetensors files, not an index (pass the shards its weight_map names), got '{index} "
-            f"(an index of 2 shard(s): {shards[0].name}, {shards[1].name})'"
-        ),
-    ):
-        load_safetensors(index, P, ExpertCheckpointLoader("fp8-block128", 2, H, I))
-    index.write_text("{not json")
-    with pytest.raises(
-        InvalidInput,
-        match=re.escape(f"not an index (pass the shards its weight_map names), got '{index} (a JSON file)'"),
-    ):
-        load_safetensors(index, P, ExpertCheckpointLoader("fp8-block128", 2, H, I))
+    for content, expected in cases.items():
+        index.write_text(content)
+        loader = ExpertCheckpointLoader("fp8-block128", 2, H, I)
+        with pytest.raises(InvalidInput, match=rf"^paths: .*{re.escape(expected)}"):
+            load_safetensors(index, P, loader)
+        assert len(loader.missing()) == 2 * 3 * 2  # nothing fed
 
 
 @pytest.mark.parametrize(
