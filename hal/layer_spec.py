@@ -43,7 +43,8 @@ class LayerSpec:
       expert-parallel dispatcher.
     - `graphs`: the layer captures its forward and replays it (`moe.GraphConfig`).
     - `redundant_experts`: R physical expert slots beyond the E logical experts, replicating busy
-      ones (`moe.placement`); the E + R slots are split over the expert-parallel ranks.
+      ones (`moe.placement`); the E + R slots are split over the expert-parallel ranks, R at most
+      E * ep_ranks.
     """
 
     hidden_size: int
@@ -144,6 +145,15 @@ class LayerSpec:
                 f"({self.ep_ranks}), got {self.num_experts} + {self.redundant_experts}"
             )
             found.append(LayerProblem("num_experts", what, False))
+        if slots is not None and self.redundant_experts > self.num_experts * self.ep_ranks:
+            found.append(
+                LayerProblem(
+                    "redundant_experts",
+                    f"redundant_experts: expected at most num_experts * ep_ranks ({self.num_experts} * "
+                    f"{self.ep_ranks}: every expert on every rank once more), got {self.redundant_experts}",
+                    False,
+                )
+            )
         if self.redundant_experts and not self.traits.movable_experts:
             found.append(
                 LayerProblem(

@@ -102,6 +102,15 @@ def test_a_scheme_that_does_not_declare_movable_experts_is_refused():
     assert not SchemeTraits("custom", "bf16", {"bf16"}).movable_experts  # undeclared: not movable
 
 
+@pytest.mark.parametrize("redundant, refused", [(4, False), (5, True), (10**6, True)])
+def test_redundant_experts_are_bounded_by_one_more_copy_of_every_expert_per_rank(redundant, refused):
+    if not refused:
+        assert moe.MoELayer(64, 32, 4, 2, vendor="cpu", environ={}, redundant_experts=redundant).placement.slots
+        return
+    with pytest.raises(InvalidInput, match=rf"redundant_experts: expected at most .*got {redundant}$"):
+        moe.MoELayer(64, 32, 4, 2, vendor="cpu", environ={}, redundant_experts=redundant)
+
+
 def test_redundant_experts_must_split_over_the_ranks_and_state_round_trips():
     w13, w2 = random_weights(6, 64, 32, 2)
     layer = moe.MoELayer.from_float(w13, w2, 2, vendor="cpu", environ={}, redundant_experts=2)
