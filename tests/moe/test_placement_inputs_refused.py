@@ -33,6 +33,13 @@ def test_replicas_of_an_unknown_expert_refused():
         PLACEMENT.replicas(7)
 
 
+@pytest.mark.parametrize("device", ["nodevice", 3.5])
+def test_replica_tables_refuse_what_is_no_device(device):
+    with pytest.raises(InvalidInput, match=r"^device: expected a torch.device"):
+        moe.ExpertPlacement.default(4, 2).tables(device)
+
+
+
 @pytest.mark.parametrize(
     "load",
     [[1.0, 1.0], [1.0] * 6, [float("nan"), 1, 1, 1], [-5, 1, 1, 1], "abcd", None, torch.ones(4, 2)],
