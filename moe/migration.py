@@ -48,9 +48,6 @@ def migrate(layer: MoELayer, new: ExpertPlacement) -> int:
     """Move `layer`'s experts to `new` (see the module); every rank of its process group calls it with the
     same placement. Returns the number of slots this rank received from other ranks."""
     old = layer.placement
-    if not isinstance(new, ExpertPlacement):
-        raise invalid("placement", "a moe.ExpertPlacement", type(new).__name__)
-    _same_shape(old, new)
     if not layer.scheme.traits.movable_experts:
         raise InvalidInput(
             f"placement: scheme {layer.scheme.name!r} does not declare movable_experts, so its experts cannot move"
@@ -59,7 +56,7 @@ def migrate(layer: MoELayer, new: ExpertPlacement) -> int:
     if weights is None:
         raise InvalidInput("placement: expected a layer with weights loaded")
     ranks, rank = group_size_and_rank(layer.process_group)
-    _same_on_every_rank(layer.process_group, new, ranks, _weights_device(layer))
+    _same_on_every_rank(layer.process_group, old, new, ranks, _weights_device(layer))
     width = old.num_physical // ranks
     buffers = _moving_buffers(layer, width)
     plan = transfer_plan(old, new, ranks)
@@ -93,18 +90,39 @@ def _same_shape(old: ExpertPlacement, new: ExpertPlacement) -> None:
         )
 
 
-def _same_on_every_rank(group: Any, placement: ExpertPlacement, ranks: int, device: torch.device) -> None:
-    """Refuse, on every rank alike, a placement that differs between the ranks (their transfers would not
-    match: a hang or experts in the wrong slots). One small all-gather of the slots, on the weights' device
-    (where the migration's own transfers go)."""
+def _same_on_every_rank(group: Any, old: ExpertPlacement, new: object, ranks: int, device: torch.device) -> None:
+    """Refuse, on every rank alike, a placement that is invalid on any rank or differs between them (their
+    transfers would not match: a hang or experts in the wrong slots). One small all-gather of a validity flag
+    and the slots, on the weights' device (where the migration's own transfers go), before any rank raises,
+    so that no rank is left waiting in a collective its peers never join."""
+    try:
+        if not isinstance(new, ExpertPlacement):
+            raise invalid("placement", "a moe.ExpertPlacement", type(new).__name__)
+        _same_shape(old, new)
+        problem = None
+    except InvalidInput as exc:
+        problem = exc
     if ranks == 1:
+        if problem is not None:
+            raise problem
         return
     import torch.distributed as dist
 
-    mine = torch.tensor(placement.slots, dtype=torch.int64)
+    mine = torch.full((old.num_physical + 1,), -1, dtype=torch.int64)
+    if problem is None:
+        mine[0] = 0
+        mine[1:] = torch.tensor(new.slots, dtype=torch.int64)  # type: ignore[union-attr]
     gathered = [torch.empty_like(mine, device=device) for _ in range(ranks)]
     dist.all_gather(gathered, mine.to(device), group=group)
-    differing = [r for r, slots in enumerate(gathered) if not torch.equal(slots.cpu(), gathered[0].cpu())]
+    rows = [g.cpu() for g in gathered]
+    if problem is not None:
+        raise InvalidInput(f"{problem} (refused on every rank of the process group)") from problem
+    invalid_on = [r for r, row in enumerate(rows) if row[0] != 0]
+    if invalid_on:
+        raise InvalidInput(
+            f"placement: expected a valid placement on every rank, got an invalid one on rank(s) {invalid_on}"
+        )
+    differing = [r for r, row in enumerate(rows) if not torch.equal(row, rows[0])]
     if differing:
         raise InvalidInput(
             f"placement: expected the same placement on every rank of the process group, got another one on "

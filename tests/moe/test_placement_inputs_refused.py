@@ -39,7 +39,6 @@ def test_replica_tables_refuse_what_is_no_device(device):
         moe.ExpertPlacement.default(4, 2).tables(device)
 
 
-
 @pytest.mark.parametrize(
     "load",
     [[1.0, 1.0], [1.0] * 6, [float("nan"), 1, 1, 1], [-5, 1, 1, 1], "abcd", None, torch.ones(4, 2)],
@@ -144,7 +143,8 @@ class Case:
 
 
 def cases(world: int) -> list[Case]:
-    return [Case(n) for n in ("not-a-member", "tp-is-ep", "snapshot-not-a-member", "divergent-placements")]
+    names = ("not-a-member", "tp-is-ep", "snapshot-not-a-member", "divergent-placements", "wrong-size-on-one-rank")
+    return [Case(n) for n in names]
 
 
 def run(case: Case, rank: int, world: int) -> str:
@@ -160,9 +160,13 @@ def run(case: Case, rank: int, world: int) -> str:
             layer = _layer(process_group=dist.group.WORLD, load_stats=moe.LoadStats(window=2))
             if rank != 0:  # rank 0 belongs to the group: its snapshot is fine
                 layer.expert_load.snapshot(only_rank0)
-        else:
+        elif case.name == "divergent-placements":
             layer = _layer(process_group=dist.group.WORLD, redundant_experts=2)
             slots = (0, 1, 2, 3, 0, 1) if rank == 0 else (1, 0, 2, 3, 3, 2)
+            layer.rebalance(moe.ExpertPlacement(slots, 4))
+        else:  # rank 1's placement has too few slots: rank 0 must not wait for it in a collective
+            layer = _layer(process_group=dist.group.WORLD, redundant_experts=2)
+            slots = (0, 1, 2, 3, 0, 1) if rank == 0 else (1, 0, 2, 3)
             layer.rebalance(moe.ExpertPlacement(slots, 4))
     except Exception as exc:  # noqa: BLE001 - recorded for the test to check
         return f"{type(exc).__name__}: {exc}"
@@ -182,6 +186,12 @@ def test_wrong_groups_and_divergent_placements_are_refused_on_gloo(tmp_path):
         assert result["divergent-placements"].startswith(
             "InvalidInput: placement: expected the same placement on every rank"
         ), (rank, result)
+    assert results[0]["wrong-size-on-one-rank"].startswith(
+        "InvalidInput: placement: expected a valid placement on every rank, got an invalid one on rank(s) [1]"
+    ), results[0]
+    assert results[1]["wrong-size-on-one-rank"].startswith(
+        "InvalidInput: placement: expected 4 experts over 6 slots"
+    ) and results[1]["wrong-size-on-one-rank"].endswith("(refused on every rank of the process group)"), results[1]
 
 
 if __name__ == "__main__":
