@@ -23,7 +23,7 @@ import torch
 from hal import checks
 from hal.activations import Activation, ActivationKind
 from hal.dtypes import DispatchDtype, ScaleLayout
-from hal.errors import UnsupportedCapability, VendorFault, invalid
+from hal.errors import UnsupportedCapability, invalid
 from hal.final import redefined_methods
 from hal.formats import PackedInt4Tensor, QuantizedTensor, QuantizedWeight
 from hal.gemm_kinds import GemmKind
@@ -32,6 +32,7 @@ from hal.ops import OpSource
 from hal.platform import DispatchFallbackWarning, Platform, ProbeResult
 from hal.vendor_concurrency import ConcurrencyOps
 from hal.vendor_ep import ExpertParallelOps
+from hal.vendor_results import float_result, quantized_result, tensor_result, tensors_result
 from hal.vendor_statistics import StatisticsOps
 from hal.vendor_tuning import TuningOps
 from hal.verdict_checks import grouped_matmul_verdict, quantize_verdict
@@ -89,7 +90,8 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             if signature is not None:
                 verdicts.put(signature, caps, verdict)
         parsed, chosen = verdict
-        return self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
+        q = self.ops.quantize(x, dtype=parsed, layout=chosen, global_scale=global_scale)
+        return quantized_result(self, x, q, parsed, chosen)
 
     def dequantize(self, q: QuantizedTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Turn quantized activations back into `out_dtype`."""
@@ -194,7 +196,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         else:
             y = self.ops.grouped_matmul(x, weight, groups, kind=kind, out_dtype=resolved_dtype)
         columns = weight.out_features // 2 if parsed is not None and parsed.gated else weight.out_features
-        return _result(self, "grouped_matmul", y, (rows, columns), resolved_dtype)
+        return tensor_result(self, "grouped_matmul", y, (rows, columns), resolved_dtype)
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """`silu(a) * b` where a is the first and b the second half of the last dimension."""
@@ -270,7 +272,9 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             return empty.to(torch.float32), empty.to(torch.int64)
         if logits.dtype == torch.float64:  # computed in fp32 anyway: vendors' kernels never see float64
             logits = logits.to(torch.float32)
-        return _tensors(self, "softmax_topk", self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize), 2)
+        shape = (logits.shape[0], top_k)
+        result = self.ops.softmax_topk(logits, top_k=top_k, renormalize=renormalize)
+        return tensors_result(self, "softmax_topk", result, ((shape, torch.float32), (shape, torch.int64)))
 
     def sort_by_expert(
         self, topk_ids: torch.Tensor, num_experts: int, *, tokens: bool = False
@@ -293,11 +297,13 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
         checks.expert_ids(topk_ids, num_experts, host_synchronous=self.capabilities().host_synchronous)
         if not isinstance(tokens, bool):
             raise invalid("tokens", "True or False", tokens)
+        pairs = ((topk_ids.numel(),), torch.int64)
+        specs = (pairs, pairs, ((num_experts,), torch.int64)) + ((pairs,) if tokens else ())
         if tokens:
-            return _tensors(
-                self, "sort_by_expert", self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts), 4
-            )
-        return _tensors(self, "sort_by_expert", self.ops.sort_by_expert(topk_ids, num_experts=num_experts), 3)
+            result = self.ops.sort_by_expert_tokens(topk_ids, num_experts=num_experts)
+        else:
+            result = self.ops.sort_by_expert(topk_ids, num_experts=num_experts)
+        return tensors_result(self, "sort_by_expert", result, specs)
 
     def weighted_combine(
         self, rows: torch.Tensor, index: torch.Tensor | None, topk_weights: torch.Tensor, out_dtype: torch.dtype
@@ -318,7 +324,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             checks.on_device(name, tensor, device)
         checks.combine_operands(rows, index, topk_weights, host_synchronous=self.capabilities().host_synchronous)
         out = self.ops.weighted_combine(rows, index, topk_weights, out_dtype=out_dtype)
-        return _result(self, "weighted_combine", out, (topk_weights.shape[0], rows.shape[-1]), out_dtype)
+        return tensor_result(self, "weighted_combine", out, (topk_weights.shape[0], rows.shape[-1]), out_dtype)
 
     def fused_deep_moe(
         self,
@@ -367,7 +373,7 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             checks.on_device(name, tensor, device)
         if process_group is None:  # global ids = this rank's experts
             checks.expert_ids(topk_ids, w13.num_experts, host_synchronous=caps.host_synchronous)
-        return self.ops.fused_deep_moe(
+        out = self.ops.fused_deep_moe(
             hidden_states,
             topk_ids,
             topk_weights,
@@ -378,29 +384,10 @@ class Vendor(ExpertParallelOps, TuningOps, ConcurrencyOps, StatisticsOps, Platfo
             dispatch_dtype=parsed,
             max_tokens_per_rank=capacity,
         )
+        return float_result(self, "fused_deep_moe", out, tuple(hidden_states.shape))
 
     # -- provenance ------------------------------------------------------------------------------
 
     def op_sources(self) -> list[OpSource]:
         """Which ops run on the vendor's own code and which on the reference (`hal caps` shows it)."""
         return self.ops.sources()
-
-
-def _tensors(vendor: Vendor, op: str, result: object, count: int) -> tuple[torch.Tensor, ...]:
-    """`result` if it is a tuple of `count` tensors, else `VendorFault` naming the vendor and the op (a
-    structural check only: it reads no values)."""
-    if isinstance(result, (tuple, list)) and len(result) == count and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(result)
-    got = f"{type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
-    raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected a tuple of {count} tensors")
-
-
-def _result(vendor: Vendor, op: str, y: object, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """`y` if it is a tensor of `shape` and `dtype` on the vendor's device type, else `VendorFault` naming
-    the vendor, the op and what came back (metadata only: no values are read, nothing waits)."""
-    if isinstance(y, torch.Tensor) and y.dtype == dtype and y.shape == shape:
-        where = y.device  # the device kind only: a vendor may compute on another index of its devices
-        if where.type == vendor.device.type:
-            return y
-    got = f"{y.dtype} {tuple(y.shape)} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
-    raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected {dtype} {shape} on {vendor.device.type}")

@@ -64,6 +64,44 @@ class Fp32Combine(ReferenceOps):
         return super().weighted_combine(rows, index, topk_weights, out_dtype=torch.float32)
 
 
+class Int32Ids(ReferenceOps):
+    def softmax_topk(self, logits, *, top_k, renormalize):
+        weights, ids = super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
+        return weights, ids.int()
+
+
+class OneIdPerToken(ReferenceOps):
+    def softmax_topk(self, logits, *, top_k, renormalize):
+        weights, ids = super().softmax_topk(logits, top_k=top_k, renormalize=renormalize)
+        return weights[:, :1], ids[:, :1]
+
+
+class CountsOfOneExpertLess(ReferenceOps):
+    def sort_by_expert(self, topk_ids, *, num_experts):
+        order, inverse, counts = super().sort_by_expert(topk_ids, num_experts=num_experts)
+        return order, inverse, counts[:-1]
+
+
+class SortWithoutTokens(ReferenceOps):
+    def sort_by_expert_tokens(self, topk_ids, *, num_experts):
+        return super().sort_by_expert(topk_ids, num_experts=num_experts)
+
+
+class RowsDropped(ReferenceOps):
+    def quantize(self, x, *, dtype, layout, global_scale):
+        return super().quantize(x[:-1], dtype=dtype, layout=layout, global_scale=global_scale)
+
+
+class Int8ForFp8(ReferenceOps):
+    def quantize(self, x, *, dtype, layout, global_scale):
+        return super().quantize(x, dtype=hal.DispatchDtype.INT8, layout=layout, global_scale=global_scale)
+
+
+class PlainTensorQuantize(ReferenceOps):
+    def quantize(self, x, *, dtype, layout, global_scale):
+        return super().quantize(x, dtype=dtype, layout=layout, global_scale=global_scale).data
+
+
 def _layer_output(vendor: CpuVendor) -> torch.Tensor:
     gen = torch.Generator().manual_seed(3)
     layer = moe.MoELayer.from_float(
@@ -85,6 +123,41 @@ def _layer_output(vendor: CpuVendor) -> torch.Tensor:
 def test_a_layer_on_a_vendor_with_a_malformed_result_stops_with_the_vendors_fault(ops, said):
     with pytest.raises(VendorFault, match=r"vendor 'faulty-result': " + said):
         _layer_output(_vendor(ops))
+
+
+@pytest.mark.parametrize(
+    ("ops", "said"),
+    [
+        (
+            Int32Ids,
+            r"softmax_topk returned torch.int32 \(7, 2\) on cpu as output 1, expected \(torch.float32 \(7, 2\), ",
+        ),
+        (OneIdPerToken, r"softmax_topk returned torch.float32 \(7, 1\) on cpu as output 0, expected"),
+        (CountsOfOneExpertLess, r"sort_by_expert returned torch.int64 \(7,\) on cpu as output 2, expected .*\(8,\)"),
+        (SortWithoutTokens, r"sort_by_expert returned tuple of 3, expected a tuple of 4 tensors"),
+    ],
+)
+def test_routing_and_sorting_results_of_the_wrong_form_are_the_vendors_fault(ops, said):
+    vendor = _vendor(ops)
+    gen = torch.Generator().manual_seed(5)
+    with pytest.raises(VendorFault, match=r"vendor 'faulty-result': " + said):
+        weights, ids = vendor.softmax_topk(torch.randn(T, E, generator=gen), K)
+        vendor.sort_by_expert(torch.randint(0, E, (T, K), generator=gen), E, tokens=ops is SortWithoutTokens)
+
+
+@pytest.mark.parametrize(
+    ("ops", "said"),
+    [
+        (RowsDropped, r"quantize returned fp8 \(per-token\) data torch.float8_e4m3fn \(5, 64\) on cpu, "),
+        (Int8ForFp8, r"quantize returned int8 \(per-token\) data torch.int8 \(6, 64\) on cpu, "),
+        (PlainTensorQuantize, r"quantize returned Tensor, "),
+    ],
+)
+def test_a_quantize_result_of_another_dtype_or_shape_is_the_vendors_fault(ops, said):
+    with pytest.raises(
+        VendorFault, match=r"vendor 'faulty-result': " + said + r"expected fp8 \(per-token\) of shape \(6, 64\)"
+    ):
+        _vendor(ops).quantize(torch.randn(6, 64).bfloat16(), "fp8_e4m3", layout="per-token")
 
 
 def test_a_plain_grouped_matmul_of_the_wrong_dtype_is_the_vendors_fault():
