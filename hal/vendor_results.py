@@ -26,12 +26,18 @@ def _described(y: object) -> str:
     return f"{y.dtype} {tuple(y.shape)} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
 
 
+def _same_kind(tensor: torch.Tensor, vendor: Vendor) -> bool:
+    """Whether `tensor` is on the vendor's kind of device (the kind only: a vendor may compute on another index)."""
+    where, home = tensor.device, vendor.device
+    return where.type == home.type
+
+
 def _fits(vendor: Vendor, y: object, shape: tuple[int, ...], dtype: torch.dtype | None) -> bool:
     return (
         isinstance(y, torch.Tensor)
         and y.shape == shape
         and (dtype is None or y.dtype == dtype)
-        and y.device.type == vendor.device.type  # the kind only: a vendor may compute on another of its devices
+        and _same_kind(y, vendor)
     )
 
 
@@ -82,7 +88,7 @@ def quantized_result(
             and q.layout is layout
             and q.data.shape[:-1] == x.shape[:-1]
             and values == x.shape[-1]
-            and q.data.device.type == vendor.device.type
+            and _same_kind(q.data, vendor)
         ):
             return q
         got = f"{q.dtype.value} ({q.layout.value}) data {_described(q.data)}"
