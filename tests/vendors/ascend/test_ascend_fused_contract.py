@@ -328,3 +328,26 @@ def test_the_port_kernel_skips_minus_one_and_rejects_out_of_range_ids():
     assert torch.equal(with_drop[0], alone[0])
     with pytest.raises(RuntimeError, match="expert ids must lie in"):
         buffer.fused_deep_moe(x, torch.tensor([[0, e], [1, 2]]), weights, w13, s13, w2, s2, 4, e)
+
+
+# -- a fused result of the wrong form --------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["short", "integer"])
+def test_a_fused_result_of_the_wrong_form_is_the_vendors_fault(fault):
+    from hal import VendorFault
+
+    vendor, _, _ = vendor_on()
+    layer = build(vendor)
+    x, _ = batch(4)
+    ids = torch.tensor([[0, 1], [2, 3], [3, 4], [5, 6]])
+    w = layer.experts.weights
+    fused = vendor.ops.fused_deep_moe
+    if fault == "short":  # a faulty port: one token's row lost
+        vendor.ops.fused_deep_moe = lambda *a, **k: fused(*a, **k)[:-1]
+    else:  # rows returned as integers
+        vendor.ops.fused_deep_moe = lambda *a, **k: fused(*a, **k).to(torch.int32)
+    with pytest.raises(
+        VendorFault, match=r"fused_deep_moe returned torch.(bfloat16 \(3|int32 \(4), .*expected a float tensor \(4, "
+    ):
+        vendor.fused_deep_moe(x, ids, torch.full((4, 2), 0.5), w.w13, w.w2, scheme="w8a8-int8")
