@@ -26,24 +26,23 @@ def _described(y: object) -> str:
     return f"{y.dtype} {tuple(y.shape)} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
 
 
-def _same_kind(tensor: torch.Tensor, vendor: Vendor) -> bool:
-    """Whether `tensor` is on the vendor's kind of device (the kind only: a vendor may compute on another index)."""
-    where, home = tensor.device, vendor.device
-    return where.type == home.type
+def _home(vendor: Vendor) -> str:
+    """The vendor's kind of device: results are checked for the kind only (a vendor may compute on another
+    index of its devices)."""
+    home = vendor.device
+    return home.type
 
 
-def _fits(vendor: Vendor, y: object, shape: tuple[int, ...], dtype: torch.dtype | None) -> bool:
-    return (
-        isinstance(y, torch.Tensor)
-        and y.shape == shape
-        and (dtype is None or y.dtype == dtype)
-        and _same_kind(y, vendor)
-    )
+def _fits(home: str, y: object, shape: tuple[int, ...], dtype: torch.dtype | None) -> bool:
+    if not (isinstance(y, torch.Tensor) and y.shape == shape and (dtype is None or y.dtype == dtype)):
+        return False
+    where = y.device
+    return where.type == home
 
 
 def tensor_result(vendor: Vendor, op: str, y: object, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """`y` if it is a `dtype` tensor of `shape` on the vendor's device type, else `VendorFault`."""
-    if _fits(vendor, y, shape, dtype):
+    if _fits(_home(vendor), y, shape, dtype):
         return y  # type: ignore[return-value]
     raise VendorFault(
         f"vendor {vendor.name!r}: {op} returned {_described(y)}, expected {dtype} {shape} on {vendor.device.type}"
@@ -52,7 +51,7 @@ def tensor_result(vendor: Vendor, op: str, y: object, shape: tuple[int, ...], dt
 
 def float_result(vendor: Vendor, op: str, y: object, shape: tuple[int, ...]) -> torch.Tensor:
     """`y` if it is a floating-point tensor of `shape` on the vendor's device type, else `VendorFault`."""
-    if _fits(vendor, y, shape, None) and y.dtype.is_floating_point:  # type: ignore[union-attr]
+    if _fits(_home(vendor), y, shape, None) and y.dtype.is_floating_point:  # type: ignore[union-attr]
         return y  # type: ignore[return-value]
     raise VendorFault(
         f"vendor {vendor.name!r}: {op} returned {_described(y)}, expected a float tensor {shape} on "
@@ -62,14 +61,15 @@ def float_result(vendor: Vendor, op: str, y: object, shape: tuple[int, ...]) -> 
 
 def tensors_result(vendor: Vendor, op: str, result: object, specs: Sequence[Spec]) -> tuple[torch.Tensor, ...]:
     """`result` if it is a tuple of tensors, one per `(shape, dtype)` of `specs`, else `VendorFault`."""
-    expected = ", ".join(f"{dtype} {shape}" for shape, dtype in specs)
     if not (isinstance(result, (tuple, list)) and len(result) == len(specs)):
         got = (
             f"{type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
         )
         raise VendorFault(f"vendor {vendor.name!r}: {op} returned {got}, expected a tuple of {len(specs)} tensors")
+    home = _home(vendor)
     for i, (y, (shape, dtype)) in enumerate(zip(result, specs)):
-        if not _fits(vendor, y, shape, dtype):
+        if not _fits(home, y, shape, dtype):
+            expected = ", ".join(f"{dtype} {shape}" for shape, dtype in specs)
             raise VendorFault(
                 f"vendor {vendor.name!r}: {op} returned {_described(y)} as output {i}, expected ({expected}) on "
                 f"{vendor.device.type}"
@@ -88,7 +88,7 @@ def quantized_result(
             and q.layout is layout
             and q.data.shape[:-1] == x.shape[:-1]
             and values == x.shape[-1]
-            and _same_kind(q.data, vendor)
+            and _fits(_home(vendor), q.data, q.data.shape, None)
         ):
             return q
         got = f"{q.dtype.value} ({q.layout.value}) data {_described(q.data)}"
