@@ -42,6 +42,18 @@ def flag(argument: str, value: object, *, optional: bool = False) -> bool | None
     return value
 
 
+def as_device(argument: str, value: object, *, optional: bool = False) -> torch.device | None:
+    """`value` (a `torch.device` or a device name such as 'cuda:0'; None where `optional`) as a `torch.device`,
+    or `InvalidInput` naming `argument` for what torch cannot read as a device."""
+    if value is None and optional:
+        return None
+    try:
+        return torch.device(value)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError) as exc:
+        expected = "a torch.device, a device name or None" if optional else "a torch.device or a device name"
+        raise invalid(argument, expected, value) from exc
+
+
 def on_device(argument: str, tensor: torch.Tensor, device: torch.device) -> None:
     """Raise `InvalidInput` unless `tensor` is on `device` (an index-less `device` matches any index)."""
     given = tensor.device

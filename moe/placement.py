@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from hal import InvalidInput, invalid, positive_int
+from moe.arguments import as_device
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,7 @@ class ExpertPlacement:
     def tables(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`(replica_table [E, R + 1], replica_count [E])` int64: the slots of each expert (padded by
         repeating its first) and how many there are."""
-        if device is not None:
-            try:
-                device = torch.device(device)
-            except (RuntimeError, TypeError) as exc:
-                raise invalid("device", "a torch.device or device string such as 'cuda:0'", device) from exc
+        device = as_device("device", device, optional=True)
         width = self.redundant + 1
         table = torch.zeros(self.num_experts, width, dtype=torch.int64)
         count = torch.zeros(self.num_experts, dtype=torch.int64)

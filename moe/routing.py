@@ -28,7 +28,7 @@ import torch
 
 from hal import InvalidInput, Vendor, invalid, positive_fp32, positive_int
 from hal.reference import softmax_topk
-from moe.arguments import with_data
+from moe.arguments import as_device, with_data
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -164,10 +164,7 @@ class Router(abc.ABC):
     def to(self, device: torch.device | str) -> Router:
         """Move the router's tensors to `device`, in place, and return the router (as `nn.Module.to`
         does): routing logits on that device then copies nothing, e.g. inside a captured CUDA graph."""
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise invalid("device", "a torch.device or a device name", device) from exc
+        device = as_device("device", device)
         if self.correction_bias is not None:
             self.correction_bias = self.correction_bias.to(device)
         return self

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hal import FP8_GROUP_SIZE, Activation, InvalidInput, invalid, positive_int, refuse_non_finite
-from moe.arguments import flag, with_data
+from moe.arguments import as_device, flag, with_data
 from moe.checkpoint.assemble import assemble
 from moe.checkpoint.checks import Staged, check_tensor, refuse_unknown
 from moe.checkpoint.formats import CheckpointFormat, FusedLayout, expected_tensor
@@ -394,11 +394,7 @@ class ExpertCheckpointLoader:
     def build(self, device: torch.device | None = None) -> ExpertWeights:
         """This rank's `ExpertWeights` (copies, never views of the tensors given); raises `InvalidInput`
         naming every missing tensor."""
-        if device is not None:
-            try:
-                device = torch.device(device)
-            except (RuntimeError, TypeError) as exc:
-                raise invalid("device", "a torch.device, a device name or None", device) from exc
+        device = as_device("device", device, optional=True)
         self._require_complete()
         scheme = self.scheme()
         global_scales = (None, None)

@@ -101,11 +101,9 @@ def _weight_map(index: str) -> dict[str, str]:
 
 def _plain_file_name(name: str) -> bool:
     """Whether `name` is a `.safetensors` file in the index's directory or below it (no absolute path, no `..`)."""
-    parts = PurePath(name).parts
     return (
         name.endswith(".safetensors")
-        and bool(parts)
         and not os.path.isabs(name)
-        and ".." not in parts
         and "\\" not in name
+        and ".." not in PurePath(name).parts
     )
